@@ -1,0 +1,80 @@
+"""Adapter for ``nn.MultiheadAttention`` (also inside ``nn.Transformer*`` layers).
+
+``nn.TransformerEncoderLayer`` and friends call their attention with ``need_weights=False``,
+and in eval mode under ``no_grad`` PyTorch's fast paths run fused C++ kernels that never
+materialise weights. During capture the MHA fast path is switched off (restored on exit)
+and a pre-hook asks each selected module for weights, so ``F.multi_head_attention_forward``
+takes its Python path, whose softmax the softmax adapter records per head. A post-hook
+hands the caller exactly what it asked for: ``(output, None)`` when it did not want weights.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from attnaudit.capturing.recorder import Capture
+
+from attnaudit.record import Site
+
+_NEED_WEIGHTS_POS = 4  # forward(query, key, value, key_padding_mask, need_weights, ...)
+
+
+class MhaCall(NamedTuple):
+    """An ``nn.MultiheadAttention`` call in progress, for the softmax it will make."""
+
+    module: nn.Module
+    site: Site
+    heads: int
+    asked: bool  # did the caller ask for weights itself?
+
+
+def install(stack: ExitStack, cap: Capture, model: nn.Module) -> None:
+    """Hook every ``nn.MultiheadAttention`` in ``model`` until ``stack`` closes."""
+    modules = [m for m in model.modules() if isinstance(m, nn.MultiheadAttention)]
+    if not modules:
+        return
+    previous = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    stack.callback(torch.backends.mha.set_fastpath_enabled, previous)
+    for module in modules:
+        stack.callback(module.register_forward_pre_hook(_pre_hook(cap), with_kwargs=True).remove)
+        stack.callback(module.register_forward_hook(_post_hook(cap), with_kwargs=True,
+                                                    always_call=True).remove)
+
+
+def _pre_hook(cap: Capture):
+    def hook(module: nn.MultiheadAttention, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        query = args[0] if args else kwargs.get("query")
+        key = args[1] if len(args) > 1 else kwargs.get("key")
+        site = cap.sites_registry.for_module(module, "self" if query is key else "cross", "mha")
+        if site is None:
+            return None
+        if len(args) > _NEED_WEIGHTS_POS:
+            asked = bool(args[_NEED_WEIGHTS_POS])
+            args = (*args[:_NEED_WEIGHTS_POS], True, *args[_NEED_WEIGHTS_POS + 1:])
+        else:
+            asked = bool(kwargs.get("need_weights", True))
+            kwargs = {**kwargs, "need_weights": True}
+        cap.mha_stack.append(MhaCall(module, site, module.num_heads, asked))
+        return args, kwargs
+
+    return hook
+
+
+def _post_hook(cap: Capture):
+    def hook(module: nn.MultiheadAttention, args: tuple[Any, ...], kwargs: dict[str, Any],
+             output: Any) -> Any:
+        if not cap.mha_stack or cap.mha_stack[-1].module is not module:
+            return None
+        asked = cap.mha_stack.pop().asked
+        if output is not None and not asked:
+            return output[0], None
+        return None
+
+    return hook

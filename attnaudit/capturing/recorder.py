@@ -1,0 +1,186 @@
+"""The capture context: installs the adapters, routes every attention call to its record,
+applies the user's edit, and leaves the model and torch exactly as it found them."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from dataclasses import replace
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnaudit.capturing import hf, mha, sdpa, softmax
+from attnaudit.capturing.layout import as_bhqk, mask_like
+from attnaudit.capturing.sites import SiteRegistry, SiteSelection, make_selector
+from attnaudit.capturing.state import ACTIVE
+from attnaudit.errors import CaptureError, EditError, NoAttentionFound, SiteNotFound
+from attnaudit.record import AttentionCall, AttentionRecord, Kind, Site
+
+Edit = Callable[[Site, torch.Tensor, torch.Tensor | None], torch.Tensor | None]
+
+SEARCHED = (
+    "softmax calls (torch.softmax, F.softmax, Tensor.softmax) from the model's methods, "
+    "F.scaled_dot_product_attention calls, {n_mha} nn.MultiheadAttention module(s), "
+    "and attnaudit.tap() calls"
+)
+
+
+class Capture:
+    """Records attention weights while active; see :func:`capture`.
+
+    Attributes:
+        records: site name -> :class:`AttentionRecord`, in order of first call.
+        sites: every site name found (selected or not), in order of first call.
+    """
+
+    def __init__(self, model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None,
+                 *, kinds: Mapping[str, Kind] | None = None, scores: bool = False,
+                 values: bool = False) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"capture() needs a torch.nn.Module, got {type(model).__name__}")
+        if edit is not None and not callable(edit):
+            raise TypeError("edit must be a callable (site, weights, key_mask) -> weights")
+        self.model = model
+        self.edit = edit
+        self.keep_scores = scores
+        self.keep_values = values
+        select, self._requested = make_selector(sites)
+        self.sites_registry = SiteRegistry(model, select, kinds)
+        self.records: dict[str, AttentionRecord] = {}
+        self.busy = False
+        self.mha_stack: list[mha.MhaCall] = []
+        self._stack: ExitStack | None = None
+
+    @property
+    def sites(self) -> list[str]:
+        return list(self.sites_registry.found)
+
+    def __enter__(self) -> Capture:
+        if ACTIVE.capture is not None:
+            raise CaptureError("another attnaudit capture is already active; captures do not nest")
+        hf.check_backends(self.model)
+        stack = ExitStack()
+        try:
+            namespaces = _model_namespaces(self.model)
+            softmax.install(stack, namespaces)
+            sdpa.install(stack, namespaces)
+            mha.install(stack, self, self.model)
+            ACTIVE.capture = self
+            stack.callback(setattr, ACTIVE, "capture", None)
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        assert self._stack is not None
+        self._stack.close()
+        self._stack = None
+        self.busy = False
+        self.mha_stack.clear()
+        if exc_type is None:
+            self._check_found()
+
+    def _check_found(self) -> None:
+        found = self.sites
+        if not found:
+            n_mha = sum(isinstance(m, nn.MultiheadAttention) for m in self.model.modules())
+            raise NoAttentionFound(
+                f"no attention site found in {type(self.model).__name__}: searched "
+                + SEARCHED.format(n_mha=n_mha)
+                + ". Was the model run inside the `with` block? For attention computed some other "
+                "way, call attnaudit.tap(name, weights) where the weights are made."
+            )
+        if self._requested is not None:
+            missing = [n for n in self._requested
+                       if not any(n in (f, f.split(":", 1)[0]) for f in found)]
+            if missing:
+                raise SiteNotFound(f"requested sites never called: {missing}; sites found: {found}")
+
+    def record(self, site: Site, weights: torch.Tensor,
+               mask_source: Callable[[], torch.Tensor | None] | None,
+               scores: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor | None:
+        """Store one call's weights ``(B, H, Q, K)``; return the edit's replacement, if any."""
+        rec = self.records.get(site.name)
+        if rec is None:
+            rec = self.records[site.name] = AttentionRecord(site)
+        call = AttentionCall(
+            weights=weights.detach(),
+            mask_source=mask_source,
+            scores=scores.detach() if self.keep_scores and scores is not None else None,
+            values=values.detach() if self.keep_values and values is not None else None,
+        )
+        index, offset = rec.append(call)
+        if self.edit is None:
+            return None
+        was_busy, self.busy = self.busy, True
+        try:
+            new = self.edit(replace(site, call=index, query_offset=offset), weights, call.key_mask)
+        finally:
+            self.busy = was_busy
+        return _checked_edit(site, weights, new)
+
+    def on_tap(self, name: str, weights: torch.Tensor, key_mask: torch.Tensor | None,
+               kind: Kind | None) -> torch.Tensor:
+        site = self.sites_registry.for_tap(name, kind)
+        if site is None:
+            return weights
+        mask4 = None if key_mask is None else mask_like(key_mask.bool(), weights)
+        edited = self.record(site, as_bhqk(weights), None if mask4 is None else (lambda: mask4),
+                             None, None)
+        return weights if edited is None else edited.reshape(weights.shape)
+
+
+def _checked_edit(site: Site, weights: torch.Tensor, new: Any) -> torch.Tensor | None:
+    if new is None or new is weights:
+        return None
+    if not isinstance(new, torch.Tensor):
+        raise EditError(f"edit at site {site.name!r} returned {type(new).__name__}, not a tensor")
+    if new.shape != weights.shape:
+        raise EditError(
+            f"edit at site {site.name!r} returned shape {tuple(new.shape)}; the model needs "
+            f"{tuple(weights.shape)} (batch, heads, queries, keys)"
+        )
+    return new.to(dtype=weights.dtype, device=weights.device)
+
+
+def _model_namespaces(model: nn.Module) -> list[dict[str, Any]]:
+    """Globals of the modules defining the model's classes (outside torch), where attention
+    functions may have been imported by name."""
+    names = {type(m).__module__ for m in model.modules()}
+    return [vars(sys.modules[n]) for n in sorted(names)
+            if n in sys.modules and not n.startswith("torch.") and n != "torch"]
+
+
+def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None, *,
+            kinds: Mapping[str, Kind] | None = None, scores: bool = False,
+            values: bool = False) -> Capture:
+    """Capture (and optionally replace) attention weights of an unmodified model.
+
+    Use as ``with attnaudit.capture(model) as cap: model(...)``; anything may run inside —
+    a forward pass, ``model.generate(...)``, the user's own decoding loop — under
+    ``torch.no_grad()`` or with gradients enabled.
+
+    Args:
+        model: the model; softmax/SDPA calls are attributed to its modules by call stack.
+        sites: None for every site found, a list of names (a name with or without its
+            ``:self``/``:cross`` suffix), or a predicate over names.
+        edit: ``(site, weights, key_mask) -> weights``, called at every selected call with
+            weights ``(batch, heads, queries, keys)``; what it returns is what the model's
+            downstream computation uses (None leaves the weights unchanged). ``site.call``
+            and ``site.query_offset`` say which call it is.
+        kinds: override or supply kinds by site name without suffix, e.g. ``{"attend": "cross"}``.
+        scores: also keep pre-softmax scores.
+        values: also keep values ``(batch, heads, keys, d_v)`` where the mechanism exposes them.
+
+    On exit every patch and hook is removed, even when the body raises. With no exception,
+    exit raises :class:`NoAttentionFound` if no site was seen and :class:`SiteNotFound` if a
+    requested name never appeared.
+    """
+    return Capture(model, sites, edit, kinds=kinds, scores=scores, values=values)

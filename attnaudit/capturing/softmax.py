@@ -1,0 +1,83 @@
+"""Adapter for attention written as ``softmax(scores)``: ``torch.softmax``, ``F.softmax``,
+``Tensor.softmax`` — from a module's ``forward``, a plain method called by the user's own
+decoding loop, or ``nn.MultiheadAttention``'s Python path.
+
+Eligibility is read off the scores: keys whose score was filled with a masking value
+(``-inf``, ``finfo.min``, ``-1e9``) are ineligible. A model that masks by filling 0, or masks
+after the softmax, leaks mass onto keys it meant to exclude; only a declared mask (from the
+audit target) can reveal that.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack
+from functools import wraps
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attnaudit.capturing.layout import as_bhqk, eligible_from_scores
+from attnaudit.capturing.state import ACTIVE, patch_attr, patch_references
+
+ORIGINAL_TORCH_SOFTMAX = torch.softmax
+ORIGINAL_F_SOFTMAX = F.softmax
+ORIGINAL_TENSOR_SOFTMAX = torch.Tensor.softmax
+_MHA_CODE = F.multi_head_attention_forward.__code__
+
+
+def _legacy_dim(ndim: int) -> int:
+    # F.softmax(x) without dim: the implicit choice PyTorch makes (and warns about).
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def _patched(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    @wraps(original)
+    def softmax(*args: Any, **kwargs: Any) -> torch.Tensor:
+        cap = ACTIVE.capture
+        if cap is None or cap.busy:
+            return original(*args, **kwargs)
+        cap.busy = True
+        try:
+            out = original(*args, **kwargs)
+            scores = args[0] if args else kwargs.get("input", kwargs.get("self"))
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            if dim is None:
+                dim = _legacy_dim(out.ndim)
+            return _on_softmax(scores, out, dim, sys._getframe(1))
+        finally:
+            cap.busy = False
+
+    return softmax
+
+
+def _on_softmax(scores: torch.Tensor, out: torch.Tensor, dim: int, frame: FrameType) -> torch.Tensor:
+    cap = ACTIVE.capture
+    assert cap is not None
+    if frame.f_code is _MHA_CODE and cap.mha_stack:
+        site = cap.mha_stack[-1].site
+        # F.multi_head_attention_forward works on (batch * heads, queries, keys).
+        weights = out.reshape(-1, cap.mha_stack[-1].heads, *out.shape[-2:])
+        scores4 = scores.reshape(weights.shape)
+    else:
+        site = cap.sites_registry.from_frame(frame, "softmax")
+        if site is None:
+            return out
+        weights = as_bhqk(out, dim)
+        scores4 = as_bhqk(scores, dim)
+    edited = cap.record(site, weights, lambda: eligible_from_scores(scores4), scores4, None)
+    return out if edited is None else edited.reshape(out.shape)
+
+
+def install(stack: ExitStack, namespaces: list[dict[str, Any]]) -> None:
+    """Patch the three softmax entry points, and direct imports of them in ``namespaces``."""
+    torch_softmax = _patched(ORIGINAL_TORCH_SOFTMAX)
+    f_softmax = _patched(ORIGINAL_F_SOFTMAX)
+    patch_attr(stack, torch, "softmax", torch_softmax)
+    patch_attr(stack, F, "softmax", f_softmax)
+    patch_attr(stack, torch.Tensor, "softmax", _patched(ORIGINAL_TENSOR_SOFTMAX))
+    patch_references(stack, namespaces, {id(ORIGINAL_TORCH_SOFTMAX): torch_softmax,
+                                         id(ORIGINAL_F_SOFTMAX): f_softmax})

@@ -1,0 +1,24 @@
+"""``attnaudit.tap``: one line in code you own makes its attention capturable."""
+
+from __future__ import annotations
+
+import torch
+
+from attnaudit.capturing.state import ACTIVE
+from attnaudit.record import Kind
+
+
+def tap(name: str, weights: torch.Tensor, key_mask: torch.Tensor | None = None, *,
+        kind: Kind | None = None) -> torch.Tensor:
+    """Expose attention ``weights`` (keys on the last axis) as site ``name``.
+
+    Returns ``weights`` unchanged when no capture is active (one attribute read), else what
+    the capture's edit returns. ``key_mask`` is bool, broadcastable to ``weights``, True
+    where a key is eligible. Use the result in place of ``weights``::
+
+        weights = attnaudit.tap("decoder.cross", torch.softmax(scores, -1), key_mask=valid)
+    """
+    cap = ACTIVE.capture
+    if cap is None:
+        return weights
+    return cap.on_tap(name, weights, key_mask, kind)

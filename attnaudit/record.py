@@ -1,0 +1,178 @@
+"""What capture produces: one :class:`AttentionRecord` per attention site.
+
+Every record presents weights in one layout, ``(batch, heads, queries, keys)``; heads is 1
+for single-head attention. A site called several times (a decoder step loop, or
+``generate()`` with a cache) keeps one :class:`AttentionCall` per call and stacks them along
+the query axis, in call order. When calls see different numbers of keys (a growing
+self-attention cache), the key axis is right-padded with zero weight and ``False``
+eligibility, so padded keys read as ineligible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+Kind = str  # "self" or "cross"
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where attention was computed.
+
+    ``name`` is the module path (plus the method, for attention computed outside
+    ``forward``), suffixed ``:self`` / ``:cross`` when the kind is known. ``mechanism`` says
+    which adapter saw it: ``softmax``, ``sdpa``, ``mha`` or ``tap``. ``call`` is the 0-based
+    call index at this site and ``query_offset`` where this call's queries start in the
+    stacked record; both are 0 on a record's own ``site``.
+    """
+
+    name: str
+    kind: Kind | None
+    mechanism: str
+    module: str
+    call: int = 0
+    query_offset: int = 0
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass
+class AttentionCall:
+    """One call at a site.
+
+    weights: ``(batch, heads, queries, keys)``, detached, in the model's dtype.
+    key_mask: bool, broadcastable to ``weights``, True where a key is eligible; computed on
+        first access from what the call saw (mask arguments, or scores filled with very
+        negative values), ``None`` when unknowable.
+    scores: pre-softmax scores ``(batch, heads, queries, keys)`` when kept, else None.
+    values: ``(batch, heads, keys, d_v)`` when kept and reachable, else None.
+    """
+
+    weights: torch.Tensor
+    mask_source: Callable[[], torch.Tensor | None] | None = None
+    scores: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    _key_mask: torch.Tensor | None = field(default=None, repr=False)
+    _mask_done: bool = field(default=False, repr=False)
+
+    @property
+    def key_mask(self) -> torch.Tensor | None:
+        if not self._mask_done:
+            self._key_mask = None if self.mask_source is None else self.mask_source()
+            self.mask_source = None
+            self._mask_done = True
+        return self._key_mask
+
+
+def pad_keys(t: torch.Tensor, n_keys: int, fill: float | bool) -> torch.Tensor:
+    """Right-pad the last (key) axis of ``t`` to ``n_keys`` with ``fill``."""
+    missing = n_keys - t.shape[-1]
+    if missing == 0:
+        return t
+    pad = torch.full((*t.shape[:-1], missing), fill, dtype=t.dtype, device=t.device)
+    return torch.cat([t, pad], dim=-1)
+
+
+class AttentionRecord:
+    """Everything captured at one site: calls stacked along the query axis."""
+
+    def __init__(self, site: Site) -> None:
+        self.site = site
+        self.calls: list[AttentionCall] = []
+        self.n_queries = 0  # stacked query count so far
+        self._stacked: dict[str, tuple[int, torch.Tensor | None]] = {}
+
+    def __repr__(self) -> str:
+        shape = tuple(self.weights.shape) if self.calls else ()
+        return f"AttentionRecord({self.site.name!r}, kind={self.kind!r}, calls={len(self.calls)}, weights={shape})"
+
+    def append(self, call: AttentionCall) -> tuple[int, int]:
+        """Add a call; return its index and where its queries start on the stacked axis."""
+        index, offset = len(self.calls), self.n_queries
+        self.calls.append(call)
+        self.n_queries += call.weights.shape[2]
+        return index, offset
+
+    @property
+    def name(self) -> str:
+        return self.site.name
+
+    @property
+    def kind(self) -> Kind | None:
+        return self.site.kind
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """``(batch, heads, queries, keys)``; keys beyond a call's own key count are 0."""
+        return self._stack("weights", lambda c: c.weights, 0.0)  # type: ignore[return-value]
+
+    @property
+    def scores(self) -> torch.Tensor | None:
+        """Pre-softmax scores when kept (``capture(..., scores=True)``); padding is -inf."""
+        if any(c.scores is None for c in self.calls):
+            return None
+        return self._stack("scores", lambda c: c.scores, float("-inf"))
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        """Values ``(batch, heads, keys, d_v)`` of the last call, when kept and reachable."""
+        return self.calls[-1].values if self.calls else None
+
+    @property
+    def key_mask(self) -> torch.Tensor | None:
+        """Bool, broadcastable to :attr:`weights`, True where a key is eligible; or None."""
+        cached = self._stacked.get("key_mask")
+        if cached is not None and cached[0] == len(self.calls):
+            return cached[1]
+        mask = self._stack_masks()
+        self._stacked["key_mask"] = (len(self.calls), mask)
+        return mask
+
+    def _check_stackable(self) -> None:
+        if not self.calls:
+            raise ValueError(f"site {self.name!r} recorded no calls")
+        lead = {tuple(c.weights.shape[:2]) for c in self.calls}
+        if len(lead) > 1:
+            raise ValueError(
+                f"site {self.name!r} was called with different (batch, heads) {sorted(lead)}; "
+                "stacking along the query axis needs one: read record.calls, or capture "
+                "each pass in its own `with attnaudit.capture(...)` block"
+            )
+
+    def _stack(self, key: str, get: Callable[[AttentionCall], torch.Tensor | None],
+               fill: float) -> torch.Tensor | None:
+        cached = self._stacked.get(key)
+        if cached is not None and cached[0] == len(self.calls):
+            return cached[1]
+        self._check_stackable()
+        parts = [get(c) for c in self.calls]
+        n_keys = max(p.shape[-1] for p in parts)
+        parts = [pad_keys(p, n_keys, fill) for p in parts]
+        stacked = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+        self._stacked[key] = (len(self.calls), stacked)
+        return stacked
+
+    def _stack_masks(self) -> torch.Tensor | None:
+        self._check_stackable()
+        masks = [c.key_mask for c in self.calls]
+        key_counts = [c.weights.shape[-1] for c in self.calls]
+        n_keys = max(key_counts)
+        if all(m is None for m in masks) and min(key_counts) == n_keys:
+            return None
+        if len(self.calls) == 1:
+            return masks[0]
+        batch, heads = self.calls[0].weights.shape[:2]
+        lead_b = batch if any(m is not None and m.shape[0] > 1 for m in masks) else 1
+        lead_h = heads if any(m is not None and m.shape[1] > 1 for m in masks) else 1
+        parts = []
+        for call, mask, k in zip(self.calls, masks, key_counts, strict=True):
+            q = call.weights.shape[2]
+            if mask is None:
+                mask = torch.ones(1, 1, 1, k, dtype=torch.bool, device=call.weights.device)
+            mask = mask.expand(lead_b, lead_h, q, k)
+            parts.append(pad_keys(mask, n_keys, False))
+        return torch.cat(parts, dim=2)

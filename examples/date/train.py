@@ -1,0 +1,58 @@
+"""Train the date attention model with the textbook schedule and save the checkpoint.
+
+    python -m examples.date.train        # ~2 minutes on 2 CPU cores
+
+Seed 6050, Adam 1e-3, batch 128, 25 epochs, teacher forcing, gradient clip 5.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from examples.date.data import SEED, encode_sources, encode_targets, make_splits, vocabularies
+from examples.date.model import CHECKPOINT, DateAttentionModel
+
+
+def exact_match(model: DateAttentionModel, pairs, src_vocab, tgt_vocab) -> float:
+    src, lengths = encode_sources(src_vocab, [s for s, _ in pairs])
+    emitted = model.greedy(src, lengths)
+    hits = sum(tgt_vocab.decode(row.tolist()) == t for row, (_, t) in zip(emitted, pairs, strict=True))
+    return hits / len(pairs)
+
+
+def main(epochs: int = 25, batch_size: int = 128) -> None:
+    torch.manual_seed(SEED)
+    splits = make_splits()
+    src_vocab, tgt_vocab = vocabularies(splits)
+    model = DateAttentionModel(len(src_vocab), len(tgt_vocab))
+    print(f"parameters: {sum(p.numel() for p in model.parameters()):,}")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    src_all, len_all = encode_sources(src_vocab, [s for s, _ in splits.train])
+    tgt_all = encode_targets(tgt_vocab, [t for _, t in splits.train])
+    valid = splits.unambiguous("valid", 400)
+    for epoch in range(1, epochs + 1):
+        model.train()
+        order = torch.randperm(len(splits.train))
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            width = int(len_all[idx].max())
+            logits = model(src_all[idx, :width], len_all[idx], tgt_all[idx, :-1])
+            loss = loss_fn(logits.reshape(-1, logits.shape[-1]), tgt_all[idx, 1:].reshape(-1))
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            optimizer.step()
+        model.eval()
+        print(f"epoch {epoch:2d}  loss {loss.item():.4f}  "
+              f"valid exact match {exact_match(model, valid, src_vocab, tgt_vocab):.2%}")
+    test = splits.unambiguous("test")
+    print(f"test exact match ({len(test)} unambiguous): "
+          f"{exact_match(model, test, src_vocab, tgt_vocab):.2%}")
+    torch.save(model.state_dict(), CHECKPOINT)
+    print(f"saved {CHECKPOINT}")
+
+
+if __name__ == "__main__":
+    main()
