@@ -88,7 +88,8 @@ class AttentionRecord:
 
     def __repr__(self) -> str:
         shape = tuple(self.weights.shape) if self.calls else ()
-        return f"AttentionRecord({self.site.name!r}, kind={self.kind!r}, calls={len(self.calls)}, weights={shape})"
+        return (f"AttentionRecord({self.site.name!r}, kind={self.kind!r}, "
+                f"calls={len(self.calls)}, weights={shape})")
 
     def append(self, call: AttentionCall) -> tuple[int, int]:
         """Add a call; return its index and where its queries start on the stacked axis."""

@@ -36,7 +36,10 @@ def as_bhqk(t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
 
 
 def eligible_from_scores(scores: torch.Tensor) -> torch.Tensor:
-    """Bool mask, True where the score was not filled with a masking value; NaN counts as eligible."""
+    """Bool mask, True where the score was not filled with a masking value.
+
+    NaN scores count as eligible, so a NaN row shows up as non-finite weights, not as masked.
+    """
     return ~(scores <= MASKED_SCORE)
 
 

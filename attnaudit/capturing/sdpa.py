@@ -30,7 +30,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                                  attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> torch.Tensor:
-    """Drop-in for ``F.scaled_dot_product_attention`` that records (and lets edits replace) weights."""
+    """Drop-in for ``F.scaled_dot_product_attention``; records weights, lets edits replace them."""
     cap = ACTIVE.capture
     if cap is None or cap.busy or (is_causal and attn_mask is not None):
         return ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
@@ -42,7 +42,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     cap.busy = True
     try:
-        return _explicit(site, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return _explicit(site, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                         enable_gqa)
     finally:
         cap.busy = False
 

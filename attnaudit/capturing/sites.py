@@ -25,7 +25,7 @@ _CROSS_WORDS = ("cross", "encoder_attn", "encdec", "enc_dec", "src_attn", "multi
 
 
 def kind_from_name(path: str) -> Kind | None:
-    """Guess self/cross from a module path's last component (``encoder_attn``, ``SelfAttention``)."""
+    """Guess self/cross from a module path's last part (``encoder_attn``, ``SelfAttention``)."""
     last = path.rsplit(".", 1)[-1].lower()
     if any(word in last for word in _CROSS_WORDS):
         return "cross"
@@ -69,7 +69,7 @@ class SiteRegistry:
             if frame is None:
                 return None
             code = frame.f_code
-            if code.co_filename.endswith(".py") and any(d in code.co_filename for d in _NOT_ATTENTION_DIRS):
+            if any(d in code.co_filename for d in _NOT_ATTENTION_DIRS):
                 return None
             if code.co_argcount and code.co_varnames[0] == "self":
                 owner = frame.f_locals.get("self")

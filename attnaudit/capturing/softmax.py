@@ -54,7 +54,8 @@ def _patched(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
     return softmax
 
 
-def _on_softmax(scores: torch.Tensor, out: torch.Tensor, dim: int, frame: FrameType) -> torch.Tensor:
+def _on_softmax(scores: torch.Tensor, out: torch.Tensor, dim: int,
+                frame: FrameType) -> torch.Tensor:
     cap = ACTIVE.capture
     assert cap is not None
     if frame.f_code is _MHA_CODE and cap.mha_stack:

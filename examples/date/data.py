@@ -121,7 +121,7 @@ def encode_sources(vocab: CharVocab, sources: list[str]) -> tuple[torch.Tensor, 
 
 
 def encode_targets(vocab: CharVocab, targets: list[str]) -> torch.Tensor:
-    """Target ids ``(batch, 1 + tgt_len + 1)``: ``<s>`` chars ``</s>`` (ISO dates are fixed-length)."""
+    """Target ids ``(batch, tgt_len + 2)``: ``<s>`` chars ``</s>`` (ISO dates are fixed-length)."""
     return torch.tensor([[BOS, *vocab.encode(t), EOS] for t in targets])
 
 

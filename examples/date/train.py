@@ -17,7 +17,8 @@ from examples.date.model import CHECKPOINT, DateAttentionModel
 def exact_match(model: DateAttentionModel, pairs, src_vocab, tgt_vocab) -> float:
     src, lengths = encode_sources(src_vocab, [s for s, _ in pairs])
     emitted = model.greedy(src, lengths)
-    hits = sum(tgt_vocab.decode(row.tolist()) == t for row, (_, t) in zip(emitted, pairs, strict=True))
+    decoded = [tgt_vocab.decode(row.tolist()) for row in emitted]
+    hits = sum(d == t for d, (_, t) in zip(decoded, pairs, strict=True))
     return hits / len(pairs)
 
 

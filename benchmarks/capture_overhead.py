@@ -1,0 +1,91 @@
+"""Capture overhead: the same work with and without ``attnaudit.capture``, interleaved.
+
+    python benchmarks/capture_overhead.py [--rounds 15]
+
+Workloads (weights-only capture, no scores/values kept, under ``torch.no_grad()``):
+  date        the LSTM date model decoding 400 validation sources greedily (softmax path)
+  bart        the date_transformer BART teacher-forced at batch 64 (SDPA path, 12 sites)
+
+Each round runs both variants back to back, alternating which goes first, so drift on a
+shared machine hits both alike. Prints the median time of each and their ratio (target
+<= 1.05 for capture / plain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import attnaudit  # noqa: E402
+from examples.date.data import encode_sources, make_splits, vocabularies  # noqa: E402
+from examples.date.model import load_model  # noqa: E402
+
+
+def date_workload() -> tuple[torch.nn.Module, Callable[[], object]]:
+    splits = make_splits()
+    src_vocab, _ = vocabularies(splits)
+    sources = [s for s, _ in splits.unambiguous("valid", 400)]
+    src, lengths = encode_sources(src_vocab, sources)
+    model = load_model()
+    return model, lambda: model.greedy(src, lengths)
+
+
+def bart_workload() -> tuple[torch.nn.Module, Callable[[], object]]:
+    from examples.date_transformer.model import load_model as load_bart
+
+    model, tokenizer = load_bart()
+    splits = make_splits()
+    pairs = splits.valid[:64]
+    enc = tokenizer([s for s, _ in pairs], return_tensors="pt", padding=True)
+    labels = tokenizer([t for _, t in pairs], return_tensors="pt", padding=True).input_ids
+    return model, lambda: model(**enc, labels=labels).logits
+
+
+def measure(model: torch.nn.Module, work: Callable[[], object], rounds: int) -> tuple[float, ...]:
+    def plain() -> float:
+        start = time.perf_counter()
+        work()
+        return time.perf_counter() - start
+
+    def captured() -> float:
+        start = time.perf_counter()
+        with attnaudit.capture(model) as cap:
+            work()
+        for record in cap.records.values():
+            _ = record.weights  # stacking the calls is part of the cost
+        return time.perf_counter() - start
+
+    with torch.no_grad():
+        plain(), captured()  # warm up
+        times: dict[str, list[float]] = {"plain": [], "capture": []}
+        for i in range(rounds):
+            order = (("plain", plain), ("capture", captured))
+            for name, fn in order if i % 2 == 0 else reversed(order):
+                times[name].append(fn())
+    p, c = statistics.median(times["plain"]), statistics.median(times["capture"])
+    return p, c, c / p
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} rounds")
+    print(f"{'workload':<44}{'plain ms':>10}{'capture ms':>12}{'ratio':>8}")
+    for label, build in (("date LSTM, greedy, 400 sources (softmax)", date_workload),
+                         ("date BART, teacher-forced, batch 64 (sdpa)", bart_workload)):
+        p, c, ratio = measure(*build(), args.rounds)
+        print(f"{label:<44}{p * 1e3:>10.2f}{c * 1e3:>12.2f}{ratio:>8.3f}")
+
+
+if __name__ == "__main__":
+    main()

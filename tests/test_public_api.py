@@ -1,0 +1,35 @@
+"""The curated public API, and that it imports without the optional extras."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import attnaudit
+
+PUBLIC = {
+    "AttentionCall", "AttentionRecord", "AttnauditError", "Capture", "CaptureError", "Edit",
+    "EditError", "NoAttentionFound", "Site", "SiteNotFound", "capture", "tap",
+}
+
+
+def test_exported_names_are_exactly_the_curated_api():
+    assert set(attnaudit.__all__) == PUBLIC
+    for name in PUBLIC:
+        assert getattr(attnaudit, name) is not None
+
+
+def test_import_works_without_transformers():
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "import attnaudit, torch\n"
+        "assert 'transformers' not in sys.modules or sys.modules['transformers'] is None\n"
+        "m = torch.nn.MultiheadAttention(4, 1)\n"
+        "with attnaudit.capture(m) as cap:\n"
+        "    m(torch.randn(2, 1, 4), torch.randn(2, 1, 4), torch.randn(2, 1, 4))\n"
+        "print(cap.sites)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert "forward" in result.stdout
