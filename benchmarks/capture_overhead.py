@@ -24,9 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import attnaudit  # noqa: E402
-from examples.date.data import encode_sources, make_splits, vocabularies  # noqa: E402
-from examples.date.model import load_model  # noqa: E402
+import attnaudit
+from examples.date.data import encode_sources, make_splits, vocabularies
+from examples.date.model import load_model
 
 
 def date_workload() -> tuple[torch.nn.Module, Callable[[], object]]:

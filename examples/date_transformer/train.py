@@ -53,7 +53,8 @@ def main(epochs: int = 30, batch_size: int = 64, lr: float = 1e-3) -> None:
     every = splits.train + splits.valid + splits.test
     tokenizer = build_tokenizer("".join(s + t for s, t in every))
     model = build_model(len(tokenizer))
-    print(f"vocabulary: {len(tokenizer)}  parameters: {sum(p.numel() for p in model.parameters()):,}")
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"vocabulary: {len(tokenizer)}  parameters: {n_params:,}")
 
     input_ids, attention_mask, labels = encode_pairs(tokenizer, splits.train)
     valid = splits.unambiguous("valid", 400)

@@ -99,13 +99,10 @@ def _truth_tuples(out) -> dict[str, tuple[torch.Tensor, ...]]:
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    assert actual.shape == expected.shape, f"{what}: {tuple(actual.shape)} vs {tuple(expected.shape)}"
+    shapes = f"{tuple(actual.shape)} vs {tuple(expected.shape)}"
+    assert actual.shape == expected.shape, f"{what}: {shapes}"
     diff = (actual.detach().float() - expected.detach().float()).abs().max().item()
     assert diff <= TOL, f"{what}: max abs diff {diff:.3g} > {TOL}"
-
-
-def _hook_counts(model: torch.nn.Module) -> int:
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
 def assert_left_alone(model: torch.nn.Module, impl: str, training: bool) -> None:
@@ -250,6 +247,39 @@ def test_eager_capture_matches_output_attentions(case: Case) -> None:
     assert all(r.site.mechanism == "softmax" for r in cap.records.values())
     assert_close(out.logits, case.logits, "logits under capture (eager)")
     _check_against_truth(case, cap)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_left_padded_decoder_real_rows_match(case: Case, backend: str) -> None:
+    """A left-padded decoder row has query rows with every key masked. Their weights differ
+    by convention, not by error: eager softmaxes a row of equal finfo.min scores into uniform
+    weights, while SDPA with a bool mask yields zero output (and capture records zeros); T5
+    adds its float bias mask in both backends, so it is uniform in both. Only real query
+    rows are compared; the fully-masked rows must show every key ineligible."""
+    model = case.model if backend == "sdpa" else case.eager
+    inputs = dict(case.inputs)
+    dec_mask = torch.ones_like(inputs["decoder_input_ids"])
+    dec_mask[1, :2] = 0
+    inputs["decoder_attention_mask"] = dec_mask
+    with torch.no_grad():
+        truth = case.truth_model(**inputs, output_attentions=True)
+        plain = model(**inputs).logits
+        with attnaudit.capture(model) as cap:
+            out = model(**inputs).logits
+    assert_left_alone(model, backend, False)
+    assert_close(out, plain, "logits under capture")
+    names = _site_names(case.family)
+    for name, t in zip(names["decoder"], truth.decoder_attentions, strict=True):
+        rec = cap.records[name]
+        assert_close(rec.weights[0], t[0], f"{name} unpadded row")
+        assert_close(rec.weights[1, :, 2:], t[1, :, 2:], f"{name} real queries")
+        mask = rec.key_mask.expand_as(rec.weights)
+        assert not mask[1, :, :2].any(), name
+        causal = torch.ones(TGT_LEN, TGT_LEN, dtype=torch.bool).tril()
+        causal[:, :2] = False
+        assert torch.equal(mask[1, :, 2:], causal[2:].expand_as(mask[1, :, 2:])), name
+    for name, t in zip(names["cross"], truth.cross_attentions, strict=True):
+        assert_close(cap.records[name].weights[1, :, 2:], t[1, :, 2:], name)
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
