@@ -1,0 +1,46 @@
+"""Shape of each attention row over its eligible keys (METRICS.md, "Shape of the distribution").
+
+entropy H = -sum w ln(w + 1e-10) over eligible keys (nats); entropy_norm = H / ln(n_valid),
+defined for n_valid >= 2; effective_keys = exp(H); kl_to_uniform = ln(n_valid) - H;
+max_weight = largest eligible weight. Rows with no eligible key, or with non-finite
+weights, have no distribution: they are left out here and counted by the numerics analyser.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnaudit.analysis.base import Analyser, Rows
+from attnaudit.analysis.stats import MetricSpec
+
+EPS = 1e-10
+
+
+class EntropyAnalyser(Analyser):
+    metrics = (
+        MetricSpec("entropy", 0.0, 8.0),
+        MetricSpec("entropy_norm", 0.0, 1.0),
+        MetricSpec("effective_keys", 1.0, 129.0),
+        MetricSpec("kl_to_uniform", 0.0, 8.0),
+        MetricSpec("max_weight", 0.0, 1.0),
+        MetricSpec("n_valid", 0.0, 512.0),
+    )
+
+    def rows_metrics(self, rows: Rows):
+        w = rows.weights.where(rows.eligible, 0.0)
+        n_valid = rows.n_valid.to(torch.float64)
+        finite = torch.isfinite(rows.weights).all(-1)
+        has_keys = n_valid >= 1
+        defined = finite & has_keys
+        entropy = -(w * torch.log(w.clamp_min(0.0) + EPS)).sum(-1)
+        log_n = torch.log(n_valid.clamp_min(1.0))
+        return {
+            "entropy": (entropy, defined),
+            "entropy_norm": (entropy / log_n.clamp_min(math.log(2)), defined & (n_valid >= 2)),
+            "effective_keys": (torch.exp(entropy), defined),
+            "kl_to_uniform": (log_n - entropy, defined),
+            "max_weight": (w.amax(-1), defined),
+            "n_valid": (n_valid, None),
+        }

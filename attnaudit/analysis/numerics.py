@@ -1,0 +1,57 @@
+"""Numeric health of every row (METRICS.md, "Validity").
+
+non_finite / negative: counts of NaN-or-inf / below-zero weights per row.
+row_sum_error: |sum over keys - 1| for rows with an eligible key and finite weights.
+all_masked: 1 for a row with no eligible key; what the model produced there is classified
+as all_masked_nan, all_masked_zeros or all_masked_uniform (else none of the three).
+softmax_axis_suspect: 1 on every row of an (example, head) whose rows do not sum to one
+while its columns (the query axis) do — the mark of a softmax over the wrong dimension.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnaudit.analysis.base import Analyser, Rows
+from attnaudit.analysis.stats import MetricSpec
+
+SUM_TOLERANCE = 1e-3
+
+
+class NumericsAnalyser(Analyser):
+    metrics = (
+        MetricSpec("non_finite", 0.0, 256.0),
+        MetricSpec("negative", 0.0, 256.0),
+        MetricSpec("row_sum_error", 0.0, 1.0),
+        MetricSpec("all_masked", 0.0, 1.0),
+        MetricSpec("all_masked_nan", 0.0, 1.0),
+        MetricSpec("all_masked_zeros", 0.0, 1.0),
+        MetricSpec("all_masked_uniform", 0.0, 1.0),
+        MetricSpec("softmax_axis_suspect", 0.0, 1.0),
+    )
+
+    def rows_metrics(self, rows: Rows):
+        w = rows.weights
+        finite = torch.isfinite(w)
+        row_finite = finite.all(-1)
+        has_keys = rows.n_valid > 0
+        row_sum_error = (w.sum(-1) - 1).abs()
+        all_masked = ~has_keys
+        n_keys = w.shape[-1]
+        nan_row = (~finite).any(-1)
+        zero_row = row_finite & (w == 0).all(-1)
+        uniform_row = row_finite & ((w - 1.0 / max(n_keys, 1)).abs() <= 1e-6).all(-1)
+        rows_bad = (row_sum_error > SUM_TOLERANCE) & has_keys & row_finite
+        cols_ok = ((w.sum(-2) - 1).abs() <= SUM_TOLERANCE).all(-1)  # (B, H)
+        suspect = (rows_bad.all(-1) & cols_ok & (w.shape[2] > 1))[..., None].expand_as(rows_bad)
+        f64 = torch.float64
+        return {
+            "non_finite": ((~finite).sum(-1).to(f64), None),
+            "negative": ((w < 0).sum(-1).to(f64), None),
+            "row_sum_error": (row_sum_error, has_keys & row_finite),
+            "all_masked": (all_masked.to(f64), None),
+            "all_masked_nan": (nan_row.to(f64), all_masked),
+            "all_masked_zeros": (zero_row.to(f64), all_masked),
+            "all_masked_uniform": (uniform_row.to(f64), all_masked),
+            "softmax_axis_suspect": (suspect.to(f64), None),
+        }

@@ -1,0 +1,164 @@
+"""Mergeable streaming state: per (site, metric) arrays over (heads, query steps).
+
+State is sums, counts, min/max and a fixed-size histogram per cell, never a list of
+tensors, so memory depends on the number of sites, heads and query steps seen — not on
+the number of examples. Arrays grow along the step axis when a longer query axis arrives.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+HIST_BINS = 256
+QUANTILES = (0.1, 0.5, 0.9)
+_LAYER = re.compile(r"\.(?:layers?|block|blocks|h)\.(\d+)(?:\.|:|$)")
+
+
+def layer_of(site: str) -> int | None:
+    """The layer index in a site name (``model.decoder.layers.3.encoder_attn`` -> 3), or None."""
+    match = _LAYER.search(site)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A per-row metric and the fixed histogram range its quantiles are read from."""
+
+    name: str
+    lo: float = 0.0
+    hi: float = 1.0
+
+
+@dataclass
+class Cells:
+    """Accumulators for one (site, metric): every array is (heads, steps[, bins]), float64."""
+
+    n: np.ndarray
+    total: np.ndarray
+    minimum: np.ndarray
+    maximum: np.ndarray
+    hist: np.ndarray
+
+    @classmethod
+    def empty(cls, heads: int, steps: int) -> Cells:
+        return cls(
+            n=np.zeros((heads, steps)),
+            total=np.zeros((heads, steps)),
+            minimum=np.full((heads, steps), np.inf),
+            maximum=np.full((heads, steps), -np.inf),
+            hist=np.zeros((heads, steps, HIST_BINS)),
+        )
+
+    def grown(self, steps: int) -> Cells:
+        """These cells with the step axis extended to ``steps``."""
+        extra = steps - self.n.shape[1]
+        if extra <= 0:
+            return self
+        pad = Cells.empty(self.n.shape[0], extra)
+        return Cells(*(np.concatenate([a, b], axis=1) for a, b in zip(
+            (self.n, self.total, self.minimum, self.maximum, self.hist),
+            (pad.n, pad.total, pad.minimum, pad.maximum, pad.hist), strict=True)))
+
+
+class RowStats:
+    """Streaming summaries of per-row metric values, keyed by site and metric."""
+
+    def __init__(self, specs: tuple[MetricSpec, ...]) -> None:
+        self.specs = {s.name: s for s in specs}
+        self.cells: dict[tuple[str, str], Cells] = {}
+        self.kinds: dict[str, str | None] = {}
+
+    def reset(self) -> None:
+        self.cells.clear()
+        self.kinds.clear()
+
+    def add(self, site: str, kind: str | None, metric: str, values: torch.Tensor,
+            defined: torch.Tensor | None = None, step_offset: int = 0) -> None:
+        """Fold per-row ``values`` (batch, heads, steps) in; ``defined`` masks rows that count."""
+        self.kinds.setdefault(site, kind)
+        values = values.detach().to(torch.float64)
+        if defined is None:
+            defined = torch.ones_like(values, dtype=torch.bool)
+        defined = defined.expand_as(values) & ~torch.isnan(values)
+        _, heads, steps = values.shape
+        key = (site, metric)
+        cells = self.cells.get(key) or Cells.empty(heads, 0)
+        if cells.n.shape[0] != heads:
+            raise ValueError(f"site {site!r} had {cells.n.shape[0]} heads, now {heads}")
+        cells = cells.grown(step_offset + steps)
+        cols = slice(step_offset, step_offset + steps)
+        d = defined.cpu().numpy()
+        v = np.where(d, values.cpu().numpy(), 0.0)
+        cells.n[:, cols] += d.sum(0)
+        cells.total[:, cols] += v.sum(0)
+        cells.minimum[:, cols] = np.minimum(cells.minimum[:, cols],
+                                            np.where(d, v, np.inf).min(0, initial=np.inf))
+        cells.maximum[:, cols] = np.maximum(cells.maximum[:, cols],
+                                            np.where(d, v, -np.inf).max(0, initial=-np.inf))
+        spec = self.specs[metric]
+        bins = np.clip(((v - spec.lo) / (spec.hi - spec.lo) * HIST_BINS).astype(np.int64),
+                       0, HIST_BINS - 1)
+        flat = (np.arange(heads)[:, None] * steps + np.arange(steps)[None, :]) * HIST_BINS
+        index = (flat[None] + bins)[d]
+        counts = np.bincount(index, minlength=heads * steps * HIST_BINS)
+        cells.hist[:, cols] += counts.reshape(heads, steps, HIST_BINS)
+        self.cells[key] = cells
+
+    def merge(self, other: RowStats) -> None:
+        for key, theirs in other.cells.items():
+            mine = self.cells.get(key)
+            if mine is None:
+                self.cells[key] = Cells(*(a.copy() for a in (
+                    theirs.n, theirs.total, theirs.minimum, theirs.maximum, theirs.hist)))
+                continue
+            steps = max(mine.n.shape[1], theirs.n.shape[1])
+            mine, theirs = mine.grown(steps), theirs.grown(steps)
+            self.cells[key] = Cells(mine.n + theirs.n, mine.total + theirs.total,
+                                    np.minimum(mine.minimum, theirs.minimum),
+                                    np.maximum(mine.maximum, theirs.maximum),
+                                    mine.hist + theirs.hist)
+        for site, kind in other.kinds.items():
+            self.kinds.setdefault(site, kind)
+
+    def frame(self) -> pd.DataFrame:
+        """Tidy summary: one row per site x head x step x metric with its count ``n``."""
+        rows = []
+        for (site, metric), c in self.cells.items():
+            spec = self.specs[metric]
+            heads, steps = np.nonzero(c.n)
+            for h, t in zip(heads.tolist(), steps.tolist(), strict=True):
+                n = c.n[h, t]
+                row = {"site": site, "kind": self.kinds.get(site), "layer": layer_of(site),
+                       "head": h, "step": t, "metric": metric, "n": int(n),
+                       "mean": c.total[h, t] / n, "sum": c.total[h, t],
+                       "min": c.minimum[h, t], "max": c.maximum[h, t]}
+                row.update(_quantiles(c.hist[h, t], spec, c.minimum[h, t], c.maximum[h, t]))
+                rows.append(row)
+        columns = ["site", "kind", "layer", "head", "step", "metric", "n", "mean", "sum", "min",
+                   "max", *(f"q{round(q * 100)}" for q in QUANTILES)]
+        frame = pd.DataFrame(rows, columns=columns)
+        frame["layer"] = frame["layer"].astype("Int64")
+        return frame.sort_values(["site", "metric", "head", "step"], ignore_index=True)
+
+
+def _quantiles(hist: np.ndarray, spec: MetricSpec, low: float, high: float) -> dict[str, float]:
+    """Quantiles read off the histogram, linear within a bin, clipped to the exact [min, max].
+
+    Resolution is (hi - lo) / HIST_BINS of the metric's range; values outside the range
+    fall in the edge bins (their min/max stay exact).
+    """
+    cum = np.cumsum(hist)
+    width = (spec.hi - spec.lo) / HIST_BINS
+    out = {}
+    for q in QUANTILES:
+        target = q * cum[-1]
+        b = int(np.searchsorted(cum, target, side="left"))
+        below = cum[b - 1] if b > 0 else 0.0
+        frac = (target - below) / hist[b] if hist[b] > 0 else 0.0
+        out[f"q{round(q * 100)}"] = float(np.clip(spec.lo + (b + frac) * width, low, high))
+    return out
