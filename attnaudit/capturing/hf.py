@@ -16,9 +16,9 @@ from attnaudit.errors import CaptureError
 CAPTURABLE_BACKENDS = ("eager", "sdpa")
 
 
-def check_backends(model: nn.Module) -> None:
+def check_backends(named_modules: list[tuple[str, nn.Module]]) -> None:
     """Raise :class:`CaptureError` if a module's HF config selects an uncapturable backend."""
-    for path, module in model.named_modules():
+    for path, module in named_modules:
         config = getattr(module, "config", None)
         backend = getattr(config, "_attn_implementation", None)
         if isinstance(backend, str) and backend not in CAPTURABLE_BACKENDS:

@@ -33,9 +33,9 @@ class MhaCall(NamedTuple):
     asked: bool  # did the caller ask for weights itself?
 
 
-def install(stack: ExitStack, cap: Capture, model: nn.Module) -> None:
-    """Hook every ``nn.MultiheadAttention`` in ``model`` until ``stack`` closes."""
-    modules = [m for m in model.modules() if isinstance(m, nn.MultiheadAttention)]
+def install(stack: ExitStack, cap: Capture, modules: list[nn.Module]) -> None:
+    """Hook every ``nn.MultiheadAttention`` among ``modules`` until ``stack`` closes."""
+    modules = [m for m in modules if isinstance(m, nn.MultiheadAttention)]
     if not modules:
         return
     previous = torch.backends.mha.get_fastpath_enabled()

@@ -49,7 +49,8 @@ class Capture:
         self.keep_scores = scores
         self.keep_values = values
         select, self._requested = make_selector(sites)
-        self.sites_registry = SiteRegistry(model, select, kinds)
+        self._modules = list(model.named_modules())
+        self.sites_registry = SiteRegistry(self._modules, select, kinds)
         self.records: dict[str, AttentionRecord] = {}
         self.busy = False
         self.mha_stack: list[mha.MhaCall] = []
@@ -62,13 +63,14 @@ class Capture:
     def __enter__(self) -> Capture:
         if ACTIVE.capture is not None:
             raise CaptureError("another attnaudit capture is already active; captures do not nest")
-        hf.check_backends(self.model)
+        modules = [m for _, m in self._modules]
+        hf.check_backends(self._modules)
         stack = ExitStack()
         try:
-            namespaces = _model_namespaces(self.model)
+            namespaces = _model_namespaces(modules)
             softmax.install(stack, namespaces)
             sdpa.install(stack, namespaces)
-            mha.install(stack, self, self.model)
+            mha.install(stack, self, modules)
             ACTIVE.capture = self
             stack.callback(setattr, ACTIVE, "capture", None)
         except BaseException:
@@ -90,7 +92,7 @@ class Capture:
     def _check_found(self) -> None:
         found = self.sites
         if not found:
-            n_mha = sum(isinstance(m, nn.MultiheadAttention) for m in self.model.modules())
+            n_mha = sum(isinstance(m, nn.MultiheadAttention) for _, m in self._modules)
             raise NoAttentionFound(
                 f"no attention site found in {type(self.model).__name__}: searched "
                 + SEARCHED.format(n_mha=n_mha)
@@ -150,10 +152,10 @@ def _checked_edit(site: Site, weights: torch.Tensor, new: Any) -> torch.Tensor |
     return new.to(dtype=weights.dtype, device=weights.device)
 
 
-def _model_namespaces(model: nn.Module) -> list[dict[str, Any]]:
-    """Globals of the modules defining the model's classes (outside torch), where attention
-    functions may have been imported by name."""
-    names = {type(m).__module__ for m in model.modules()}
+def _model_namespaces(modules: list[nn.Module]) -> list[dict[str, Any]]:
+    """Globals of the Python modules defining the model's classes (outside torch), where
+    attention functions may have been imported by name."""
+    names = {type(m).__module__ for m in modules}
     return [vars(sys.modules[n]) for n in sorted(names)
             if n in sys.modules and not n.startswith("torch.") and n != "torch"]
 

@@ -61,7 +61,7 @@ def _explicit(site: Site, query: torch.Tensor, key: torch.Tensor, value: torch.T
         value = value.repeat_interleave(repeat, dim=-3)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     compute = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
-    scores = torch.matmul(query.to(compute), key.to(compute).transpose(-2, -1)) * scale
+    scores = torch.matmul(query.to(compute), key.to(compute).transpose(-2, -1)).mul_(scale)
     allowed = None
     if is_causal:
         allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril()
@@ -69,13 +69,20 @@ def _explicit(site: Site, query: torch.Tensor, key: torch.Tensor, value: torch.T
         if attn_mask.dtype == torch.bool:
             allowed = attn_mask
         else:
-            scores = scores + attn_mask.to(compute)
+            scores = scores.add_(attn_mask.to(compute))
     if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        scores = scores.masked_fill_(~allowed, float("-inf"))
     weights = ORIGINAL_TORCH_SOFTMAX(scores, dim=-1)
-    if allowed is not None or attn_mask is not None:
-        all_masked = torch.isneginf(scores).all(dim=-1, keepdim=True)
-        weights = weights.masked_fill(all_masked, 0.0)
+    # Rows with every key masked: softmax gives NaN, the fused kernels zero. Found on the
+    # (small, head-broadcast) mask rather than on the scores.
+    if allowed is not None:
+        dead = ~allowed.any(dim=-1, keepdim=True)
+    elif attn_mask is not None:
+        dead = torch.isneginf(attn_mask).all(dim=-1, keepdim=True)
+    else:
+        dead = None
+    if dead is not None and bool(dead.any()):
+        weights = weights.masked_fill(dead, 0.0)
     weights = weights.to(value.dtype)
 
     def eligibility() -> torch.Tensor:

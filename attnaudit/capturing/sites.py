@@ -53,9 +53,9 @@ def make_selector(sites: SiteSelection) -> tuple[Callable[[str], bool], list[str
 class SiteRegistry:
     """Resolves calls to :class:`Site` objects once per location and remembers what was found."""
 
-    def __init__(self, model: nn.Module, select: Callable[[str], bool],
+    def __init__(self, named_modules: list[tuple[str, nn.Module]], select: Callable[[str], bool],
                  kinds: Mapping[str, Kind] | None = None) -> None:
-        self.paths = {id(m): path for path, m in model.named_modules()}
+        self.paths = {id(m): path for path, m in named_modules}
         self.select = select
         self.kinds = dict(kinds or {})
         self.found: dict[str, Site] = {}
