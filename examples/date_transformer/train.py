@@ -42,7 +42,7 @@ def encode_pairs(
     return src["input_ids"], src["attention_mask"], labels
 
 
-def main(epochs: int = 30, batch_size: int = 64, lr: float = 1e-3) -> None:
+def main(epochs: int = 15, batch_size: int = 64, lr: float = 1e-3) -> None:
     torch.set_num_threads(2)
     torch.manual_seed(SEED)
     random.seed(SEED)
