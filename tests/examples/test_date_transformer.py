@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import attnaudit
+
 pytest.importorskip("transformers")
 
-from examples.date_transformer.model import MODEL_DIR, exact_match, load_model  # noqa: E402
+from examples.date_transformer.model import MODEL_DIR, exact_match, load_model
 
 
 @pytest.fixture(scope="module")
