@@ -167,8 +167,8 @@ class AttentionRecord:
         if len(self.calls) == 1:
             return masks[0]
         batch, heads = self.calls[0].weights.shape[:2]
-        lead_b = batch if any(m is not None and m.shape[0] > 1 for m in masks) else 1
-        lead_h = heads if any(m is not None and m.shape[1] > 1 for m in masks) else 1
+        lead_b = batch if any(m is not None and m.shape[0] != 1 for m in masks) else 1
+        lead_h = heads if any(m is not None and m.shape[1] != 1 for m in masks) else 1
         parts = []
         for call, mask, k in zip(self.calls, masks, key_counts, strict=True):
             q = call.weights.shape[2]

@@ -1,18 +1,35 @@
 """Streaming analysers over attention records (definitions: METRICS.md)."""
 
+from attnaudit.analysis.alignment import AlignmentAnalyser
 from attnaudit.analysis.base import Analyser, Rows
 from attnaudit.analysis.entropy import EntropyAnalyser
+from attnaudit.analysis.expectations import (
+    char_offsets,
+    expected_from_callable,
+    expected_from_spans,
+    keys_from_char_spans,
+    read_pharaoh,
+)
 from attnaudit.analysis.masking import MaskingAnalyser
 from attnaudit.analysis.numerics import NumericsAnalyser
+from attnaudit.analysis.regions import RegionAnalyser, mean_over_heads
 from attnaudit.analysis.stats import MetricSpec, RowStats, layer_of
 
 __all__ = [
+    "AlignmentAnalyser",
     "Analyser",
     "EntropyAnalyser",
     "MaskingAnalyser",
     "MetricSpec",
     "NumericsAnalyser",
+    "RegionAnalyser",
     "RowStats",
     "Rows",
+    "char_offsets",
+    "expected_from_callable",
+    "expected_from_spans",
+    "keys_from_char_spans",
     "layer_of",
+    "mean_over_heads",
+    "read_pharaoh",
 ]

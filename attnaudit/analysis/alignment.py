@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Self
+from numbers import Integral
+from typing import NoReturn, Self
 
 import numpy as np
 import pandas as pd
@@ -74,15 +75,15 @@ def _word_map(ids: WordIds, length: int, what: str, site: str, b: int
         raise ValueError(f"site {site!r}, example {b}: {len(ids)} {what} word ids for an axis "
                          f"of length {length}")
     for w in ids:
-        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 0):
+        if w is not None and (isinstance(w, bool) or not isinstance(w, Integral) or w < 0):
             raise ValueError(f"site {site!r}, example {b}: {what} word id {w!r} is not a "
                              "non-negative int or None")
-    words = sorted({w for w in ids if w is not None})
+    words = sorted({int(w) for w in ids if w is not None})
     column = {w: c for c, w in enumerate(words)}
     member = torch.zeros(len(words), length, dtype=torch.float64)
     for pos, w in enumerate(ids):
         if w is not None:
-            member[column[w], pos] = 1.0
+            member[column[int(w)], pos] = 1.0
     return words, member
 
 
@@ -111,7 +112,8 @@ class AlignmentAnalyser(Analyser):
                 :func:`~attnaudit.analysis.expectations.read_pharaoh`; a bare ``set`` /
                 ``frozenset`` of links means sure = possible.
             src_word_ids: per example, the source word id of each key (length <= K; None for
-                special tokens; keys past the end count as None).
+                special tokens; keys past the end count as None), e.g. a Hugging Face fast
+                tokenizer's ``encoding.word_ids()``.
             tgt_word_ids: per example, the target word id of each query row (length <= Q;
                 None for special tokens and EOS rows, which are dropped).
         """
@@ -130,9 +132,11 @@ class AlignmentAnalyser(Analyser):
             raise ValueError(f"site {data.site!r} had {state.counts.shape[0] - 1} heads, "
                              f"now {heads}")
         weights = torch.cat([data.weights, data.weights.mean(1, keepdim=True)], dim=1)
+        total = np.zeros_like(state.counts)  # all examples first: an error leaves no trace
         for b in range(batch):
-            state.counts += self._example(data.site, b, weights[b], gold[b], src_word_ids[b],
-                                          tgt_word_ids[b])
+            total += self._example(data.site, b, weights[b], gold[b], src_word_ids[b],
+                                   tgt_word_ids[b])
+        state.counts += total
         self.sites[data.site] = state
 
     def _example(self, site: str, b: int, weights: torch.Tensor, gold: Gold,
@@ -172,7 +176,7 @@ class AlignmentAnalyser(Analyser):
             out[h, 1:4] = (len(links & sure), len(links & possible), len(links))
         return out
 
-    def rows_metrics(self, rows: Rows):
+    def rows_metrics(self, rows: Rows) -> NoReturn:
         raise TypeError("AlignmentAnalyser needs gold links: call update(record, gold=..., "
                         "src_word_ids=..., tgt_word_ids=...)")
 

@@ -9,6 +9,7 @@ merge by adding their states, so an audit can be sharded and combined.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar, Self
 
 import pandas as pd
@@ -34,25 +35,40 @@ class Rows:
     @classmethod
     def of(cls, record: AttentionRecord | Rows, eligible: torch.Tensor | None = None) -> Rows:
         """Rows from a record; ``eligible`` (bool, broadcastable) overrides its key mask."""
-        if isinstance(record, Rows):
-            return record if eligible is None else cls(
-                record.site, record.kind, record.weights,
-                _eligibility(record.site, record.weights, eligible), record.step_offset)
+        name = record.site if isinstance(record, Rows) else record.name
         weights = record.weights
         if not isinstance(weights, torch.Tensor) or weights.ndim != 4:
-            raise ValueError(f"site {record.name!r}: weights must be a 4-D tensor "
+            raise ValueError(f"site {name!r}: weights must be a 4-D tensor "
                              "(batch, heads, queries, keys)")
         if not weights.is_floating_point():
-            raise ValueError(f"site {record.name!r}: weights must be floating point, "
+            raise ValueError(f"site {name!r}: weights must be floating point, "
                              f"got {weights.dtype}")
+        if (isinstance(record, Rows) and eligible is None and weights.dtype == torch.float64
+                and record.eligible.dtype == torch.bool
+                and record.eligible.shape == weights.shape):
+            return record  # nothing to convert or check
         weights = weights.detach().to(torch.float64)
+        if isinstance(record, Rows):
+            mask = record.eligible if eligible is None else eligible
+            return cls(record.site, record.kind, weights,
+                       _eligibility(record.site, weights, mask), record.step_offset)
         mask = record.key_mask if eligible is None else eligible
         return cls(record.name, record.kind, weights, _eligibility(record.name, weights, mask))
 
-    @property
+    @cached_property
     def n_valid(self) -> torch.Tensor:
         """Eligible keys per row (batch, heads, queries)."""
         return self.eligible.sum(-1)
+
+    @cached_property
+    def finite(self) -> torch.Tensor:
+        """Bool (batch, heads, queries): every weight in the row is finite."""
+        return torch.isfinite(self.weights).all(-1)
+
+    @cached_property
+    def eligible_weights(self) -> torch.Tensor:
+        """Weights with ineligible keys set to 0 (batch, heads, queries, keys)."""
+        return self.weights.where(self.eligible, 0.0)
 
 
 def _eligibility(site: str, weights: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -29,11 +29,9 @@ class EntropyAnalyser(Analyser):
     )
 
     def rows_metrics(self, rows: Rows):
-        w = rows.weights.where(rows.eligible, 0.0)
+        w = rows.eligible_weights
         n_valid = rows.n_valid.to(torch.float64)
-        finite = torch.isfinite(rows.weights).all(-1)
-        has_keys = n_valid >= 1
-        defined = finite & has_keys
+        defined = rows.finite & (n_valid >= 1)
         entropy = -(w * torch.log(w.clamp_min(0.0) + EPS)).sum(-1)
         log_n = torch.log(n_valid.clamp_min(1.0))
         return {
@@ -41,6 +39,7 @@ class EntropyAnalyser(Analyser):
             "entropy_norm": (entropy / log_n.clamp_min(math.log(2)), defined & (n_valid >= 2)),
             "effective_keys": (torch.exp(entropy), defined),
             "kl_to_uniform": (log_n - entropy, defined),
-            "max_weight": (w.amax(-1), defined),
+            "max_weight": (rows.weights.masked_fill(~rows.eligible, float("-inf")).amax(-1),
+                           defined),
             "n_valid": (n_valid, None),
         }

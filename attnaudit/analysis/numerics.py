@@ -33,7 +33,7 @@ class NumericsAnalyser(Analyser):
     def rows_metrics(self, rows: Rows):
         w = rows.weights
         finite = torch.isfinite(w)
-        row_finite = finite.all(-1)
+        row_finite = rows.finite
         has_keys = rows.n_valid > 0
         row_sum_error = (w.sum(-1) - 1).abs()
         all_masked = ~has_keys
@@ -41,9 +41,11 @@ class NumericsAnalyser(Analyser):
         nan_row = (~finite).any(-1)
         zero_row = row_finite & (w == 0).all(-1)
         uniform_row = row_finite & ((w - 1.0 / max(n_keys, 1)).abs() <= 1e-6).all(-1)
-        rows_bad = (row_sum_error > SUM_TOLERANCE) & has_keys & row_finite
+        judged = has_keys & row_finite  # rows whose sum means something
+        rows_bad = (row_sum_error > SUM_TOLERANCE) | ~judged
         cols_ok = ((w.sum(-2) - 1).abs() <= SUM_TOLERANCE).all(-1)  # (B, H)
-        suspect = (rows_bad.all(-1) & cols_ok & (w.shape[2] > 1))[..., None].expand_as(rows_bad)
+        suspect = rows_bad.all(-1) & judged.any(-1) & cols_ok & (w.shape[2] > 1)
+        suspect = suspect[..., None].expand_as(rows_bad)
         f64 = torch.float64
         return {
             "non_finite": ((~finite).sum(-1).to(f64), None),

@@ -23,6 +23,8 @@ Example (date model: the first four emitted characters should read the source ye
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
+from typing import NoReturn
 
 import torch
 
@@ -71,7 +73,7 @@ class RegionAnalyser(Analyser):
             self.stats.add(data.site, data.kind, name, values, defined & selected[:, None, :],
                            data.step_offset)
 
-    def rows_metrics(self, rows: Rows):
+    def rows_metrics(self, rows: Rows) -> NoReturn:
         raise TypeError("RegionAnalyser needs an expected key set: call "
                         "update(record, expected=..., rows=...)")
 
@@ -136,14 +138,14 @@ def select_rows(site: str, rows: RowSelection, batch: int, queries: int) -> torc
         mask[:, :rows] = True
         return mask
     index = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
-    if any(isinstance(i, bool) or not isinstance(i, int) for i in index):
+    if any(isinstance(i, bool) or not isinstance(i, Integral) for i in index):
         raise ValueError(f"site {site!r}: rows must be int query indices (for a per-row "
                          "mask pass a bool tensor)")
     bad = [i for i in index if not 0 <= i < queries]
     if bad:
         raise ValueError(f"site {site!r}: query indices {bad} outside [0, {queries})")
     mask = torch.zeros(batch, queries, dtype=torch.bool)
-    mask[:, index] = True
+    mask[:, [int(i) for i in index]] = True
     return mask
 
 

@@ -79,12 +79,16 @@ class RowStats:
 
     def add(self, site: str, kind: str | None, metric: str, values: torch.Tensor,
             defined: torch.Tensor | None = None, step_offset: int = 0) -> None:
-        """Fold per-row ``values`` (batch, heads, steps) in; ``defined`` masks rows that count."""
+        """Fold per-row ``values`` (batch, heads, steps) in.
+
+        ``defined`` masks the rows that count; non-finite values never count (the numerics
+        analyser counts non-finite weights), so no summary column is ever NaN or inf.
+        """
         self.kinds.setdefault(site, kind)
         values = values.detach().to(torch.float64)
         if defined is None:
             defined = torch.ones_like(values, dtype=torch.bool)
-        defined = defined.expand_as(values) & ~torch.isnan(values)
+        defined = defined.expand_as(values) & torch.isfinite(values)
         _, heads, steps = values.shape
         key = (site, metric)
         cells = self.cells.get(key) or Cells.empty(heads, 0)
@@ -101,8 +105,8 @@ class RowStats:
         cells.maximum[:, cols] = np.maximum(cells.maximum[:, cols],
                                             np.where(d, v, -np.inf).max(0, initial=-np.inf))
         spec = self.specs[metric]
-        bins = np.clip(((v - spec.lo) / (spec.hi - spec.lo) * HIST_BINS).astype(np.int64),
-                       0, HIST_BINS - 1)
+        bins = np.clip((v - spec.lo) / (spec.hi - spec.lo) * HIST_BINS, 0,
+                       HIST_BINS - 1).astype(np.int64)
         flat = (np.arange(heads)[:, None] * steps + np.arange(steps)[None, :]) * HIST_BINS
         index = (flat[None] + bins)[d]
         counts = np.bincount(index, minlength=heads * steps * HIST_BINS)
@@ -116,6 +120,9 @@ class RowStats:
                 self.cells[key] = Cells(*(a.copy() for a in (
                     theirs.n, theirs.total, theirs.minimum, theirs.maximum, theirs.hist)))
                 continue
+            if mine.n.shape[0] != theirs.n.shape[0]:
+                raise ValueError(f"cannot merge site {key[0]!r}: {mine.n.shape[0]} heads here, "
+                                 f"{theirs.n.shape[0]} in the other shard")
             steps = max(mine.n.shape[1], theirs.n.shape[1])
             mine, theirs = mine.grown(steps), theirs.grown(steps)
             self.cells[key] = Cells(mine.n + theirs.n, mine.total + theirs.total,
