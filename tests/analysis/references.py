@@ -32,7 +32,7 @@ Conventions (the reference's reading of the definitions):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -53,9 +53,10 @@ ALL_METRICS = ENTROPY_METRICS + MASKING_METRICS + NUMERICS_METRICS
 PerRow = dict[str, tuple[np.ndarray, np.ndarray]]
 
 
-def row_metrics(w: np.ndarray, eligible: np.ndarray,
+def row_metrics(w: Sequence[float], eligible: Sequence[bool],
                 tolerance: float = MASK_TOLERANCE) -> dict[str, float | None]:
     """Every row-local metric of one row (1-D float64 weights over keys); None = undefined."""
+    w = [float(x) for x in w]  # Python floats: inf - inf is NaN without a numpy warning
     n_keys = len(w)
     n_valid = int(sum(bool(e) for e in eligible))
     finite = all(math.isfinite(x) for x in w)
@@ -108,7 +109,7 @@ def axis_suspect(w: np.ndarray, eligible: np.ndarray) -> bool:
     if not judged or not all(judged):
         return False
     for k in range(w.shape[1]):
-        column = sum(w[q, k] for q in range(n_queries))
+        column = sum(float(w[q, k]) for q in range(n_queries))
         if not abs(column - 1.0) <= SUM_TOLERANCE:  # NaN fails too
             return False
     return True

@@ -161,10 +161,6 @@ def make_batch(s: Spec) -> Batch:
         elig = rng.random((b, h, q, k)) < rng.uniform(0.4, 1.0)
         if s.all_masked:
             elig[rng.random((b, h, q)) < 0.25] = False
-        # A wrong-axis head keeps an eligible key on every row: an all-masked row inside it
-        # is pinned separately (test_all_masked_row_vetoes_softmax_axis_suspect).
-        dead = ~elig.any(-1) & suspect[..., None]
-        elig[dead, rng.integers(0, k, size=int(dead.sum()))] = True
     else:
         elig = (np.arange(k)[None, :] < rng.integers(1, k + 1, size=b)[:, None])
         if s.all_masked:
@@ -191,7 +187,7 @@ def make_batch(s: Spec) -> Batch:
     if suspect.any():
         w[suspect] = _softmax(scores, -2)[suspect]
     if s.bad:
-        rows = (rng.random((b, h, q)) < 0.3) & ~suspect[..., None]
+        rows = rng.random((b, h, q)) < (0.3 - 0.2 * suspect[..., None])
         for i, j, t in zip(*np.nonzero(rows), strict=True):
             if rng.random() < 0.3:
                 w[i, j, t] = np.nan
@@ -615,10 +611,12 @@ def test_reset_empties_state(case: Case) -> None:
     assert_same(analyser.compute(), fed(case, [other]).compute())
 
 
-# --------------------------------------------------------------------------- pinned bugs
+# --------------------------------------------------------------------------- regressions
 
 
-def test_all_masked_row_vetoes_softmax_axis_suspect() -> None:
+def test_all_masked_row_does_not_veto_softmax_axis_suspect() -> None:
+    """A row without eligible keys (or with non-finite weights) is not judged; it once vetoed
+    the flag for its whole (example, head)."""
     gen = torch.Generator().manual_seed(0)
     scores = torch.randn(1, 1, 3, 3, dtype=torch.float64, generator=gen)
     w = torch.softmax(scores, dim=-2)  # columns sum to 1, rows do not
@@ -645,10 +643,24 @@ def test_huge_values_land_in_the_top_bin() -> None:
 
 
 def test_max_weight_is_over_eligible_keys_only() -> None:
+    """It was once the max with ineligible keys zeroed: 0 here, an ineligible key."""
     w = torch.tensor([[[[-0.5, -0.2, 0.7]]]], dtype=torch.float64)
     batch = Batch(w, torch.tensor([True, True, False]).expand(1, 1, 1, 3))
     frame = fed(CASES[0], [batch]).compute()
     assert frame.loc[frame["metric"] == "max_weight", "max"].item() == -0.2
+
+
+def test_padding_changes_only_key_count_metrics() -> None:
+    """What the padding invariance deliberately leaves out, shown on two small cases: a
+    uniform all-masked row stops being uniform (1/K changed), and a wrong-axis head stops
+    being suspect (a padded column sums to 0, not 1). Both follow the definitions."""
+    uniform = Batch(torch.full((1, 1, 2, 4), 0.25), torch.zeros(1, 1, 2, 4, dtype=torch.bool))
+    scores = torch.randn(1, 1, 3, 3, generator=torch.Generator().manual_seed(0))
+    wrong = Batch(torch.softmax(scores, -2), torch.ones(1, 1, 3, 3, dtype=torch.bool))
+    for batch, metric in ((uniform, "all_masked_uniform"), (wrong, "softmax_axis_suspect")):
+        before, after = (_sums(fed(CASES[-1], [b]).compute())[metric]
+                         for b in (batch, batch.padded(2)))
+        assert before == batch.weights.shape[2] and after == 0
 
 
 # --------------------------------------------------------------------------- model level
