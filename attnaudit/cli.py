@@ -1,4 +1,4 @@
-"""The ``attnaudit`` command."""
+"""The ``attnaudit`` command: parsing and dispatch only; the work lives in the library."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ import sys
 from pathlib import Path
 
 import attnaudit
+import attnaudit.target
+from attnaudit.errors import AttnauditError
 
 CHECKOUT = Path(__file__).resolve().parents[1]
+USAGE_ERROR = 2
 
 
 def _demo(_: argparse.Namespace) -> int:
@@ -16,7 +19,7 @@ def _demo(_: argparse.Namespace) -> int:
         print("attnaudit demo needs the bundled date model, which ships with the source "
               "checkout (examples/date/); install attnaudit from a clone with `pip install -e .`",
               file=sys.stderr)
-        return 2
+        return USAGE_ERROR
     sys.path.insert(0, str(CHECKOUT))
     from examples.date.demo import main as demo_main
 
@@ -24,14 +27,78 @@ def _demo(_: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def load_cli_target(args: argparse.Namespace) -> attnaudit.target.Seq2SeqTarget:
+    """The target named on the command line: TARGET, ``--hf DIR --data TSV``, or the date model."""
+    from attnaudit.target import TargetError, from_hf, load_target
+
+    if args.hf is not None:
+        if args.target is not None:
+            raise TargetError("give either TARGET or --hf DIR, not both")
+        if args.data is None:
+            raise TargetError("--hf DIR needs --data FILE.tsv (source[<TAB>target] lines)")
+        return from_hf(args.hf, args.data)
+    if args.data is not None:
+        raise TargetError("--data goes with --hf DIR")
+    return load_target(args.target)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from attnaudit.gate import check_command
+
+    return check_command(args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from attnaudit.report import report_command
+
+    return report_command(args)
+
+
+def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", nargs="?", metavar="TARGET",
+                        help="package.module:factory or path/to/file.py:factory returning a "
+                             "Seq2SeqTarget (default: the bundled date model)")
+    parser.add_argument("--hf", metavar="DIR", help="a local Hugging Face seq2seq checkpoint")
+    parser.add_argument("--data", metavar="FILE.tsv",
+                        help="with --hf: source[<TAB>target] lines to audit")
+    parser.add_argument("--limit", type=int, metavar="N", help="audit only the first N examples")
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnaudit", description=attnaudit.__doc__)
     parser.add_argument("--version", action="version", version=attnaudit.__version__)
     commands = parser.add_subparsers(dest="command", required=True)
+
     demo = commands.add_parser("demo", help="capture the bundled date model's attention")
     demo.set_defaults(run=_demo)
-    args = parser.parse_args(argv)
-    return args.run(args)
+
+    check = commands.add_parser(
+        "check", help="CI gate: exit 1 on non-finite weights, leaked mask mass, bad row sums")
+    _add_target_arguments(check)
+    check.add_argument("--max-masked-mass", type=float, default=1e-6,
+                       help="largest tolerated weight on an ineligible key (default 1e-6)")
+    check.add_argument("--row-sum-tolerance", type=float, default=1e-3,
+                       help="largest tolerated |row sum - 1| (default 1e-3)")
+    check.add_argument("--json", action="store_true", help="print the result as JSON")
+    check.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
+    check.set_defaults(run=_check)
+
+    report = commands.add_parser("report", help="write an HTML/CSV audit report")
+    _add_target_arguments(report)
+    report.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    report.add_argument("--quick", action="store_true",
+                        help="skip the adversarial search and integrated gradients")
+    report.set_defaults(run=_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except AttnauditError as exc:
+        print(f"attnaudit {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
 
 
 if __name__ == "__main__":

@@ -1,0 +1,307 @@
+"""What an audit runs: a seq2seq model, its data, and how to run it.
+
+A :class:`Seq2SeqTarget` bundles the model with plain callables, so any model can be
+audited without changing its code:
+
+- ``batches()`` yields :class:`Batch` objects (source ids ``(B, n)``, source mask, texts,
+  and whatever else the model needs in ``inputs``);
+- ``greedy(batch)`` returns the emitted ids ``(B, T)`` (the decoder start token excluded,
+  end-of-sequence included, anything after it is padding);
+- ``teacher_forced(batch, emitted)`` returns logits ``(B, T, V)`` where position ``t``
+  predicts ``emitted[:, t]`` from ``emitted[:, :t]`` and the source, i.e. the model's own
+  greedy output fed back — the default seq2seq protocol of METRICS.md;
+- ``source_embedding`` is the module whose first call in a forward pass embeds the source
+  (attributions hook that call only, so an embedding shared with the decoder is safe).
+
+Cross-attention keys are source positions: key ``j`` of a cross-attention row is
+``batch.source_ids[:, j]``. Build a target from parts, with :func:`from_hf` for a local
+Hugging Face checkpoint, or load one by name with :func:`load_target`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnaudit.capturing.sites import SiteSelection
+from attnaudit.errors import AttnauditError
+
+
+class TargetError(AttnauditError):
+    """A target could not be loaded or does not provide what the audit needs."""
+
+
+@dataclass
+class Batch:
+    """One batch of sources.
+
+    source_ids: (B, n) long. source_mask: (B, n) bool, True on real (non-padding) tokens.
+    texts: the B source strings. references: gold target strings when known.
+    inputs: anything else the target's callables need; a tensor whose first axis is B
+        follows the batch through :meth:`select` and :meth:`repeat`.
+    """
+
+    source_ids: torch.Tensor
+    source_mask: torch.Tensor
+    texts: list[str]
+    references: list[str] | None = None
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.source_ids.shape[0])
+
+    def select(self, index: torch.Tensor | Sequence[int]) -> Batch:
+        """The examples at ``index`` (a long tensor or list of positions), in that order."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        picks = index.tolist()
+        return Batch(
+            self.source_ids[index],
+            self.source_mask[index],
+            [self.texts[i] for i in picks],
+            None if self.references is None else [self.references[i] for i in picks],
+            {k: _take(v, index, len(self)) for k, v in self.inputs.items()},
+        )
+
+    def repeat(self, times: int) -> Batch:
+        """Each example ``times`` times in a row: (B, ...) -> (B * times, ...)."""
+        return self.select(torch.arange(len(self)).repeat_interleave(times))
+
+
+def _take(value: Any, index: torch.Tensor, size: int) -> Any:
+    if isinstance(value, torch.Tensor) and value.ndim and value.shape[0] == size:
+        return value[index.to(value.device)]
+    if isinstance(value, list) and len(value) == size:
+        return [value[i] for i in index.tolist()]
+    return value
+
+
+@dataclass
+class Expectation:
+    """Where attention is expected to go, e.g. the date task's source-year characters.
+
+    keys(batch, emitted) -> bool (B, n) or (B, T, n): expected source keys.
+    rows: query steps that count — the first ``rows`` steps, or None for every step.
+    """
+
+    name: str
+    keys: Callable[[Batch, torch.Tensor], torch.Tensor]
+    rows: int | None = None
+
+
+@dataclass
+class Seq2SeqTarget:
+    """A model under audit and how to run it (see the module docstring for the contract).
+
+    Attributes:
+        name: short label used in reports.
+        model: the unmodified model.
+        batches: () -> iterable of :class:`Batch`, the audit data.
+        greedy: batch -> emitted ids (B, T) long.
+        teacher_forced: (batch, emitted (B, T)) -> logits (B, T, V).
+        source_embedding: module whose first call per forward embeds the source.
+        source_tokens: batch -> per example, a label per source position.
+        target_tokens: emitted (B, T) -> per example, a label per step.
+        eos_id: id ending the output; steps after the first one are padding.
+        special_ids: source ids left out of explanation metrics (pad, BOS, EOS ...).
+        sites: capture site selection (None: every site).
+        kinds: capture kind overrides, e.g. ``{"attend": "cross"}``.
+        expectations: expected-key sets to report region_mass / top_weight_hit for.
+        seed: seed for every random draw in interventions.
+        description: one paragraph for the report.
+    """
+
+    name: str
+    model: nn.Module
+    batches: Callable[[], Iterable[Batch]]
+    greedy: Callable[[Batch], torch.Tensor]
+    teacher_forced: Callable[[Batch, torch.Tensor], torch.Tensor]
+    source_embedding: nn.Module | None
+    source_tokens: Callable[[Batch], list[list[str]]]
+    target_tokens: Callable[[torch.Tensor], list[list[str]]]
+    eos_id: int
+    special_ids: tuple[int, ...] = ()
+    sites: SiteSelection = None
+    kinds: Mapping[str, str] | None = None
+    expectations: tuple[Expectation, ...] = ()
+    seed: int = 0
+    description: str = ""
+
+    def step_mask(self, emitted: torch.Tensor) -> torch.Tensor:
+        """Bool (B, T): steps up to and including the first ``eos_id``."""
+        is_eos = emitted == self.eos_id
+        return (is_eos.long().cumsum(-1) - is_eos.long()) == 0
+
+    def explain_keys(self, batch: Batch) -> torch.Tensor:
+        """Bool (B, n): source keys counted by explanation metrics (real, not special)."""
+        keep = batch.source_mask.clone()
+        for special in self.special_ids:
+            keep &= batch.source_ids != special
+        return keep
+
+    def iter_batches(self, limit: int | None = None) -> Iterator[Batch]:
+        """The audit data, cut after ``limit`` examples when given."""
+        seen = 0
+        for batch in self.batches():
+            if limit is not None and seen + len(batch) > limit:
+                batch = batch.select(torch.arange(limit - seen))
+            if len(batch):
+                yield batch
+            seen += len(batch)
+            if limit is not None and seen >= limit:
+                return
+
+    def with_options(self, **changes: Any) -> Seq2SeqTarget:
+        """A copy with some attributes changed."""
+        return replace(self, **changes)
+
+
+def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
+            batch_size: int = 100, max_new_tokens: int = 64,
+            name: str | None = None) -> Seq2SeqTarget:
+    """A target from a local Hugging Face seq2seq checkpoint and its tokenizer.
+
+    Args:
+        model_dir: directory with config, weights and tokenizer files (read offline).
+        data: a TSV file of ``source[<TAB>target]`` lines, or a list of source strings.
+        batch_size: examples per batch.
+        max_new_tokens: generation limit for greedy decoding.
+    """
+    try:
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    except ImportError as exc:
+        raise TargetError("--hf needs transformers: pip install 'attnaudit[hf]'") from exc
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise TargetError(f"Hugging Face model directory not found: {model_dir}")
+    try:
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, local_files_only=True,
+                                                      attn_implementation="sdpa").eval()
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise TargetError(f"cannot load a seq2seq model and tokenizer from {model_dir}: "
+                          f"{exc}") from exc
+    sources, references = _read_pairs(data)
+    config = model.config
+    start = config.decoder_start_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.pad_token_id
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
+    if start is None or pad is None or eos is None:
+        raise TargetError(f"{model_dir}: config needs decoder_start_token_id, pad and eos ids")
+
+    def batches() -> Iterator[Batch]:
+        for at in range(0, len(sources), batch_size):
+            texts = sources[at : at + batch_size]
+            enc = tokenizer(texts, padding=True, return_tensors="pt")
+            yield Batch(enc["input_ids"], enc["attention_mask"].bool(), texts,
+                        None if references is None else references[at : at + batch_size])
+
+    @torch.no_grad()
+    def greedy(batch: Batch) -> torch.Tensor:
+        out = model.generate(input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
+                             do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
+                             decoder_start_token_id=start, pad_token_id=pad, eos_token_id=eos)
+        return out[:, 1:]
+
+    def teacher_forced(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
+        start_col = torch.full_like(emitted[:, :1], start)
+        decoder_ids = torch.cat([start_col, emitted[:, :-1]], dim=1)
+        return model(input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
+                     decoder_input_ids=decoder_ids, use_cache=False).logits
+
+    def tokens(ids: torch.Tensor) -> list[list[str]]:
+        return [tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids]
+
+    specials = tuple(sorted({i for i in (pad, eos, tokenizer.bos_token_id,
+                                         tokenizer.cls_token_id, tokenizer.sep_token_id)
+                             if i is not None}))
+    return Seq2SeqTarget(
+        name=name or model_dir.name,
+        model=model,
+        batches=batches,
+        greedy=greedy,
+        teacher_forced=teacher_forced,
+        source_embedding=model.get_encoder().get_input_embeddings(),
+        source_tokens=lambda batch: tokens(batch.source_ids),
+        target_tokens=tokens,
+        eos_id=eos,
+        special_ids=specials,
+        description=f"{type(model).__name__} from {model_dir} ({len(sources)} sources)",
+    )
+
+
+def _read_pairs(data: str | Path | Sequence[str]) -> tuple[list[str], list[str] | None]:
+    if isinstance(data, str | Path):
+        path = Path(data)
+        if not path.is_file():
+            raise TargetError(f"data file not found: {path}")
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        cells = [line.split("\t") for line in lines]
+        sources = [c[0] for c in cells]
+        references = [c[1] for c in cells] if cells and all(len(c) > 1 for c in cells) else None
+    else:
+        sources, references = list(data), None
+    if not sources:
+        raise TargetError("the audit data is empty")
+    return sources, references
+
+
+def load_target(spec: str | None) -> Seq2SeqTarget:
+    """``package.module:factory`` or ``path/to/file.py:factory`` -> the factory's target.
+
+    None loads the bundled date model (``examples.date.target:make_target``), which ships
+    with the source checkout.
+    """
+    if spec is None:
+        checkout = Path(__file__).resolve().parents[1]
+        if not (checkout / "examples" / "date" / "date_attention.pt").exists():
+            raise TargetError("the bundled date model ships with the source checkout "
+                              "(examples/date/); install attnaudit from a clone with "
+                              "`pip install -e .`, or name a TARGET")
+        if str(checkout) not in sys.path:
+            sys.path.insert(0, str(checkout))
+        spec = "examples.date.target:make_target"
+    where, sep, factory_name = spec.rpartition(":")
+    if not sep or not where or not factory_name:
+        raise TargetError(f"TARGET must look like package.module:factory or file.py:factory, "
+                          f"got {spec!r}")
+    module = _import_target_module(where)
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise TargetError(f"{where} has no callable {factory_name!r}")
+    target = factory()
+    if not isinstance(target, Seq2SeqTarget):
+        raise TargetError(f"{spec} returned {type(target).__name__}, not a Seq2SeqTarget")
+    return target
+
+
+def _import_target_module(where: str) -> Any:
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise TargetError(f"target file not found: {path}")
+        module_spec = importlib.util.spec_from_file_location(f"attnaudit_target_{path.stem}",
+                                                             path)
+        if module_spec is None or module_spec.loader is None:
+            raise TargetError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[module_spec.name]
+            raise TargetError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+        return module
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        return importlib.import_module(where)
+    except ImportError as exc:
+        raise TargetError(f"cannot import target module {where!r}: {exc}") from exc

@@ -1,0 +1,84 @@
+"""The date model as an audit target (the bundled default of ``attnaudit report``/``check``).
+
+Audit data: the first 400 unambiguous validation sources, as in the seed's alignment
+check; expectation: the first four emitted characters (the year) read the source year.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from attnaudit.target import Batch, Expectation, Seq2SeqTarget
+from examples.date.data import (
+    BOS,
+    EOS,
+    PAD,
+    SEED,
+    YEAR_CHARS,
+    encode_sources,
+    make_splits,
+    vocabularies,
+    year_span,
+)
+from examples.date.model import TARGET_STEPS, load_model
+
+AUDIT_SOURCES = 400
+
+
+def year_keys(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
+    """Bool (B, n): True on each source's year characters."""
+    keys = torch.zeros_like(batch.source_mask)
+    for row, text in enumerate(batch.texts):
+        keys[row, list(year_span(text))] = True
+    return keys
+
+
+def make_target(limit: int = AUDIT_SOURCES, batch_size: int = 100) -> Seq2SeqTarget:
+    splits = make_splits()
+    src_vocab, tgt_vocab = vocabularies(splits)
+    model = load_model()
+    pairs = splits.unambiguous("valid", limit)
+
+    def batches() -> Iterator[Batch]:
+        for at in range(0, len(pairs), batch_size):
+            chunk = pairs[at : at + batch_size]
+            texts = [s for s, _ in chunk]
+            src, lengths = encode_sources(src_vocab, texts)
+            yield Batch(src, src != PAD, texts, [t for _, t in chunk], {"lengths": lengths})
+
+    def greedy(batch: Batch) -> torch.Tensor:
+        return model.greedy(batch.source_ids, batch.inputs["lengths"], TARGET_STEPS)
+
+    def teacher_forced(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
+        start = torch.full_like(emitted[:, :1], BOS)
+        tgt_in = torch.cat([start, emitted[:, :-1]], dim=1)
+        return model(batch.source_ids, batch.inputs["lengths"], tgt_in)
+
+    def source_tokens(batch: Batch) -> list[list[str]]:
+        return [[src_vocab.itos[i] for i in row.tolist()] for row in batch.source_ids]
+
+    def target_tokens(emitted: torch.Tensor) -> list[list[str]]:
+        return [[tgt_vocab.itos[i] for i in row.tolist()] for row in emitted]
+
+    return Seq2SeqTarget(
+        name="date",
+        model=model,
+        batches=batches,
+        greedy=greedy,
+        teacher_forced=teacher_forced,
+        source_embedding=model.src_embed,
+        source_tokens=source_tokens,
+        target_tokens=target_tokens,
+        eos_id=EOS,
+        special_ids=(PAD,),
+        kinds={"attend": "cross"},
+        expectations=(Expectation("source year", year_keys, rows=YEAR_CHARS),),
+        seed=SEED,
+        description=(
+            "LSTM encoder-decoder with additive (Bahdanau) cross-attention normalising "
+            "free-form English dates to ISO 8601 (examples/date); audit data: the first "
+            f"{limit} unambiguous validation sources."
+        ),
+    )
