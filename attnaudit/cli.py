@@ -54,6 +54,12 @@ def _report(args: argparse.Namespace) -> int:
     return report_command(args)
 
 
+def _intervene(args: argparse.Namespace) -> int:
+    from attnaudit.interventions.suite import intervene_command
+
+    return intervene_command(args)
+
+
 def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="?", metavar="TARGET",
                         help="package.module:factory or path/to/file.py:factory returning a "
@@ -82,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
     check.set_defaults(run=_check)
+
+    intervene = commands.add_parser(
+        "intervene", help="run the intervention and attribution suite and print its tables")
+    _add_target_arguments(intervene)
+    intervene.add_argument("--out", metavar="DIR", help="also write the tables as CSV to DIR")
+    intervene.add_argument("--quick", action="store_true",
+                           help="skip the adversarial search and integrated gradients")
+    intervene.set_defaults(run=_intervene)
 
     report = commands.add_parser("report", help="write an HTML/CSV audit report")
     _add_target_arguments(report)
