@@ -13,6 +13,7 @@ from attnaudit.analysis.expectations import (
 from attnaudit.analysis.masking import MaskingAnalyser
 from attnaudit.analysis.numerics import NumericsAnalyser
 from attnaudit.analysis.regions import RegionAnalyser, mean_over_heads
+from attnaudit.analysis.scores import ScoreAnalyser
 from attnaudit.analysis.stats import MetricSpec, RowStats, layer_of
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "RegionAnalyser",
     "RowStats",
     "Rows",
+    "ScoreAnalyser",
     "char_offsets",
     "expected_from_callable",
     "expected_from_spans",

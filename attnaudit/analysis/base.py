@@ -15,6 +15,7 @@ from typing import ClassVar, Self
 import pandas as pd
 import torch
 
+from attnaudit.analysis.per_example import ExampleRows
 from attnaudit.analysis.stats import MetricSpec, RowStats
 from attnaudit.record import AttentionRecord
 
@@ -34,7 +35,8 @@ class Rows:
 
     @classmethod
     def of(cls, record: AttentionRecord | Rows, eligible: torch.Tensor | None = None) -> Rows:
-        """Rows from a record; ``eligible`` (bool, broadcastable) overrides its key mask."""
+        """Rows from a record; ``eligible`` (bool, read by rank as in :func:`as_4d`)
+        overrides its key mask."""
         name = record.site if isinstance(record, Rows) else record.name
         weights = record.weights
         if not isinstance(weights, torch.Tensor) or weights.ndim != 4:
@@ -71,50 +73,114 @@ class Rows:
         return self.weights.where(self.eligible, 0.0)
 
 
+RANK_LAYOUTS = {1: "(K,)", 2: "(B, K)", 3: "(B, Q, K)", 4: "(B, H, Q, K)"}
+
+
+def as_4d(site: str, tensor: torch.Tensor, shape: tuple[int, ...], what: str) -> torch.Tensor:
+    """A per-key tensor read by its rank and broadcast to ``shape`` = (B, H, Q, K).
+
+    (K,) the same keys for every row; (B, K) per example; (B, Q, K) per example and query
+    row; (B, H, Q, K) in full; size-1 axes broadcast. A (B, K) mask is never read as
+    (Q, K) (plain right-aligned broadcasting would do that silently when B == Q): give a
+    per-row rule as (1, Q, K) or (1, 1, Q, K).
+    """
+    if tensor.ndim not in RANK_LAYOUTS:
+        raise ValueError(
+            f"site {site!r}: {what} of shape {tuple(tensor.shape)} has {tensor.ndim} dims; "
+            f"give (K,), (B, K), (B, Q, K) or (B, H, Q, K) for weights of shape {shape}")
+    view = {1: lambda t: t[None, None, None], 2: lambda t: t[:, None, None],
+            3: lambda t: t[:, None], 4: lambda t: t}[tensor.ndim](tensor)
+    try:
+        return view.expand(shape)
+    except RuntimeError:
+        raise ValueError(
+            f"site {site!r}: {what} of shape {tuple(tensor.shape)} (read as "
+            f"{RANK_LAYOUTS[tensor.ndim]}) does not broadcast to weights of shape {shape} "
+            "(batch, heads, queries, keys)"
+        ) from None
+
+
 def _eligibility(site: str, weights: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     if mask is None:
         return torch.ones_like(weights, dtype=torch.bool)
     if mask.dtype != torch.bool:
         raise ValueError(f"site {site!r}: key mask must be bool (True = eligible), "
                          f"got {mask.dtype}")
-    try:
-        return mask.to(weights.device).expand(weights.shape)
-    except RuntimeError:
-        raise ValueError(
-            f"site {site!r}: key mask of shape {tuple(mask.shape)} does not broadcast to "
-            f"weights of shape {tuple(weights.shape)} (batch, heads, queries, keys)"
-        ) from None
+    return as_4d(site, mask.to(weights.device), tuple(weights.shape), "key mask")
 
 
 class Analyser:
-    """Base class. Subclasses declare ``metrics`` and implement :meth:`rows_metrics`."""
+    """Base class. Subclasses declare ``metrics`` and implement :meth:`rows_metrics`.
+
+    ``per_example=True`` also keeps one row per example x site x head x step x metric
+    (a table that grows with the data), read with :meth:`examples`; the streaming summary
+    of :meth:`compute` is the same either way.
+    """
 
     metrics: ClassVar[tuple[MetricSpec, ...]] = ()
 
-    def __init__(self) -> None:
+    def __init__(self, per_example: bool = False) -> None:
         self.stats = RowStats(self.metrics)
+        self.example_rows = ExampleRows() if per_example else None
 
     def update(self, record: AttentionRecord | Rows, *,
                eligible: torch.Tensor | None = None) -> None:
-        """Fold one record (or batch of rows) in. ``eligible`` declares the key rule."""
+        """Fold one record (or batch of rows) in.
+
+        ``eligible`` declares the key rule (bool, True = eligible), read by rank: (K,),
+        (B, K) per example, (B, Q, K), or (B, H, Q, K); it overrides the record's key mask.
+        """
         rows = Rows.of(record, eligible)
         if rows.weights.shape[0] == 0 or rows.weights.shape[2] == 0:
             return
         for name, (values, defined) in self.rows_metrics(rows).items():
-            self.stats.add(rows.site, rows.kind, name, values, defined, rows.step_offset)
+            self._add(rows, name, values, defined)
+        self._done(rows)
 
     def rows_metrics(self, rows: Rows) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
         """metric name -> (per-row values (B, H, Q), rows where defined or None)."""
         raise NotImplementedError
 
+    def _add(self, rows: Rows, name: str, values: torch.Tensor,
+             defined: torch.Tensor | None) -> None:
+        """Fold one metric's per-row values (B, H, Q) of ``rows`` into the state."""
+        self.stats.add(rows.site, rows.kind, name, values, defined, rows.step_offset)
+        if self.example_rows is not None:
+            self.example_rows.add(rows.site, rows.kind, name, values,
+                                  torch.ones((), dtype=torch.bool) if defined is None
+                                  else defined, rows.step_offset)
+
+    def _done(self, rows: Rows) -> None:
+        """Close one update of ``rows.site``: the next one holds new examples."""
+        if self.example_rows is not None:
+            self.example_rows.advance(rows.site, rows.weights.shape[0])
+
     def compute(self) -> pd.DataFrame:
         return self.stats.frame()
+
+    def examples(self) -> pd.DataFrame:
+        """Per-example rows: example, site, kind, layer, head, step, metric, value.
+
+        Only finite values of rows where the metric is defined (those counted in ``n``).
+        Examples are numbered per site in arrival order (see
+        :mod:`attnaudit.analysis.per_example`). Needs ``per_example=True``.
+        """
+        if self.example_rows is None:
+            raise ValueError(f"{type(self).__name__} keeps no per-example rows: construct it "
+                             f"with {type(self).__name__}(per_example=True)")
+        return self.example_rows.frame()
 
     def merge(self, other: Self) -> Self:
         if type(other) is not type(self):
             raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
+        if (self.example_rows is None) != (other.example_rows is None):
+            raise ValueError("cannot merge an analyser with per-example rows and one without")
         self.stats.merge(other.stats)
+        if self.example_rows is not None:
+            self.example_rows.merge(other.example_rows)
         return self
 
     def reset(self) -> None:
         self.stats.reset()
+        if self.example_rows is not None:
+            self.example_rows.reset()

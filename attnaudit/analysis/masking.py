@@ -20,8 +20,8 @@ DEFAULT_TOLERANCE = 1e-6
 class MaskingAnalyser(Analyser):
     metrics = (MetricSpec("masked_mass", 0.0, 1.0), MetricSpec("masked_rows", 0.0, 1.0))
 
-    def __init__(self, tolerance: float = DEFAULT_TOLERANCE) -> None:
-        super().__init__()
+    def __init__(self, tolerance: float = DEFAULT_TOLERANCE, per_example: bool = False) -> None:
+        super().__init__(per_example)
         self.tolerance = tolerance
 
     def rows_metrics(self, rows: Rows):

@@ -6,6 +6,8 @@ all_masked: 1 for a row with no eligible key; what the model produced there is c
 as all_masked_nan, all_masked_zeros or all_masked_uniform (else none of the three).
 softmax_axis_suspect: 1 on every row of an (example, head) whose rows do not sum to one
 while its columns (the query axis) do — the mark of a softmax over the wrong dimension.
+Rows without an eligible key or with non-finite weights are not judged, nor are key
+columns that no query may attend (padding).
 """
 
 from __future__ import annotations
@@ -43,7 +45,10 @@ class NumericsAnalyser(Analyser):
         uniform_row = row_finite & ((w - 1.0 / max(n_keys, 1)).abs() <= 1e-6).all(-1)
         judged = has_keys & row_finite  # rows whose sum means something
         rows_bad = (row_sum_error > SUM_TOLERANCE) | ~judged
-        cols_ok = ((w.sum(-2) - 1).abs() <= SUM_TOLERANCE).all(-1)  # (B, H)
+        # A key no query may attend (padding) is no column of the distribution: its sum is
+        # not judged, so padding keys neither veto nor support the flag.
+        used = rows.eligible.any(-2)  # (B, H, K)
+        cols_ok = (((w.sum(-2) - 1).abs() <= SUM_TOLERANCE) | ~used).all(-1)  # (B, H)
         suspect = rows_bad.all(-1) & judged.any(-1) & cols_ok & (w.shape[2] > 1)
         suspect = suspect[..., None].expand_as(rows_bad)
         f64 = torch.float64

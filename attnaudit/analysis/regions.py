@@ -28,7 +28,7 @@ from typing import NoReturn
 
 import torch
 
-from attnaudit.analysis.base import Analyser, Rows
+from attnaudit.analysis.base import Analyser, Rows, as_4d
 from attnaudit.analysis.stats import MetricSpec
 from attnaudit.record import AttentionRecord
 
@@ -70,8 +70,8 @@ class RegionAnalyser(Analyser):
         if shape[0] == 0 or shape[2] == 0:
             return
         for name, (values, defined) in self._metrics(data, region).items():
-            self.stats.add(data.site, data.kind, name, values, defined & selected[:, None, :],
-                           data.step_offset)
+            self._add(data, name, values, defined & selected[:, None, :])
+        self._done(data)
 
     def rows_metrics(self, rows: Rows) -> NoReturn:
         raise TypeError("RegionAnalyser needs an expected key set: call "
@@ -96,25 +96,7 @@ def expected_4d(site: str, expected: torch.Tensor, shape: tuple[int, ...]) -> to
         got = expected.dtype if isinstance(expected, torch.Tensor) else type(expected).__name__
         raise ValueError(f"site {site!r}: expected must be a bool tensor (True = expected "
                          f"key), got {got}")
-    if expected.ndim not in (1, 2, 3, 4):
-        raise ValueError(
-            f"site {site!r}: expected of shape {tuple(expected.shape)} has {expected.ndim} "
-            f"dims; give (K,), (B, K), (B, Q, K) or (B, H, Q, K) for weights of shape {shape}")
-    view = expected
-    if expected.ndim == 2:
-        view = expected[:, None, None, :]
-    elif expected.ndim == 3:
-        view = expected[:, None, :, :]
-    elif expected.ndim == 1:
-        view = expected[None, None, None, :]
-    try:
-        return view.expand(shape)
-    except RuntimeError:
-        names = {1: "(K,)", 2: "(B, K)", 3: "(B, Q, K)", 4: "(B, H, Q, K)"}[expected.ndim]
-        raise ValueError(
-            f"site {site!r}: expected of shape {tuple(expected.shape)} (read as {names}) does "
-            f"not broadcast to weights of shape {shape} (batch, heads, queries, keys)"
-        ) from None
+    return as_4d(site, expected, shape, "expected")
 
 
 def select_rows(site: str, rows: RowSelection, batch: int, queries: int) -> torch.Tensor:

@@ -24,9 +24,10 @@ Conventions (the reference's reading of the definitions):
   row" (NaN, or +-inf) - a softmax over all ``-inf`` gives NaN.
 * ``softmax_axis_suspect`` (per example and head, broadcast to its rows): more than one
   query, at least one row that has an eligible key and finite weights, every such row has
-  ``|sum - 1| > 1e-3``, and every column (key, summed over queries) is within 1e-3 of 1.
-  Rows without an eligible key, or with non-finite weights, are *ignored* by the row
-  condition (they neither veto nor support the flag).
+  ``|sum - 1| > 1e-3``, and every column (key, summed over queries) that is eligible for at
+  least one query is within 1e-3 of 1. Rows without an eligible key, or with non-finite
+  weights, are *ignored* by the row condition, and columns eligible for no query (padding)
+  by the column condition (they neither veto nor support the flag).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ MASKING_METRICS = ("masked_mass", "masked_rows")
 NUMERICS_METRICS = ("non_finite", "negative", "row_sum_error", "all_masked", "all_masked_nan",
                     "all_masked_zeros", "all_masked_uniform", "softmax_axis_suspect")
 ALL_METRICS = ENTROPY_METRICS + MASKING_METRICS + NUMERICS_METRICS
+SCORE_METRICS = ("score_min", "score_max", "score_mean", "score_non_finite",
+                 "masked_score_min", "masked_score_max", "masked_score_non_finite")
+OUTPUT_METRICS = ("output_norm",)
 
 PerRow = dict[str, tuple[np.ndarray, np.ndarray]]
 
@@ -109,6 +113,8 @@ def axis_suspect(w: np.ndarray, eligible: np.ndarray) -> bool:
     if not judged or not all(judged):
         return False
     for k in range(w.shape[1]):
+        if not eligible[:, k].any():
+            continue
         column = sum(float(w[q, k]) for q in range(n_queries))
         if not abs(column - 1.0) <= SUM_TOLERANCE:  # NaN fails too
             return False
@@ -134,6 +140,52 @@ def per_row(weights: np.ndarray, eligible: np.ndarray,
                     if v is not None:
                         values[m][i, j, t] = v
     return {m: (v, ~np.isnan(v)) for m, v in values.items()}
+
+
+def score_row_metrics(scores: Sequence[float], eligible: Sequence[bool]) -> dict[str, float | None]:
+    """Score metrics of one row: ranges over finite scores, eligible and ineligible apart."""
+    out: dict[str, float | None] = {}
+    for prefix, want in (("score", True), ("masked_score", False)):
+        picked = [float(x) for x, e in zip(scores, eligible, strict=True) if bool(e) == want]
+        finite = [x for x in picked if math.isfinite(x)]
+        out[f"{prefix}_min"] = min(finite) if finite else None
+        out[f"{prefix}_max"] = max(finite) if finite else None
+        out[f"{prefix}_non_finite"] = float(len(picked) - len(finite))
+        if prefix == "score":
+            out["score_mean"] = sum(finite) / len(finite) if finite else None
+    return out
+
+
+def output_norm(w: Sequence[float], values: np.ndarray) -> float:
+    """||sum_j w_j v_j||_2 for one row: ``values`` is (keys, d_v); every key counts."""
+    d_v = values.shape[1]
+    out = [sum(float(w[j]) * float(values[j, d]) for j in range(len(w))) for d in range(d_v)]
+    return math.sqrt(sum(x * x for x in out))
+
+
+def per_row_scores(weights: np.ndarray, eligible: np.ndarray, scores: np.ndarray | None,
+                   values: np.ndarray | None) -> PerRow:
+    """Score metrics (when ``scores`` (B, H, Q, K) is given) and output_norm (when
+    ``values`` (B, Hv, K, d_v), Hv dividing H, is given): metric -> (values, defined)."""
+    weights = np.asarray(weights, dtype=np.float64)
+    eligible = np.broadcast_to(np.asarray(eligible, dtype=bool), weights.shape)
+    b, h, q, _ = weights.shape
+    metrics = (SCORE_METRICS if scores is not None else ()) + (
+        OUTPUT_METRICS if values is not None else ())
+    out = {m: np.full((b, h, q), np.nan) for m in metrics}
+    for i in range(b):
+        for j in range(h):
+            for t in range(q):
+                row: dict[str, float | None] = {}
+                if scores is not None:
+                    row.update(score_row_metrics(scores[i, j, t], eligible[i, j, t]))
+                if values is not None:
+                    group = h // values.shape[1]
+                    row["output_norm"] = output_norm(weights[i, j, t], values[i, j // group])
+                for m, v in row.items():
+                    if v is not None and math.isfinite(v):
+                        out[m][i, j, t] = v
+    return {m: (v, ~np.isnan(v)) for m, v in out.items()}
 
 
 def exact_quantile(values: np.ndarray, q: float) -> float:

@@ -13,18 +13,22 @@ Every analyser in ``CASES`` is checked against the independent numpy reference i
 * the three ways rows arrive agree: ``Rows`` directly, an ``AttentionRecord`` whose calls
   split the query axis and carry the key mask, and a record with no mask plus a declared
   ``update(record, eligible=...)``.
-* appending padded keys (ineligible, weight 0) to every row changes nothing, to 1e-12, except
-  two metrics whose definitions involve the total key count K rather than the eligible keys:
-  ``all_masked_uniform`` (uniform means 1/K, and K grew) and ``softmax_axis_suspect`` (a
-  padded column sums to 0, so "every column sums to 1" fails). For those two the padded
-  result must still equal the reference on the padded input. Every other metric is
-  unchanged: entropy family and max_weight (only eligible keys), n_valid, masked_mass (the
-  added mass is 0), masked_rows, non_finite / negative (0 is neither), row_sum_error (adds 0),
-  all_masked, all_masked_nan / all_masked_zeros (0 keeps a row finite and zero).
+* appending padded keys (ineligible, weight 0, score -inf, value 0) to every row changes
+  nothing, to 1e-12, except two metrics whose definitions count the padded keys themselves:
+  ``all_masked_uniform`` (uniform means 1/K, and K grew) and ``masked_score_non_finite``
+  (each padded key is one more -inf fill). For those two the padded result must still equal
+  the reference on the padded input. Every other metric is unchanged: entropy family and
+  max_weight (only eligible keys), n_valid, masked_mass (the added mass is 0), masked_rows,
+  non_finite / negative (0 is neither), row_sum_error (adds 0), all_masked, all_masked_nan /
+  all_masked_zeros (0 keeps a row finite and zero), softmax_axis_suspect (a column no query
+  may attend is not judged), the score ranges (-inf is no finite score) and output_norm
+  (weight 0).
 * a batch with a different number of queries and keys, fed after the first, grows the step
   axis and still equals the reference over both.
 * generated batches mix float32 / float16 / bfloat16 weights (the reference sees the same
-  values upcast), per-row or key-padding masks, leaky rows (softmax over all keys), rows
+  values upcast), with pre-softmax scores (masked keys filled with -inf, -1e9, the dtype's
+  min or 0) and values, either or both or neither (the score metrics are then absent),
+  per-row or key-padding masks, leaky rows (softmax over all keys), rows
   masked after the softmax without renormalising, all-masked rows (NaN, zeros, uniform or
   leftover softmax), rows with NaN / +-inf, and heads softmaxed over the query axis. Every
   ``compute()`` frame is checked to have no NaN in a numeric column.
@@ -48,9 +52,12 @@ from references import (
     MASK_TOLERANCE,
     MASKING_METRICS,
     NUMERICS_METRICS,
+    OUTPUT_METRICS,
+    SCORE_METRICS,
     PerRow,
     aggregate,
     per_row,
+    per_row_scores,
 )
 from torch import nn
 
@@ -61,6 +68,7 @@ from attnaudit.analysis import (
     MaskingAnalyser,
     NumericsAnalyser,
     Rows,
+    ScoreAnalyser,
 )
 from attnaudit.analysis.stats import HIST_BINS
 from attnaudit.record import AttentionCall, AttentionRecord, Site
@@ -73,8 +81,8 @@ STATS = ["mean", "sum", "min", "max"]
 QCOLS = ["q10", "q50", "q90"]
 NUMERIC = ["n", *STATS, *QCOLS]
 RTOL, ATOL = 1e-9, 1e-12
-# Metrics whose definition uses the total key count K, so right-padding keys may change them.
-KEY_COUNT_METRICS = frozenset({"all_masked_uniform", "softmax_axis_suspect"})
+# Metrics whose definition counts every key, so right-padding keys may change them.
+KEY_COUNT_METRICS = frozenset({"all_masked_uniform", "masked_score_non_finite"})
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FAST = settings(max_examples=35, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -85,7 +93,7 @@ class Case:
     """An analyser under test: how to build it, the metrics it owns, its reference knobs."""
 
     id: str
-    make: Callable[[], Analyser]
+    make: Callable[..., Analyser]  # keyword arguments go to the analyser (per_example=...)
     metrics: tuple[str, ...]
     tolerance: float = MASK_TOLERANCE  # masked_rows threshold the reference uses
 
@@ -97,9 +105,13 @@ class Case:
 CASES = [
     Case("entropy", EntropyAnalyser, ENTROPY_METRICS),
     Case("masking", MaskingAnalyser, MASKING_METRICS),
-    Case("masking-tol-0.01", lambda: MaskingAnalyser(tolerance=1e-2), MASKING_METRICS, 1e-2),
+    Case("masking-tol-0.01", lambda **kw: MaskingAnalyser(tolerance=1e-2, **kw),
+         MASKING_METRICS, 1e-2),
     Case("numerics", NumericsAnalyser, NUMERICS_METRICS),
+    Case("scores", ScoreAnalyser, SCORE_METRICS + OUTPUT_METRICS),
 ]
+ENTROPY, MASKING, NUMERICS, SCORES = (next(c for c in CASES if c.id == name)
+                                      for name in ("entropy", "masking", "numerics", "scores"))
 by_case = pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 
 
@@ -108,25 +120,37 @@ by_case = pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 
 @dataclass
 class Batch:
-    """weights (B, H, Q, K) in the model dtype; eligible bool, (B, H, Q, K) or (B, 1, 1, K)."""
+    """weights (B, H, Q, K) in the model dtype; eligible bool, (B, H, Q, K) or (B, 1, 1, K);
+    pre-softmax scores (B, H, Q, K) and values (B, H, K, d_v) when the model exposes them."""
 
     weights: torch.Tensor
     eligible: torch.Tensor
+    scores: torch.Tensor | None = None
+    values: torch.Tensor | None = None
 
     def reference(self, tolerance: float = MASK_TOLERANCE) -> PerRow:
-        return per_row(self.weights.to(torch.float64).numpy(), self.eligible.numpy(), tolerance)
+        w, e = self.weights.to(torch.float64).numpy(), self.eligible.numpy()
+        return per_row(w, e, tolerance) | per_row_scores(
+            w, e, *(None if t is None else t.to(torch.float64).numpy()
+                    for t in (self.scores, self.values)))
 
     def take(self, index: Sequence[int] | slice) -> Batch:
         if not isinstance(index, slice):
             index = torch.as_tensor(list(index), dtype=torch.long)
-        return Batch(self.weights[index], self.eligible[index])
+        return Batch(*(None if t is None else t[index]
+                       for t in (self.weights, self.eligible, self.scores, self.values)))
 
     def padded(self, extra: int) -> Batch:
-        """``extra`` more keys on every row: ineligible, weight 0."""
-        w, e = self.weights, self.eligible
-        w = torch.cat([w, w.new_zeros((*w.shape[:-1], extra))], -1)
-        e = torch.cat([e, e.new_zeros((*e.shape[:-1], extra))], -1)
-        return Batch(w, e)
+        """``extra`` more keys on every row: ineligible, weight 0, score -inf, value 0."""
+        def pad(t: torch.Tensor | None, fill: float | bool, axis: int = -1):
+            if t is None:
+                return None
+            shape = list(t.shape)
+            shape[axis] = extra
+            return torch.cat([t, torch.full(shape, fill, dtype=t.dtype)], axis)
+
+        return Batch(pad(self.weights, 0.0), pad(self.eligible, False),
+                     pad(self.scores, float("-inf")), pad(self.values, 0.0, axis=2))
 
 
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
@@ -151,6 +175,8 @@ class Spec:
     wrong_axis: bool
     scale: float
     seed: int
+    inputs: str = "both"  # which of scores / values the record carries: both, scores, values, none
+    fill: float = float("-inf")  # the masked-score fill
 
 
 def make_batch(s: Spec) -> Batch:
@@ -194,7 +220,17 @@ def make_batch(s: Spec) -> Batch:
             else:
                 w[i, j, t, rng.integers(0, k)] = rng.choice([np.nan, np.inf, -np.inf])
     weights = torch.from_numpy(w).to(s.dtype)
-    return Batch(weights, torch.from_numpy(np.ascontiguousarray(elig)))
+    masked_scores = np.where(full, scores, s.fill)
+    if s.bad:
+        masked_scores[rng.random((b, h, q, k)) < 0.05] = np.nan
+    values = rng.normal(0.0, 2.0, (b, h, k, int(rng.integers(1, 5))))
+    if s.bad and values.size:
+        values.flat[int(rng.integers(0, values.size))] = np.inf
+    return Batch(weights, torch.from_numpy(np.ascontiguousarray(elig)),
+                 torch.from_numpy(masked_scores).to(s.dtype) if s.inputs in ("both", "scores")
+                 else None,
+                 torch.from_numpy(values).to(s.dtype) if s.inputs in ("both", "values")
+                 else None)
 
 
 @st.composite
@@ -213,6 +249,9 @@ def specs(draw, heads: int | None = None) -> Spec:
         wrong_axis=draw(st.booleans()),
         scale=draw(st.sampled_from([0.5, 3.0, 12.0])),
         seed=draw(st.integers(0, 2**32 - 1)),
+        inputs=draw(st.sampled_from(["both", "both", "scores", "values", "none"])),
+        fill=draw(st.sampled_from([float("-inf"), -1e9, float(torch.finfo(torch.float32).min),
+                                   0.0])),
     )
 
 
@@ -230,7 +269,9 @@ def record_of(batch: Batch, cuts: Sequence[int] = (), *, with_mask: bool = True,
         if len(bounds) > 2 and mask.shape[2] > 1:
             mask = mask[:, :, lo:hi]
         source = (lambda m=mask: m) if with_mask else None
-        rec.append(AttentionCall(weights=batch.weights[:, :, lo:hi], mask_source=source))
+        scores = None if batch.scores is None else batch.scores[:, :, lo:hi]
+        rec.append(AttentionCall(weights=batch.weights[:, :, lo:hi], mask_source=source,
+                                 scores=scores, values=batch.values))
     return rec
 
 
@@ -239,7 +280,11 @@ def feed(analyser: Analyser, batch: Batch, path: str = "rows", cuts: Sequence[in
     """Update ``analyser`` with ``batch`` along one of the three input paths."""
     if path == "rows":
         w = batch.weights.to(torch.float64)
-        analyser.update(Rows(site, KIND, w, batch.eligible.expand(w.shape)))
+        rows = Rows(site, KIND, w, batch.eligible.expand(w.shape))
+        if isinstance(analyser, ScoreAnalyser):  # Rows carry no scores or values
+            analyser.update(rows, scores=batch.scores, values=batch.values)
+        else:
+            analyser.update(rows)
     elif path == "record":
         analyser.update(record_of(batch, cuts, site=site))
     elif path == "declared":
@@ -419,6 +464,62 @@ def test_input_paths_agree(case: Case, spec: Spec, cuts: list[int]) -> None:
     assert_same(frames[2], frames[0])
 
 
+def reference_examples(case: Case, batches: Sequence[Batch]) -> pd.DataFrame:
+    """The per-example table from the reference: one row per defined, finite value, examples
+    numbered across ``batches`` in order."""
+    out, first = [], 0
+    for batch in batches:
+        ref = batch.reference(case.tolerance)
+        for metric in case.metrics:
+            if metric not in ref:
+                continue
+            values, defined = ref[metric]
+            for i, j, t in zip(*np.nonzero(defined & np.isfinite(values)), strict=True):
+                out.append((first + int(i), SITE, int(j), int(t), metric, float(values[i, j, t])))
+        first += batch.weights.shape[0]
+    frame = pd.DataFrame(out, columns=["example", "site", "head", "step", "metric", "value"])
+    return frame.sort_values(["site", "metric", "example", "head", "step"], ignore_index=True)
+
+
+def assert_same_examples(got: pd.DataFrame, exp: pd.DataFrame) -> None:
+    assert list(got.columns) == ["example", "site", "kind", "layer", "head", "step", "metric",
+                                 "value"]
+    assert not got["value"].isna().any()
+    keys = ["example", "site", "head", "step", "metric"]
+    assert got[keys].to_dict("list") == exp[keys].to_dict("list")
+    np.testing.assert_allclose(got["value"].to_numpy(float), exp["value"].to_numpy(float),
+                               rtol=RTOL, atol=ATOL)
+    if len(got):
+        assert (got["kind"] == KIND).all() and (got["layer"] == LAYER).all()
+
+
+@by_case
+@settings(FAST, max_examples=12)  # the row-by-row reference is the slow part
+@given(first=specs(), second=specs(), path=st.sampled_from(["rows", "record", "declared"]),
+       cuts=st.lists(st.integers(1, 5), max_size=2))
+def test_per_example_rows(case: Case, first: Spec, second: Spec, path: str,
+                          cuts: list[int]) -> None:
+    """Opt-in per-example rows == the reference row by row, over batches and merged shards;
+    the streaming summary is the same with or without them."""
+    if second.heads != first.heads:
+        second = Spec(**{**second.__dict__, "heads": first.heads})
+    batches = [make_batch(first), make_batch(second)]
+    ref = reference_examples(case, batches)
+    one = case.make(per_example=True)
+    for batch in batches:
+        feed(one, batch, path, cuts)
+    assert_same_examples(one.examples(), ref)
+    assert_same(one.compute(), fed(case, batches, path, cuts).compute())
+    shards = [case.make(per_example=True) for _ in batches]
+    for shard, batch in zip(shards, batches, strict=True):
+        feed(shard, batch, path, cuts)
+    assert_same_examples(shards[0].merge(shards[1]).examples(), ref)
+    with pytest.raises(ValueError, match="per_example=True"):
+        fed(case, batches[:1], path, cuts).examples()
+    with pytest.raises(ValueError, match="per-example rows and one without"):
+        case.make().merge(case.make(per_example=True))
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -442,7 +543,10 @@ def bad_batch(dtype: torch.dtype) -> Batch:
     ]
     w = torch.tensor([r[0] for r in rows], dtype=torch.float64).reshape(2, 1, 6, k)
     e = torch.tensor([r[1] for r in rows], dtype=torch.bool).reshape(2, 1, 6, k)
-    return Batch(w.to(dtype), e)
+    # scores: the weights' logs on eligible keys, NaN where the weight is NaN, -inf fills
+    scores = torch.where(e | w.isnan(), w.clamp_min(1e-6).log(), float("-inf"))
+    values = torch.arange(2 * k * 3, dtype=torch.float64).reshape(2, 1, k, 3) / 10
+    return Batch(w.to(dtype), e, scores.to(dtype), values.to(dtype))
 
 
 @by_case
@@ -459,7 +563,7 @@ def test_bad_rows_are_counted_never_nan(case: Case, dtype: torch.dtype) -> None:
 def test_bad_rows_classified() -> None:
     """The hand-made rows, summed over the batch: the numbers one can check by eye."""
     batch = bad_batch(torch.float32)
-    frame = fed(CASES[-1], [batch]).compute()
+    frame = fed(NUMERICS, [batch]).compute()
     total = frame.groupby("metric")["sum"].sum()
     n = frame.groupby("metric")["n"].sum()
     assert total["non_finite"] == 4 + 1 + 1 + 4
@@ -468,12 +572,12 @@ def test_bad_rows_classified() -> None:
     assert n["all_masked_nan"] == 4
     assert (total["all_masked_nan"], total["all_masked_zeros"],
             total["all_masked_uniform"]) == (1, 1, 1)
-    masking = fed(CASES[1], [batch]).compute()
+    masking = fed(MASKING, [batch]).compute()
     # all-masked uniform and "something else", leaked negatives, mass on an ineligible key
     assert _sums(masking)["masked_rows"] == 4
     # undefined where the masked mass is not finite: the -inf row and the all-masked NaN row
     assert masking.groupby("metric")["n"].sum()["masked_rows"] == 12 - 2
-    entropy = fed(CASES[0], [batch]).compute()
+    entropy = fed(ENTROPY, [batch]).compute()
     n_rows = entropy.groupby("metric")["n"].sum()
     assert n_rows["n_valid"] == 12
     assert n_rows["entropy"] == 12 - 3 - 4  # no NaN/inf rows, no all-masked rows
@@ -611,6 +715,27 @@ def test_reset_empties_state(case: Case) -> None:
     assert_same(analyser.compute(), fed(case, [other]).compute())
 
 
+@by_case
+@pytest.mark.parametrize("rank", [2, 3])
+def test_declared_mask_by_rank_is_per_example(case: Case, rank: int) -> None:
+    """A (B, K) mask is per example and (B, Q, K) per example and query, even when B == Q
+    (right-aligned broadcasting once read (B, K) as (Q, K) without a word)."""
+    gen = torch.Generator().manual_seed(rank)
+    logits = torch.randn(3, 2, 3, 4, dtype=torch.float64, generator=gen)
+    shape = (3, 4) if rank == 2 else (3, 3, 4)
+    mask = torch.rand(shape, generator=gen) < 0.6
+    mask[..., 0] = True
+    full = mask[:, None, None, :] if rank == 2 else mask[:, None, :, :]
+    batch = Batch(torch.softmax(logits, -1), full, logits,
+                  torch.randn(3, 2, 4, 2, dtype=torch.float64, generator=gen))
+    analyser = case.make()
+    analyser.update(record_of(batch, with_mask=False), eligible=mask)
+    assert_matches_reference(analyser.compute(), case.reference([batch]), analyser)
+    wrong = torch.ones(5, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"read as \(B, K\)"):
+        case.make().update(record_of(batch, with_mask=False), eligible=wrong)
+
+
 # --------------------------------------------------------------------------- regressions
 
 
@@ -625,7 +750,7 @@ def test_all_masked_row_does_not_veto_softmax_axis_suspect() -> None:
     batch = Batch(w, eligible)
     ref = aggregate(SITE, [batch.reference()], ["softmax_axis_suspect"])
     assert ref["mean"].eq(1.0).all()  # the reference flags every row
-    frame = fed(CASES[-1], [batch]).compute()
+    frame = fed(NUMERICS, [batch]).compute()
     got = frame[frame["metric"] == "softmax_axis_suspect"]
     assert got["mean"].eq(1.0).all(), got
 
@@ -637,30 +762,36 @@ def test_huge_values_land_in_the_top_bin() -> None:
     w[:, 0, 0, 0] = 1.0
     w[8:, 0, 0, 0] = 1e20  # finite, absurd: row_sum_error ~ 1e20
     batch = Batch(w, torch.ones(10, 1, 1, 2, dtype=torch.bool))
-    analyser = fed(CASES[-1], [batch])
+    analyser = fed(NUMERICS, [batch])
     frame = analyser.compute()
-    assert_matches_reference(frame, CASES[-1].reference([batch]), analyser)
+    assert_matches_reference(frame, NUMERICS.reference([batch]), analyser)
 
 
 def test_max_weight_is_over_eligible_keys_only() -> None:
     """It was once the max with ineligible keys zeroed: 0 here, an ineligible key."""
     w = torch.tensor([[[[-0.5, -0.2, 0.7]]]], dtype=torch.float64)
     batch = Batch(w, torch.tensor([True, True, False]).expand(1, 1, 1, 3))
-    frame = fed(CASES[0], [batch]).compute()
+    frame = fed(ENTROPY, [batch]).compute()
     assert frame.loc[frame["metric"] == "max_weight", "max"].item() == -0.2
 
 
 def test_padding_changes_only_key_count_metrics() -> None:
     """What the padding invariance deliberately leaves out, shown on two small cases: a
-    uniform all-masked row stops being uniform (1/K changed), and a wrong-axis head stops
-    being suspect (a padded column sums to 0, not 1). Both follow the definitions."""
+    uniform all-masked row stops being uniform (1/K changed), and each padded key is one
+    more -inf masking fill. Both follow the definitions. A wrong-axis head stays suspect:
+    a padded column (sum 0) is no column of the distribution."""
     uniform = Batch(torch.full((1, 1, 2, 4), 0.25), torch.zeros(1, 1, 2, 4, dtype=torch.bool))
-    scores = torch.randn(1, 1, 3, 3, generator=torch.Generator().manual_seed(0))
-    wrong = Batch(torch.softmax(scores, -2), torch.ones(1, 1, 3, 3, dtype=torch.bool))
-    for batch, metric in ((uniform, "all_masked_uniform"), (wrong, "softmax_axis_suspect")):
-        before, after = (_sums(fed(CASES[-1], [b]).compute())[metric]
-                         for b in (batch, batch.padded(2)))
-        assert before == batch.weights.shape[2] and after == 0
+    before, after = (_sums(fed(NUMERICS, [b]).compute())["all_masked_uniform"]
+                     for b in (uniform, uniform.padded(2)))
+    assert (before, after) == (2, 0)
+    logits = torch.randn(1, 1, 3, 3, generator=torch.Generator().manual_seed(0))
+    wrong = Batch(torch.softmax(logits, -2), torch.ones(1, 1, 3, 3, dtype=torch.bool), logits)
+    before, after = (_sums(fed(NUMERICS, [b]).compute())["softmax_axis_suspect"]
+                     for b in (wrong, wrong.padded(2)))
+    assert before == after == 3
+    before, after = (_sums(fed(SCORES, [b]).compute())["masked_score_non_finite"]
+                     for b in (wrong, wrong.padded(2)))
+    assert (before, after) == (0, 3 * 2)
 
 
 # --------------------------------------------------------------------------- model level
@@ -731,8 +862,8 @@ def test_leaky_model_shows_masked_mass_against_declared_mask(mode: str) -> None:
     for case in CASES:  # every analyser agrees with the reference on the captured record
         analyser = case.make()
         analyser.update(record, eligible=declared)
-        ref = aggregate(record.name, [Batch(record.weights, declared).reference(case.tolerance)],
-                        case.metrics)
+        batch = Batch(record.weights, declared, record.scores, record.values)
+        ref = aggregate(record.name, [batch.reference(case.tolerance)], case.metrics)
         assert_matches_reference(analyser.compute(), ref, analyser, kind=record.kind,
                                  layer=None)
     masking = MaskingAnalyser()

@@ -255,3 +255,29 @@ def test_date_model_reads_the_year_first(date_splits, date_vocabs):
     assert hit >= 0.99, hit  # published: 99.7 %
     averaged = frame[frame["site"] == "attend:head_mean"]  # one head: identical
     np.testing.assert_allclose(averaged["mean"].to_numpy(), per_head["mean"].to_numpy())
+
+
+def test_per_example_rows_follow_the_reference_over_two_batches():
+    """Opt-in per-example rows: only the selected rows, examples numbered across updates."""
+    batches = [random_batch(seed, b=b) for seed, b in ((11, 3), (12, 2))]
+    analyser = RegionAnalyser(per_example=True)
+    for w, mask, expected in batches:
+        analyser.update(make_record(torch.from_numpy(w), torch.from_numpy(mask)),
+                        expected=torch.from_numpy(expected), rows=[1, 3])
+    rows = analyser.examples()
+    assert set(rows["step"]) == {1, 3}
+    first = 0
+    for w, mask, expected in batches:
+        b = w.shape[0]
+        selected = np.zeros((b, w.shape[2]), bool)
+        selected[:, [1, 3]] = True
+        ref = reference(w, np.broadcast_to(expected[:, None, None, :], w.shape),
+                        np.broadcast_to(mask, w.shape), selected)
+        part = rows[rows["example"].between(first, first + b - 1)]
+        for (metric, head, step), values in ref.items():
+            got = part[(part["metric"] == metric) & (part["head"] == head)
+                       & (part["step"] == step)].sort_values("example")
+            assert got["example"].tolist() == list(range(first, first + b))
+            np.testing.assert_allclose(got["value"], values, atol=1e-12)
+        first += b
+    assert len(rows) == 2 * 2 * 2 * (3 + 2)  # metrics x heads x selected steps x examples
