@@ -147,7 +147,9 @@ class Seq2SeqTarget:
         return keep
 
     def iter_batches(self, limit: int | None = None) -> Iterator[Batch]:
-        """The audit data, cut after ``limit`` examples when given."""
+        """The audit data, cut after ``limit`` examples (>= 0) when given."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0 examples, got {limit}")
         seen = 0
         for batch in self.batches():
             if limit is not None and seen + len(batch) > limit:
@@ -181,6 +183,7 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise TargetError(f"Hugging Face model directory not found: {model_dir}")
+    sources, references = _read_pairs(data)  # before the (slow) model load
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, local_files_only=True,
                                                       attn_implementation="sdpa").eval()
@@ -188,7 +191,6 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
     except (OSError, ValueError) as exc:
         raise TargetError(f"cannot load a seq2seq model and tokenizer from {model_dir}: "
                           f"{exc}") from exc
-    sources, references = _read_pairs(data)
     config = model.config
     start = config.decoder_start_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.pad_token_id
@@ -276,7 +278,12 @@ def load_target(spec: str | None) -> Seq2SeqTarget:
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         raise TargetError(f"{where} has no callable {factory_name!r}")
-    target = factory()
+    try:
+        target = factory()
+    except AttnauditError:
+        raise
+    except Exception as exc:
+        raise TargetError(f"{spec} failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(target, Seq2SeqTarget):
         raise TargetError(f"{spec} returned {type(target).__name__}, not a Seq2SeqTarget")
     return target
@@ -305,3 +312,6 @@ def _import_target_module(where: str) -> Any:
         return importlib.import_module(where)
     except ImportError as exc:
         raise TargetError(f"cannot import target module {where!r}: {exc}") from exc
+    except Exception as exc:
+        raise TargetError(f"importing target module {where!r} failed: "
+                          f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,817 @@
+"""The validity audit: is each attention site a valid weighted retrieval computation?
+
+:func:`run_validity_audit` runs a :class:`~attnaudit.target.Seq2SeqTarget` over its data —
+greedy decoding, then the model's own output teacher-forced under capture (METRICS.md's
+seq2seq protocol) — and streams every record through the entropy, masking, numerics,
+score and region analysers. It returns a :class:`ValidityAudit`: tidy
+tables plus :meth:`ValidityAudit.findings`, the one source the CI gate
+(:mod:`attnaudit.gate`), the pytest helper (:mod:`attnaudit.testing`) and the report read.
+
+Which keys may be attended is *declared* from the target, not read off the model, so a
+mask applied after the softmax or masked scores filled with 0 show up as masked mass:
+
+=============  =======================  ==========================  ======================
+role           recognised by            eligible keys               rows counted
+=============  =======================  ==========================  ======================
+cross          (Q, K) = (T, n)          real source tokens          steps up to first EOS
+encoder_self   (Q, K) = (n, n)          real source tokens          real source tokens
+decoder_self   (Q, K) = (T, T)          causal (key <= query)       steps up to first EOS
+captured       any other shape          the key mask capture saw    every row
+=============  =======================  ==========================  ======================
+
+n source positions, T emitted steps. When n == T, a square site is cross-attention only
+if its kind says so, and encoder or decoder self-attention by its module path; a site
+neither decides stays "captured". The declared rule is combined (AND) with the key mask
+capture saw, so keys a model masks on purpose (local windows...) stay out of the
+distribution metrics; weight on them still counts as masked mass.
+
+Rows after the first end-of-sequence step (``target.step_mask``) are padding and are not
+counted anywhere. Besides the METRICS.md names the metrics table carries, per row:
+``masked_rows`` (masked_mass over the masked-mass tolerance), ``row_sum_rows``
+(row_sum_error over the row-sum tolerance), ``non_finite_rows`` and ``negative_rows``
+(rows with any NaN/inf or negative weight); their ``sum`` is a row count. A "row" is one
+(example, head, query step).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+import attnaudit
+from attnaudit.analysis import (
+    EntropyAnalyser,
+    MaskingAnalyser,
+    NumericsAnalyser,
+    RegionAnalyser,
+    Rows,
+    layer_of,
+    mean_over_heads,
+)
+from attnaudit.analysis.scores import ScoreAnalyser
+from attnaudit.analysis.stats import MetricSpec
+from attnaudit.record import AttentionRecord, Site
+from attnaudit.target import Batch, Seq2SeqTarget, TargetError
+
+DEFAULT_MAX_MASKED_MASS = 1e-6
+DEFAULT_ROW_SUM_TOLERANCE = 1e-3
+
+# Checks that can fail (and fail the gate); the others (negative, softmax_axis,
+# eligibility) only warn.
+GATE_CHECKS = ("non_finite", "masked_mass", "row_sum", "all_masked_nan")
+
+CAPTURED_RULE = "captured key mask"
+DECLARED_RULES = {
+    "cross": "declared: real source tokens",
+    "encoder_self": "declared: real source tokens",
+    "decoder_self": "declared: causal",
+}
+# Mechanisms whose score matrix exists only because capture computed it explicitly
+# (the model would otherwise run a fused kernel that never materialises it).
+MATERIALISED_BY_CAPTURE = ("sdpa", "mha")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check at one site.
+
+    status: "pass", "fail" (the gate exits 1) or "warn". rows: failing rows, each an
+    (example, head, query step). value: the worst value seen (e.g. the largest masked
+    mass), when the check has one.
+    """
+
+    site: str
+    check: str
+    status: str
+    rows: int
+    detail: str
+    value: float | None = None
+
+
+@dataclass
+class AttentionMap:
+    """One site's weights for one example, trimmed to real tokens.
+
+    weights: (heads, queries, keys) float32. Query and key labels name the tokens
+    (target steps for decoder queries, source tokens for encoder positions).
+    """
+
+    site: str
+    role: str
+    weights: np.ndarray
+    query_labels: list[str]
+    key_labels: list[str]
+
+
+@dataclass
+class ExampleMaps:
+    """The first audited example and its attention map at every site."""
+
+    source: str
+    source_tokens: list[str]
+    target_tokens: list[str]
+    maps: dict[str, AttentionMap]
+
+
+@dataclass
+class ValidityAudit:
+    """What :func:`run_validity_audit` measured. Every table is a tidy DataFrame.
+
+    Attributes:
+        target, description: the target's name and description.
+        examples: examples audited.
+        sites: one row per site: site, kind, role, mechanism, module, layer, heads,
+            queries, keys (largest seen), scores_available, values_available,
+            key_mask_shape (the key mask as capture derived it; the mask's own dtype is not
+            kept by capture), eligibility (the key rules used),
+            scores_materialised_by_capture.
+        metrics: analyser summaries, one row per site x head x step x metric (columns of
+            :meth:`attnaudit.analysis.RowStats.frame`).
+        regions: region_mass / top_weight_hit per expectation x site x head x step, cross
+            sites only; sites suffixed ``:head_mean`` hold the head average.
+        site_summary: one row per site (see :func:`summarise_sites`).
+        performance: one row per batch (see :func:`run_validity_audit`).
+        example: the first example's attention maps, when kept.
+        max_masked_mass, row_sum_tolerance: the tolerances rows were counted at.
+    """
+
+    target: str
+    description: str
+    examples: int
+    sites: pd.DataFrame
+    metrics: pd.DataFrame
+    regions: pd.DataFrame
+    site_summary: pd.DataFrame
+    performance: pd.DataFrame
+    example: ExampleMaps | None
+    max_masked_mass: float = DEFAULT_MAX_MASKED_MASS
+    row_sum_tolerance: float = DEFAULT_ROW_SUM_TOLERANCE
+
+    def findings(self, max_masked_mass: float | None = None,
+                 row_sum_tolerance: float | None = None) -> list[Finding]:
+        """Every check at every site (see :func:`site_findings`).
+
+        The tolerances default to those the audit counted rows at; other values raise
+        ValueError, since failing rows were counted while streaming.
+        """
+        for name, given, used in (("max_masked_mass", max_masked_mass, self.max_masked_mass),
+                                  ("row_sum_tolerance", row_sum_tolerance,
+                                   self.row_sum_tolerance)):
+            if given is not None and given != used:
+                raise ValueError(f"rows were counted at {name}={used:g}; run "
+                                 f"run_validity_audit(..., {name}={given:g}) for another "
+                                 "tolerance")
+        return site_findings(self.site_summary, self.sites, self.max_masked_mass,
+                             self.row_sum_tolerance)
+
+    @property
+    def healthy(self) -> bool:
+        """True when no finding fails."""
+        return not any(f.status == "fail" for f in self.findings())
+
+
+def findings_frame(findings: list[Finding]) -> pd.DataFrame:
+    """Findings as a tidy table: site, check, status, rows, detail, value."""
+    columns = list(Finding.__dataclass_fields__)
+    return pd.DataFrame([asdict(f) for f in findings], columns=columns)
+
+
+class GateNumerics(NumericsAnalyser):
+    """The numerics analyser plus per-row flags whose ``sum`` counts failing rows."""
+
+    metrics = (*NumericsAnalyser.metrics, MetricSpec("row_sum_rows"),
+               MetricSpec("non_finite_rows"), MetricSpec("negative_rows"))
+
+    def __init__(self, row_sum_tolerance: float = DEFAULT_ROW_SUM_TOLERANCE) -> None:
+        super().__init__()
+        self.row_sum_tolerance = row_sum_tolerance
+
+    def rows_metrics(self, rows: Rows):
+        metrics = super().rows_metrics(rows)
+        f64 = torch.float64
+        row_sum, judged = metrics["row_sum_error"]
+        metrics["row_sum_rows"] = ((row_sum > self.row_sum_tolerance).to(f64), judged)
+        metrics["non_finite_rows"] = ((metrics["non_finite"][0] > 0).to(f64), None)
+        metrics["negative_rows"] = ((metrics["negative"][0] > 0).to(f64), None)
+        return metrics
+
+
+class ValidityAnalysers:
+    """The analysers every validity check reads, fed together: entropy, masking, numerics
+    (with the gate's row counts) and score ranges.
+
+    ``update(record, eligible=..., rows=...)``: ``eligible`` declares the key rule (bool,
+    read by rank as in :meth:`attnaudit.analysis.Analyser.update`), combined with the
+    record's own key mask (see :func:`declared_rows`); ``rows`` (bool (B, Q), None = all)
+    picks the query rows that count.
+    """
+
+    def __init__(self, max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
+                 row_sum_tolerance: float = DEFAULT_ROW_SUM_TOLERANCE) -> None:
+        self.max_masked_mass = max_masked_mass
+        self.row_sum_tolerance = row_sum_tolerance
+        self.row_analysers = [EntropyAnalyser(), MaskingAnalyser(max_masked_mass),
+                              GateNumerics(row_sum_tolerance)]
+        self.scores = ScoreAnalyser()
+
+    def update(self, record: AttentionRecord, *, eligible: torch.Tensor | None = None,
+               rows: torch.Tensor | None = None) -> None:
+        data = declared_rows(record, eligible)
+        scores = record.scores
+        # a stacked record keeps only its last call's values: usable when there is one call
+        values = record.values if len(record.calls) == 1 else None
+        batch, _, queries, _ = data.weights.shape
+        for examples, start, stop in row_groups(data.site, rows, batch, queries):
+            part = Rows(data.site, data.kind, data.weights[examples, :, start:stop],
+                        data.eligible[examples, :, start:stop], data.step_offset + start)
+            for analyser in self.row_analysers:
+                analyser.update(part)
+            self.scores.update(
+                part, scores=None if scores is None else scores[examples, :, start:stop],
+                values=None if values is None else values[examples % values.shape[0]])
+
+    def metrics(self) -> pd.DataFrame:
+        frames = [a.compute() for a in (*self.row_analysers, self.scores)]
+        frames = [f for f in frames if not f.empty]
+        if not frames:
+            return self.row_analysers[0].compute()
+        return pd.concat(frames, ignore_index=True)
+
+
+def row_groups(site: str, selected: torch.Tensor | None, batch: int, queries: int
+               ) -> Iterator[tuple[torch.Tensor, int, int]]:
+    """The selected query rows (bool (B, Q); None = all) as (examples, start, stop) groups.
+
+    Examples sharing a selection pattern go together, one group per run of consecutive
+    selected steps ``start:stop``; prefix masks (the usual case: steps up to EOS,
+    right-padded sources) give one group per distinct length.
+    """
+    if selected is None:
+        yield torch.arange(batch), 0, queries
+        return
+    if tuple(selected.shape) != (batch, queries):
+        raise ValueError(f"site {site!r}: row selection of shape {tuple(selected.shape)} "
+                         f"does not match (batch, queries) = ({batch}, {queries})")
+    patterns, which = torch.unique(selected.cpu(), dim=0, return_inverse=True)
+    for p, pattern in enumerate(patterns):
+        examples = torch.nonzero(which == p).squeeze(1)
+        for start, stop in _runs(torch.nonzero(pattern).squeeze(1).tolist()):
+            yield examples, start, stop
+
+
+def _runs(steps: list[int]) -> Iterator[tuple[int, int]]:
+    """Sorted indices -> (start, stop) of each run of consecutive ones."""
+    start = prev = None
+    for s in steps:
+        if start is None:
+            start = s
+        elif s != prev + 1:
+            yield start, prev + 1
+            start = s
+        prev = s
+    if start is not None:
+        yield start, prev + 1
+
+
+def site_role(name: str, kind: str | None, queries: int, keys: int, n_source: int,
+              n_target: int) -> str:
+    """cross, encoder_self, decoder_self or captured (no declared rule fits); see module doc."""
+    if (queries, keys) == (n_target, n_source) and (kind == "cross" or n_target != n_source):
+        return "cross"
+    if kind == "cross":
+        return "captured"
+    encoder = (queries, keys) == (n_source, n_source)
+    decoder = (queries, keys) == (n_target, n_target)
+    if encoder and decoder:
+        module = name.split(":", 1)[0].lower()
+        encoder, decoder = "encoder" in module, "decoder" in module
+        if encoder == decoder:
+            return "captured"
+    if encoder:
+        return "encoder_self"
+    if decoder:
+        return "decoder_self"
+    return "captured"
+
+
+def declared_rule(role: str, batch: Batch, step_mask: torch.Tensor
+                  ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(eligible keys, bool (B, 1, Q or 1, K) or None; rows that count, bool (B, Q) or None)."""
+    source = batch.source_mask.bool()
+    if role == "cross":
+        return source[:, None, None, :], step_mask
+    if role == "encoder_self":
+        return source[:, None, None, :], source
+    if role == "decoder_self":
+        steps = step_mask.shape[1]
+        causal = torch.ones(steps, steps, dtype=torch.bool, device=step_mask.device).tril()
+        return causal[None, None], step_mask
+    return None, None
+
+
+def declared_rows(record: AttentionRecord, declared: torch.Tensor | None) -> Rows:
+    """The record's rows under the declared key rule AND the key mask capture saw.
+
+    ``declared``: bool, read by rank ((K,), (B, K), (B, Q, K), (B, H, Q, K)); None keeps
+    the captured mask alone (all keys when capture has none either).
+    """
+    data = Rows.of(record, declared)
+    captured = record.key_mask
+    if declared is None or captured is None:
+        return data
+    eligible = data.eligible & captured.to(data.eligible.device)
+    return Rows(data.site, data.kind, data.weights, eligible, data.step_offset)
+
+
+@dataclass
+class _SiteInfo:
+    """What the sites table says about one site, gathered over batches."""
+
+    record_site: Site
+    heads: int = 0
+    queries: int = 0
+    keys: int = 0
+    scores_available: bool = True
+    values_available: bool = True
+    key_mask_shape: str = ""
+    rules: set[str] = field(default_factory=set)
+    roles: set[str] = field(default_factory=set)
+
+    def update(self, record: AttentionRecord, role: str) -> None:
+        _, h, q, k = record.weights.shape
+        self.heads, self.queries, self.keys = h, max(self.queries, q), max(self.keys, k)
+        self.scores_available &= record.scores is not None
+        self.values_available &= record.values is not None
+        mask = record.key_mask
+        self.key_mask_shape = "none" if mask is None else str(tuple(mask.shape))
+        self.roles.add(role)
+        self.rules.add(DECLARED_RULES.get(role, CAPTURED_RULE))
+
+    def row(self) -> dict[str, Any]:
+        site = self.record_site
+        return {
+            "site": site.name, "kind": site.kind, "role": "/".join(sorted(self.roles)),
+            "mechanism": site.mechanism, "module": site.module, "layer": layer_of(site.name),
+            "heads": self.heads, "queries": self.queries, "keys": self.keys,
+            "scores_available": self.scores_available,
+            "values_available": self.values_available,
+            "key_mask_shape": self.key_mask_shape,
+            "eligibility": "; ".join(sorted(self.rules)),
+            "scores_materialised_by_capture": site.mechanism in MATERIALISED_BY_CAPTURE,
+        }
+
+
+SITE_COLUMNS = ["site", "kind", "role", "mechanism", "module", "layer", "heads", "queries",
+                "keys", "scores_available", "values_available", "key_mask_shape", "eligibility",
+                "scores_materialised_by_capture"]
+PERFORMANCE_COLUMNS = ["batch", "examples", "source_tokens", "target_tokens", "greedy_s",
+                       "plain_s", "captured_s", "capture_overhead", "tokens_per_s_plain",
+                       "tokens_per_s_captured", "plain_peak_mib", "captured_peak_mib",
+                       "capture_mib", "materialised_sites"]
+
+
+def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
+                       progress: bool = True, keep_example: bool = True,
+                       regions: bool = True, timing: bool = True,
+                       max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
+                       row_sum_tolerance: float = DEFAULT_ROW_SUM_TOLERANCE) -> ValidityAudit:
+    """Audit every attention site of ``target`` over its data (see the module docstring).
+
+    Args:
+        target: the model and its data; the model is left unchanged.
+        limit: audit only the first ``limit`` examples (>= 1).
+        progress: one line per batch on stderr.
+        keep_example: keep the first example's attention maps.
+        regions: measure the target's expectations (region_mass, top_weight_hit).
+        timing: also time the teacher-forced forward without capture, and peak memory;
+            without it the performance table has greedy and captured times only.
+        max_masked_mass, row_sum_tolerance: the tolerances failing rows are counted at.
+
+    The performance table has one row per batch: examples; real source tokens and
+    emitted steps up to EOS; seconds for greedy decoding and for the teacher-forced
+    forward without and with capture (capture_overhead = captured / plain); valid
+    tokens (source + target) per second; peak memory above the level before each
+    forward in MiB (CUDA allocator, or peak RSS on Linux — which misses allocations
+    served from memory the process already holds, so later batches often read near 0;
+    NaN where neither is readable); capture_mib, the exact size of the tensors capture
+    kept; sites whose score matrix capture materialised. Without and with capture
+    alternate which runs first.
+
+    Raises:
+        TargetError: the target's callables fail or return the wrong shapes, or there is
+            no data. Capture errors (no attention found...) propagate.
+    """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or limit < 1):
+        raise ValueError(f"limit must be a positive number of examples, got {limit!r}")
+    analysers = ValidityAnalysers(max_masked_mass, row_sum_tolerance)
+    expectation_analysers = {e.name: RegionAnalyser()
+                             for e in (target.expectations if regions else ())}
+    infos: dict[str, _SiteInfo] = {}
+    performance: list[dict[str, Any]] = []
+    example: ExampleMaps | None = None
+    examples = 0
+    started = time.perf_counter()
+    for index, batch in enumerate(_batches(target, limit)):
+        emitted, greedy_s = _timed(lambda b=batch: _greedy(target, b))
+        step_mask = target.step_mask(emitted)
+        plain_s = plain_peak = math.nan
+        with torch.no_grad():  # alternate which runs first, so warm-up favours neither
+            if timing and index % 2 == 0:
+                plain_s, plain_peak = _plain_forward(target, batch, emitted)
+            cap, captured_s, captured_peak = _captured_forward(target, batch, emitted)
+            if timing and index % 2 == 1:
+                plain_s, plain_peak = _plain_forward(target, batch, emitted)
+        n_source, n_target = batch.source_ids.shape[1], emitted.shape[1]
+        for name, record in cap.records.items():
+            _, _, q, k = record.weights.shape
+            role = site_role(name, record.kind, q, k, n_source, n_target)
+            declared, rows = declared_rule(role, batch, step_mask)
+            infos.setdefault(name, _SiteInfo(record.site)).update(record, role)
+            analysers.update(record, eligible=declared, rows=rows)
+            if role == "cross" and expectation_analysers:
+                _update_regions(target, expectation_analysers, declared_rows(record, declared),
+                                batch, emitted, step_mask)
+        if keep_example and example is None:
+            example = _example_maps(target, cap.records, batch, emitted, step_mask)
+        source_tokens, target_tokens = int(batch.source_mask.sum()), int(step_mask.sum())
+        performance.append({
+            "batch": index, "examples": len(batch), "source_tokens": source_tokens,
+            "target_tokens": target_tokens, "greedy_s": greedy_s, "plain_s": plain_s,
+            "captured_s": captured_s, "capture_overhead": _ratio(captured_s, plain_s),
+            "tokens_per_s_plain": _ratio(source_tokens + target_tokens, plain_s),
+            "tokens_per_s_captured": _ratio(source_tokens + target_tokens, captured_s),
+            "plain_peak_mib": plain_peak, "captured_peak_mib": captured_peak,
+            "capture_mib": _capture_bytes(cap.records.values()) / 2**20,
+            "materialised_sites": sum(r.site.mechanism in MATERIALISED_BY_CAPTURE
+                                      for r in cap.records.values()),
+        })
+        examples += len(batch)
+        if progress:
+            print(f"audit {target.name}: batch {index + 1}, {examples} examples, "
+                  f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    if examples == 0:
+        raise TargetError(f"target {target.name!r} yielded no examples to audit")
+    metrics = analysers.metrics()
+    sites = pd.DataFrame([info.row() for info in infos.values()], columns=SITE_COLUMNS)
+    sites["layer"] = sites["layer"].astype("Int64")
+    return ValidityAudit(
+        target=target.name,
+        description=target.description,
+        examples=examples,
+        sites=sites,
+        metrics=metrics,
+        regions=_regions_frame(expectation_analysers),
+        site_summary=summarise_sites(metrics, list(infos)),
+        performance=pd.DataFrame(performance, columns=PERFORMANCE_COLUMNS),
+        example=example,
+        max_masked_mass=max_masked_mass,
+        row_sum_tolerance=row_sum_tolerance,
+    )
+
+
+def _target_call(target: Seq2SeqTarget, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call one of the target's callables; its failures become a TargetError naming it."""
+    try:
+        return fn(*args)
+    except attnaudit.AttnauditError:
+        raise
+    except Exception as exc:
+        raise TargetError(f"target {target.name!r}: {what} failed: "
+                          f"{type(exc).__name__}: {exc}") from exc
+
+
+def _batches(target: Seq2SeqTarget, limit: int | None) -> Iterator[Batch]:
+    """The target's batches; failures while producing them become a TargetError."""
+    batches = _target_call(target, "batches", target.iter_batches, limit)
+    while True:
+        batch = _target_call(target, "batches", next, batches, None)
+        if batch is None:
+            return
+        if not isinstance(batch, Batch):
+            raise TargetError(f"target {target.name!r}: batches must yield Batch objects, "
+                              f"got {type(batch).__name__}")
+        yield batch
+
+
+def _greedy(target: Seq2SeqTarget, batch: Batch) -> torch.Tensor:
+    with torch.no_grad():
+        emitted = _target_call(target, "greedy", target.greedy, batch)
+    if (not isinstance(emitted, torch.Tensor) or emitted.ndim != 2
+            or emitted.shape[0] != len(batch) or emitted.is_floating_point()):
+        got = tuple(emitted.shape) if isinstance(emitted, torch.Tensor) else type(emitted)
+        raise TargetError(f"target {target.name!r}: greedy must return integer ids of shape "
+                          f"(batch={len(batch)}, steps), got {got}")
+    return emitted
+
+
+def _teacher_forced(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) -> None:
+    logits = _target_call(target, "teacher_forced", target.teacher_forced, batch, emitted)
+    if not isinstance(logits, torch.Tensor) or tuple(logits.shape[:2]) != tuple(emitted.shape):
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits)
+        raise TargetError(f"target {target.name!r}: teacher_forced must return logits of "
+                          f"shape (batch, steps, vocab) = {tuple(emitted.shape)} + (V,), "
+                          f"got {got}")
+
+
+def _plain_forward(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor
+                   ) -> tuple[float, float]:
+    with PeakMemory(target.model) as memory:
+        _, seconds = _timed(lambda: _teacher_forced(target, batch, emitted))
+    return seconds, memory.peak_mib
+
+
+def _captured_forward(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor
+                      ) -> tuple[attnaudit.Capture, float, float]:
+    with PeakMemory(target.model) as memory:
+        start = time.perf_counter()
+        with attnaudit.capture(target.model, target.sites, kinds=target.kinds, scores=True,
+                               values=True) as cap:
+            _teacher_forced(target, batch, emitted)
+        seconds = time.perf_counter() - start
+    return cap, seconds, memory.peak_mib
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else math.nan
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+class PeakMemory:
+    """Peak memory in MiB above the level at entry, while the block ran.
+
+    CUDA models: the allocator's peak. CPU: peak resident set size on Linux (reset through
+    /proc/self/clear_refs), a lower bound, since the allocator reuses freed memory without
+    growing the RSS; NaN where neither can be read.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        param = next(model.parameters(), None)
+        self.device = param.device if param is not None else torch.device("cpu")
+        self.peak_mib = math.nan
+        self._base: float | None = None
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        elif _reset_peak_rss():
+            self._base = _proc_status_kib("VmRSS") * 1024
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._base is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            peak = _proc_status_kib("VmHWM") * 1024
+        self.peak_mib = max(peak - self._base, 0) / 2**20
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _proc_status_kib(key: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return float(line.split()[1])
+    return math.nan
+
+
+def _capture_bytes(records: Any) -> int:
+    total = 0
+    for record in records:
+        for call in record.calls:
+            for t in (call.weights, call.scores, call.values):
+                if t is not None:
+                    total += t.numel() * t.element_size()
+    return total
+
+
+def _update_regions(target: Seq2SeqTarget, analysers: dict[str, RegionAnalyser], data: Rows,
+                    batch: Batch, emitted: torch.Tensor, step_mask: torch.Tensor) -> None:
+    """Feed each expectation's region analyser the rows per head and averaged over heads."""
+    for expectation in target.expectations:
+        if expectation.name not in analysers:
+            continue
+        expected = _target_call(target, f"expectation {expectation.name!r}", expectation.keys,
+                                batch, emitted)
+        rows = step_mask.clone()
+        if expectation.rows is not None:
+            rows[:, expectation.rows:] = False
+        analyser = analysers[expectation.name]
+        analyser.update(data, expected=expected, rows=rows)
+        analyser.update(mean_over_heads(data), expected=expected, rows=rows)
+
+
+def _regions_frame(analysers: dict[str, RegionAnalyser]) -> pd.DataFrame:
+    frames = [a.compute().assign(expectation=name) for name, a in analysers.items()]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return RegionAnalyser().compute().assign(expectation=pd.Series(dtype=str))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _example_maps(target: Seq2SeqTarget, records: dict[str, AttentionRecord], batch: Batch,
+                  emitted: torch.Tensor, step_mask: torch.Tensor) -> ExampleMaps:
+    """Example 0's weights at every site, on its real source tokens and steps up to EOS."""
+    source_tokens = _target_call(target, "source_tokens", target.source_tokens,
+                                 batch.select([0]))[0]
+    target_tokens = _target_call(target, "target_tokens", target.target_tokens, emitted[:1])[0]
+    src = torch.nonzero(batch.source_mask[0]).squeeze(1)
+    tgt = torch.nonzero(step_mask[0]).squeeze(1)
+    src_labels = [str(source_tokens[i]) for i in src.tolist()]
+    tgt_labels = [str(target_tokens[i]) for i in tgt.tolist()]
+    axes = {"cross": (tgt, tgt_labels, src, src_labels),
+            "encoder_self": (src, src_labels, src, src_labels),
+            "decoder_self": (tgt, tgt_labels, tgt, tgt_labels)}
+    maps = {}
+    for name, record in records.items():
+        weights = record.weights[0]  # (H, Q, K)
+        role = site_role(name, record.kind, weights.shape[1], weights.shape[2],
+                         batch.source_ids.shape[1], emitted.shape[1])
+        if role in axes:
+            q_index, q_labels, k_index, k_labels = axes[role]
+            weights = weights[:, q_index.to(weights.device)][:, :, k_index.to(weights.device)]
+        else:
+            q_labels = [str(i) for i in range(weights.shape[1])]
+            k_labels = [str(i) for i in range(weights.shape[2])]
+        maps[name] = AttentionMap(name, role, weights.float().cpu().numpy(), q_labels, k_labels)
+    return ExampleMaps(batch.texts[0], src_labels, tgt_labels, maps)
+
+
+SUMMARY_COLUMNS = ["site", "kind", "rows", "non_finite_rows", "masked_mass_max", "masked_rows",
+                   "row_sum_error_max", "row_sum_rows", "negative_rows", "all_masked_rows",
+                   "all_masked_nan", "all_masked_zeros", "all_masked_uniform",
+                   "all_masked_behaviour", "softmax_axis_suspect_rows", "entropy_norm_mean",
+                   "max_weight_mean", "n_valid_mean", "score_min", "score_max",
+                   "masked_score_max", "mask_fill", "output_norm_mean"]
+
+
+def summarise_sites(metrics: pd.DataFrame, sites: list[str]) -> pd.DataFrame:
+    """One row per site from the metrics table: row counts, worst values, means.
+
+    rows: rows audited; *_rows and all_masked*: row counts (sums of 0/1 per-row flags);
+    *_max: the largest per-row value (NaN when no row defines it); *_mean: the mean over
+    rows that define it; all_masked_behaviour: what the model produced on rows with no
+    eligible key ("NaN", "zeros", "uniform", mixtures, or "none seen"); score_min /
+    score_max: the range of finite scores on eligible keys; mask_fill: the scores seen on
+    ineligible keys ("-inf", the largest finite one, both, or "" when none was seen or
+    scores were not kept) — a fill of 0 leaks mass.
+    """
+    rows = []
+    for site in sites:
+        m = metrics[metrics["site"] == site]
+
+        def total(metric: str, m: pd.DataFrame = m) -> int:
+            return round(float(m.loc[m["metric"] == metric, "sum"].sum()))
+
+        def largest(metric: str, m: pd.DataFrame = m) -> float:
+            values = m.loc[m["metric"] == metric, "max"]
+            return float(values.max()) if len(values) else math.nan
+
+        def smallest(metric: str, m: pd.DataFrame = m) -> float:
+            values = m.loc[m["metric"] == metric, "min"]
+            return float(values.min()) if len(values) else math.nan
+
+        def mean(metric: str, m: pd.DataFrame = m) -> float:
+            part = m[m["metric"] == metric]
+            n = part["n"].sum()
+            return float(part["sum"].sum() / n) if n else math.nan
+
+        counts = {b: total(f"all_masked_{b}") for b in ("nan", "zeros", "uniform")}
+        rows.append({
+            "site": site,
+            "kind": m["kind"].iloc[0] if len(m) else None,
+            "rows": int(m.loc[m["metric"] == "non_finite", "n"].sum()),
+            "non_finite_rows": total("non_finite_rows"),
+            "masked_mass_max": largest("masked_mass"),
+            "masked_rows": total("masked_rows"),
+            "row_sum_error_max": largest("row_sum_error"),
+            "row_sum_rows": total("row_sum_rows"),
+            "negative_rows": total("negative_rows"),
+            "all_masked_rows": total("all_masked"),
+            "all_masked_nan": counts["nan"],
+            "all_masked_zeros": counts["zeros"],
+            "all_masked_uniform": counts["uniform"],
+            "all_masked_behaviour": _all_masked_behaviour(total("all_masked"), counts),
+            "softmax_axis_suspect_rows": total("softmax_axis_suspect"),
+            "entropy_norm_mean": mean("entropy_norm"),
+            "max_weight_mean": mean("max_weight"),
+            "n_valid_mean": mean("n_valid"),
+            "score_min": smallest("score_min"),
+            "score_max": largest("score_max"),
+            "masked_score_max": largest("masked_score_max"),
+            "mask_fill": _mask_fill(largest("masked_score_max"),
+                                    total("masked_score_non_finite")),
+            "output_norm_mean": mean("output_norm"),
+        })
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def _mask_fill(largest_finite: float, non_finite: int) -> str:
+    parts = (["-inf"] if non_finite else []) + (
+        [f"{largest_finite:g}"] if math.isfinite(largest_finite) else [])
+    return " and ".join(parts)
+
+
+def _all_masked_behaviour(all_masked: int, counts: dict[str, int]) -> str:
+    if all_masked == 0:
+        return "none seen"
+    labels = {"nan": "NaN", "zeros": "zeros", "uniform": "uniform"}
+    parts = [(labels[k], v) for k, v in counts.items() if v]
+    other = all_masked - sum(counts.values())
+    if other > 0:
+        parts.append(("other", other))
+    if len(parts) == 1:
+        return parts[0][0]
+    return ", ".join(f"{label} ({n} rows)" for label, n in parts)
+
+
+def site_findings(site_summary: pd.DataFrame, sites: pd.DataFrame | None,
+                  max_masked_mass: float, row_sum_tolerance: float) -> list[Finding]:
+    """The gate checks (non_finite, masked_mass, row_sum, all_masked_nan: pass/fail) and the
+    warnings (negative, softmax_axis, eligibility: pass/warn), per site, in that order.
+
+    ``sites`` (the sites table) tells which sites had no declared key rule; None skips the
+    eligibility check.
+    """
+    rules = {} if sites is None else dict(zip(sites["site"], sites["eligibility"],
+                                              strict=True))
+    findings = []
+    for s in site_summary.itertuples(index=False):
+        site, total = s.site, int(s.rows)
+        bad = int(s.non_finite_rows)
+        findings.append(Finding(
+            site, "non_finite", "fail" if bad else "pass", bad,
+            f"{bad} of {total} rows have NaN or inf weights" if bad
+            else f"all {total} rows finite"))
+        bad = int(s.masked_rows)
+        worst = _finite_or_none(s.masked_mass_max)
+        findings.append(Finding(
+            site, "masked_mass", "fail" if bad else "pass", bad,
+            (f"{bad} of {total} rows put more than {max_masked_mass:g} on ineligible keys "
+             f"(largest {worst:.3g})") if bad
+            else f"masked mass at most {_fmt(worst)} (tolerance {max_masked_mass:g})", worst))
+        bad = int(s.row_sum_rows)
+        worst = _finite_or_none(s.row_sum_error_max)
+        findings.append(Finding(
+            site, "row_sum", "fail" if bad else "pass", bad,
+            (f"{bad} of {total} rows have |sum - 1| above {row_sum_tolerance:g} "
+             f"(largest {worst:.3g})") if bad
+            else f"|row sum - 1| at most {_fmt(worst)} (tolerance {row_sum_tolerance:g})",
+            worst))
+        bad = int(s.all_masked_nan)
+        findings.append(Finding(
+            site, "all_masked_nan", "fail" if bad else "pass", bad,
+            (f"{bad} rows with every key masked produce NaN" if bad else
+             f"rows with every key masked: {int(s.all_masked_rows)}, behaviour: "
+             f"{s.all_masked_behaviour}")))
+        bad = int(s.negative_rows)
+        findings.append(Finding(
+            site, "negative", "warn" if bad else "pass", bad,
+            f"{bad} rows have negative weights" if bad else "no negative weights"))
+        bad = int(s.softmax_axis_suspect_rows)
+        findings.append(Finding(
+            site, "softmax_axis", "warn" if bad else "pass", bad,
+            (f"{bad} rows sum to 1 over the query axis, not the key axis: softmax over the "
+             "wrong dimension?") if bad else "rows normalised over the key axis"))
+        if site in rules:
+            captured_only = CAPTURED_RULE in rules[site]
+            findings.append(Finding(
+                site, "eligibility", "warn" if captured_only else "pass", 0,
+                ("no declared key rule fits this site's shape: masked mass is measured "
+                 "against the model's own mask, so a mask applied after the softmax or "
+                 "filled with 0 would go unseen") if captured_only
+                else f"key rule: {rules[site]}"))
+    return findings
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"

@@ -1,0 +1,152 @@
+"""``attnaudit check``: the CI gate over the validity audit's findings.
+
+Exit status: 0 when every site passes; 1 when any site has non-finite weights, masked mass
+above ``--max-masked-mass``, a row-sum error above ``--row-sum-tolerance`` or NaN on rows
+whose keys are all masked; 2 for usage and loading errors (raised as
+:class:`~attnaudit.errors.AttnauditError`, turned into 2 by :func:`attnaudit.cli.main`).
+stdout carries the result (a short summary, or JSON with ``--json``); progress goes to
+stderr. ``--junit FILE`` also writes JUnit XML: one testcase per site x check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from attnaudit.audit import (
+    GATE_CHECKS,
+    Finding,
+    ValidityAudit,
+    findings_frame,
+    run_validity_audit,
+)
+from attnaudit.errors import AttnauditError
+
+HEALTHY, UNHEALTHY, USAGE_ERROR = 0, 1, 2
+
+
+class GateError(AttnauditError):
+    """The gate was asked for something it cannot do (bad option value, unwritable file)."""
+
+
+def check_command(args: argparse.Namespace) -> int:
+    """Run the gate for parsed ``attnaudit check`` arguments; return the exit status."""
+    from attnaudit.cli import load_cli_target
+
+    _check_options(args)
+    started = time.perf_counter()
+    print("attnaudit check: loading the target", file=sys.stderr, flush=True)
+    target = load_cli_target(args)
+    audit = run_validity_audit(target, limit=args.limit, progress=True, keep_example=False,
+                               regions=False, timing=False,
+                               max_masked_mass=args.max_masked_mass,
+                               row_sum_tolerance=args.row_sum_tolerance)
+    findings = audit.findings()
+    seconds = time.perf_counter() - started
+    status = UNHEALTHY if any(f.status == "fail" for f in findings) else HEALTHY
+    if args.junit:
+        write_junit(Path(args.junit), audit, findings, seconds)
+    if args.json:
+        print(json.dumps(check_result(audit, findings, status), indent=2))
+    else:
+        print(summary_text(audit, findings))
+    return status
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    if args.limit is not None and args.limit < 1:
+        raise GateError(f"--limit must be at least 1, got {args.limit}")
+    for option, value in (("--max-masked-mass", args.max_masked_mass),
+                          ("--row-sum-tolerance", args.row_sum_tolerance)):
+        if not math.isfinite(value) or value < 0:
+            raise GateError(f"{option} must be a finite number >= 0, got {value}")
+
+
+def failing_sites(findings: list[Finding]) -> list[str]:
+    """Sites with a failing check, in order of first appearance."""
+    return list(dict.fromkeys(f.site for f in findings if f.status == "fail"))
+
+
+def summary_text(audit: ValidityAudit, findings: list[Finding]) -> str:
+    """The human summary: one line per failing or warning check, then the verdict."""
+    sites = list(audit.site_summary["site"])
+    lines = [f"attnaudit check: {audit.target}: {audit.examples} examples, {len(sites)} "
+             f"attention site(s), masked mass tolerance {audit.max_masked_mass:g}, row-sum "
+             f"tolerance {audit.row_sum_tolerance:g}"]
+    for f in findings:
+        if f.status != "pass":
+            lines.append(f"{f.status.upper():4}  {f.site}  {f.check}: {f.detail}")
+    failing = failing_sites(findings)
+    if failing:
+        lines.append(f"FAILED: {len(failing)} of {len(sites)} site(s) failing: "
+                     + ", ".join(failing))
+    else:
+        warnings = sum(f.status == "warn" for f in findings)
+        lines.append(f"healthy: all {len(sites)} site(s) pass {', '.join(GATE_CHECKS)}"
+                     + (f"; {warnings} warning(s)" if warnings else ""))
+    return "\n".join(lines)
+
+
+def check_result(audit: ValidityAudit, findings: list[Finding], status: int) -> dict[str, Any]:
+    """The machine-readable result (``--json``): plain JSON types, no NaN."""
+    frame = findings_frame(findings)
+    sites = []
+    for row in audit.sites.itertuples(index=False):
+        mine = frame[frame["site"] == row.site]
+        sites.append({
+            "site": row.site, "kind": row.kind, "role": row.role, "mechanism": row.mechanism,
+            "eligibility": row.eligibility,
+            "scores_materialised_by_capture": bool(row.scores_materialised_by_capture),
+            "status": "fail" if (mine["status"] == "fail").any() else "pass",
+            "failing_checks": [c for c, s in zip(mine["check"], mine["status"], strict=True)
+                               if s == "fail"],
+        })
+    return {
+        "target": audit.target,
+        "examples": audit.examples,
+        "healthy": status == HEALTHY,
+        "exit_code": status,
+        "thresholds": {"max_masked_mass": audit.max_masked_mass,
+                       "row_sum_tolerance": audit.row_sum_tolerance},
+        "failing_sites": failing_sites(findings),
+        "sites": sites,
+        "findings": [{"site": f.site, "check": f.check, "status": f.status, "rows": f.rows,
+                      "detail": f.detail, "value": f.value} for f in findings],
+    }
+
+
+def junit_xml(audit: ValidityAudit, findings: list[Finding], seconds: float) -> str:
+    """JUnit XML: one testsuite, one testcase per site x check, ``failure`` on failures and
+    the detail of warnings in ``system-out``. ElementTree escapes every name and text."""
+    failures = sum(f.status == "fail" for f in findings)
+    suite_name = f"attnaudit check: {audit.target}"
+    suites = ET.Element("testsuites", name="attnaudit check", tests=str(len(findings)),
+                        failures=str(failures), errors="0", time=f"{seconds:.3f}")
+    suite = ET.SubElement(suites, "testsuite", name=suite_name, tests=str(len(findings)),
+                          failures=str(failures), errors="0", skipped="0",
+                          time=f"{seconds:.3f}")
+    for f in findings:
+        case = ET.SubElement(suite, "testcase", classname=f"attnaudit.{audit.target}.{f.site}",
+                             name=f.check, time="0")
+        if f.status == "fail":
+            failure = ET.SubElement(case, "failure", message=f"{f.rows} rows: {f.detail}",
+                                    type=f.check)
+            failure.text = f"site {f.site}, check {f.check}: {f.detail}"
+        elif f.status == "warn":
+            ET.SubElement(case, "system-out").text = f"warning: {f.detail}"
+    ET.indent(suites)
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def write_junit(path: Path, audit: ValidityAudit, findings: list[Finding],
+                seconds: float) -> None:
+    try:
+        path.write_text(junit_xml(audit, findings, seconds), encoding="utf-8")
+    except OSError as exc:
+        raise GateError(f"cannot write JUnit XML to {path}: {exc.strerror or exc}") from exc

@@ -1,0 +1,39 @@
+"""``index.html``: the report page rendered from ``templates/report.html.j2``.
+
+Autoescaping is on for every value: tokens, site names, file names and target descriptions
+are user-provided and render as text. Only the template itself produces markup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+TEMPLATE = "report.html.j2"
+
+
+def status_class(status: str) -> str:
+    """CSS class suffix for a status (``"not recorded"`` -> ``not-recorded``)."""
+    return status.replace(" ", "-")
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.PackageLoader("attnaudit.report", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters["status_class"] = status_class
+    return env
+
+
+def render(context: Mapping[str, Any]) -> str:
+    """The page for ``context`` (see :func:`attnaudit.report.write_report` for its keys)."""
+    return environment().get_template(TEMPLATE).render(**context)
+
+
+def write_html(context: Mapping[str, Any], out_dir: Path) -> Path:
+    path = out_dir / "index.html"
+    path.write_text(render(context), encoding="utf-8")
+    return path

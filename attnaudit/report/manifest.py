@@ -1,0 +1,89 @@
+"""``manifest.json``: what is needed to reproduce one attention map of the report.
+
+Hashes are defined so that anyone can recompute them without attnaudit:
+
+- ``model.sha256``: sha256 over the state_dict in sorted name order; for each entry the
+  UTF-8 name, then ``dtype`` and ``shape`` as text (``"torch.float32 (128, 32)"``), then the
+  tensor's raw bytes (contiguous, CPU, native byte order).
+- ``data.sha256``: sha256 over the audited source texts in order, each UTF-8 encoded and
+  followed by ``"\\n"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+LIBRARIES = ("torch", "attnaudit", "transformers", "captum", "numpy", "pandas", "scipy",
+             "matplotlib", "seaborn", "jinja2")
+
+
+def state_dict_sha256(model: nn.Module) -> str:
+    """The model content hash described in the module docstring."""
+    digest = hashlib.sha256()
+    state = model.state_dict()
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous()
+        digest.update(name.encode("utf-8"))
+        digest.update(f"{tensor.dtype} {tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def texts_sha256(texts: Iterable[str]) -> str:
+    """The data digest described in the module docstring."""
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(text.encode("utf-8") + b"\n")
+    return digest.hexdigest()
+
+
+def library_versions() -> dict[str, str | None]:
+    """Installed versions of the libraries that shape the numbers (None: not installed)."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def build_manifest(model: nn.Module, *, target_name: str, texts: Sequence[str],
+                   sites: Sequence[str], seeds: Mapping[str, Any],
+                   command_line: Sequence[str] | str | None,
+                   options: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest as a JSON-ready dict."""
+    return {
+        "target": target_name,
+        "model": {
+            "class": f"{type(model).__module__}.{type(model).__qualname__}",
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "sha256": state_dict_sha256(model),
+            "hash_recipe": "sha256 over sorted state_dict: name, 'dtype shape', raw bytes",
+        },
+        "libraries": library_versions(),
+        "seeds": dict(seeds),
+        "data": {"examples": len(texts), "sha256": texts_sha256(texts),
+                 "hash_recipe": "sha256 over source texts, each UTF-8 + newline"},
+        "sites": list(sites),
+        "options": dict(options),
+        "command_line": (command_line if command_line is None or isinstance(command_line, str)
+                         else list(command_line)),
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def write_manifest(manifest: Mapping[str, Any], out_dir: Path) -> Path:
+    path = out_dir / "manifest.json"
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return path

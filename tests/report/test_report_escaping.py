@@ -1,0 +1,40 @@
+"""User-provided strings (tokens, names, descriptions) render as text, never as markup."""
+
+from __future__ import annotations
+
+import html
+
+from page import read_page
+from report_tiny_target import make_tiny_target
+
+from attnaudit.checklist import ITEM_KEYS
+from attnaudit.report import write_report
+
+SCRIPT = "<script>alert(1)</script>"
+LABELS = ["<pad>", "</s>", "<s>", SCRIPT, "a&b", '"q"', "$x_1$"]
+
+
+def test_markup_in_tokens_and_names_is_escaped(tmp_path):
+    target = make_tiny_target(LABELS, [[3, 4, 5, 6], [3, 6]], name=f"tiny {SCRIPT}",
+                              description=f"description with {SCRIPT} and <b>bold</b>")
+    out = tmp_path / "out <i>dir</i>"
+    path = write_report(target, out, quick=True, progress=False,
+                        command_line=["attnaudit", "report", f"x{SCRIPT}.py:make"])
+    text = path.read_text(encoding="utf-8")
+    assert SCRIPT not in text
+    assert "<b>bold</b>" not in text
+    assert html.escape(SCRIPT, quote=False) in text
+    page = read_page(path)
+    assert page.scripts == 0
+    assert list(page.sections) == list(ITEM_KEYS)
+    # The heatmap's alt text names the tokens: as text, the attribute holds the raw label.
+    heatmaps = [img for img in page.images if img["alt"].startswith("Heatmap")]
+    assert heatmaps and all(SCRIPT in img["alt"] for img in heatmaps)
+
+
+def test_leaking_mask_fails_the_validity_verdict(tmp_path):
+    target = make_tiny_target(LABELS, [[3, 4, 5, 6], [3, 6]], leak=True)
+    page = read_page(write_report(target, tmp_path, quick=True, progress=False))
+    assert page.verdicts["verdict-validity"] == "fail"
+    assert page.sections["eligibility"] == "fail"
+    assert page.sections["distributions"] == "fail"
