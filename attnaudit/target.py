@@ -11,7 +11,10 @@ audited without changing its code:
   predicts ``emitted[:, t]`` from ``emitted[:, :t]`` and the source, i.e. the model's own
   greedy output fed back — the default seq2seq protocol of METRICS.md;
 - ``source_embedding`` is the module whose first call in a forward pass embeds the source
-  (attributions hook that call only, so an embedding shared with the decoder is safe).
+  (attributions hook that call only, so an embedding shared with the decoder is safe);
+- optionally ``encode(batch)`` and ``decode(batch, encoded, emitted)``, the two halves of
+  ``teacher_forced``: interventions that edit only decoder-side attention then encode each
+  example once and re-run only the decoder for its many edited copies.
 
 Cross-attention keys are source positions: key ``j`` of a cross-attention row is
 ``batch.source_ids[:, j]``. Build a target from parts, with :func:`from_hf` for a local
@@ -116,6 +119,10 @@ class Seq2SeqTarget:
         expectations: expected-key sets to report region_mass / top_weight_hit for.
         seed: seed for every random draw in interventions.
         description: one paragraph for the report.
+        encode: optional, batch -> encoder state: a tensor, or a tuple/list/dict of them,
+            each with the batch on its first axis.
+        decode: optional, (batch, encoder state, emitted (B, T)) -> logits (B, T, V), equal
+            to ``teacher_forced(batch, emitted)`` when the state comes from ``encode(batch)``.
     """
 
     name: str
@@ -133,6 +140,8 @@ class Seq2SeqTarget:
     expectations: tuple[Expectation, ...] = ()
     seed: int = 0
     description: str = ""
+    encode: Callable[[Batch], Any] | None = None
+    decode: Callable[[Batch, Any, torch.Tensor], torch.Tensor] | None = None
 
     def step_mask(self, emitted: torch.Tensor) -> torch.Tensor:
         """Bool (B, T): steps up to and including the first ``eos_id``."""
@@ -163,6 +172,18 @@ class Seq2SeqTarget:
     def with_options(self, **changes: Any) -> Seq2SeqTarget:
         """A copy with some attributes changed."""
         return replace(self, **changes)
+
+
+def select_state(state: Any, index: torch.Tensor) -> Any:
+    """An encoder state (tensor, or tuple/list/dict of tensors with the batch first) at
+    ``index`` along the batch axis; anything else passes through unchanged."""
+    if isinstance(state, torch.Tensor):
+        return state[index.to(state.device)]
+    if isinstance(state, tuple | list):
+        return type(state)(select_state(part, index) for part in state)
+    if isinstance(state, dict):
+        return {key: select_state(part, index) for key, part in state.items()}
+    return state
 
 
 def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
@@ -212,11 +233,18 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
                              decoder_start_token_id=start, pad_token_id=pad, eos_token_id=eos)
         return out[:, 1:]
 
-    def teacher_forced(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
+    def encode(batch: Batch) -> torch.Tensor:
+        return model.get_encoder()(input_ids=batch.source_ids,
+                                   attention_mask=batch.source_mask.long()).last_hidden_state
+
+    def decode(batch: Batch, encoded: torch.Tensor, emitted: torch.Tensor) -> torch.Tensor:
         start_col = torch.full_like(emitted[:, :1], start)
         decoder_ids = torch.cat([start_col, emitted[:, :-1]], dim=1)
-        return model(input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
+        return model(encoder_outputs=(encoded,), attention_mask=batch.source_mask.long(),
                      decoder_input_ids=decoder_ids, use_cache=False).logits
+
+    def teacher_forced(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
+        return decode(batch, encode(batch), emitted)
 
     def tokens(ids: torch.Tensor) -> list[list[str]]:
         return [tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids]
@@ -236,6 +264,8 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
         eos_id=eos,
         special_ids=specials,
         description=f"{type(model).__name__} from {model_dir} ({len(sources)} sources)",
+        encode=encode,
+        decode=decode,
     )
 
 

@@ -35,6 +35,11 @@ def year_keys(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
     return keys
 
 
+def decoder_inputs(emitted: torch.Tensor) -> torch.Tensor:
+    """``<s>`` then the emitted ids but the last: (B, T) -> (B, T)."""
+    return torch.cat([torch.full_like(emitted[:, :1], BOS), emitted[:, :-1]], dim=1)
+
+
 def make_target(limit: int = AUDIT_SOURCES, batch_size: int = 100) -> Seq2SeqTarget:
     splits = make_splits()
     src_vocab, tgt_vocab = vocabularies(splits)
@@ -52,9 +57,21 @@ def make_target(limit: int = AUDIT_SOURCES, batch_size: int = 100) -> Seq2SeqTar
         return model.greedy(batch.source_ids, batch.inputs["lengths"], TARGET_STEPS)
 
     def teacher_forced(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
-        start = torch.full_like(emitted[:, :1], BOS)
-        tgt_in = torch.cat([start, emitted[:, :-1]], dim=1)
-        return model(batch.source_ids, batch.inputs["lengths"], tgt_in)
+        return model(batch.source_ids, batch.inputs["lengths"], decoder_inputs(emitted))
+
+    def encode(batch: Batch) -> tuple[torch.Tensor, ...]:
+        memory, valid, (h, c) = model.encode(batch.source_ids, batch.inputs["lengths"])
+        return memory, valid, h, c, model.key_proj(memory)
+
+    def decode(batch: Batch, encoded: tuple[torch.Tensor, ...],
+               emitted: torch.Tensor) -> torch.Tensor:
+        """The decoder half of ``model.forward``, from a cached encoder state."""
+        memory, valid, h, c, keys = encoded
+        state, logits = (h, c), []
+        for prev in decoder_inputs(emitted).unbind(1):
+            step_logits, state = model.step(prev, state, memory, keys, valid)
+            logits.append(step_logits)
+        return torch.stack(logits, dim=1)
 
     def source_tokens(batch: Batch) -> list[list[str]]:
         return [[src_vocab.itos[i] for i in row.tolist()] for row in batch.source_ids]
@@ -76,6 +93,8 @@ def make_target(limit: int = AUDIT_SOURCES, batch_size: int = 100) -> Seq2SeqTar
         kinds={"attend": "cross"},
         expectations=(Expectation("source year", year_keys, rows=YEAR_CHARS),),
         seed=SEED,
+        encode=encode,
+        decode=decode,
         description=(
             "LSTM encoder-decoder with additive (Bahdanau) cross-attention normalising "
             "free-form English dates to ISO 8601 (examples/date); audit data: the first "

@@ -1,0 +1,47 @@
+"""Interventions: edit attention inside the forward pass and measure what the output does."""
+
+from attnaudit.interventions.ablation import (
+    cumulative_summary,
+    cumulative_test,
+    uniform_test,
+    weight_gradients,
+    zeroing_flip_table,
+    zeroing_test,
+)
+from attnaudit.interventions.adversarial import adversarial_search
+from attnaudit.interventions.outputs import flip, jsd, tvd
+from attnaudit.interventions.permutation import permutation_summary, permutation_test
+from attnaudit.interventions.runner import (
+    InterventionError,
+    Reference,
+    Rows,
+    edited_probs,
+    reference,
+    run_items,
+)
+from attnaudit.interventions.suite import InterventionSuite, run_suite
+from attnaudit.interventions.values import value_replacement
+
+__all__ = [
+    "InterventionError",
+    "InterventionSuite",
+    "Reference",
+    "Rows",
+    "adversarial_search",
+    "cumulative_summary",
+    "cumulative_test",
+    "edited_probs",
+    "flip",
+    "jsd",
+    "permutation_summary",
+    "permutation_test",
+    "reference",
+    "run_items",
+    "run_suite",
+    "tvd",
+    "uniform_test",
+    "value_replacement",
+    "weight_gradients",
+    "zeroing_flip_table",
+    "zeroing_test",
+]

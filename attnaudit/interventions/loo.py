@@ -1,0 +1,91 @@
+"""Input leave-one-out: replace one source token, measure how the output moves (METRICS.md).
+
+Variant reported: *replacement*, not deletion. The token at source position ``j`` is
+replaced by the pad token (or a chosen id) and the position stays: ``source_mask`` and every
+other input (lengths, ...) are unchanged, so the sequence keeps its length and the other
+tokens their positions. Whatever the model derives from the ids themselves follows the
+replacement (the date LSTM computes its attention mask as ``ids != PAD``, so there a pad
+replacement also masks the key; a Hugging Face model, masked by ``source_mask``, reads the
+pad token as an ordinary token). The decoder is teacher-forced on the unmodified input's
+greedy output, and the importance of key ``j`` at step ``t`` is
+``tvd(p(. | y_<t, x), p(. | y_<t, x with x_j replaced))`` over the whole vocabulary.
+
+Every eligible (example, key) replacement is one folded sequence; one forward pass serves
+``chunk_size`` of them and gives every step at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from attnaudit.interventions.attribution import resolve_pad_id
+from attnaudit.interventions.outputs import tvd
+from attnaudit.interventions.runner import DEFAULT_CHUNK, InterventionError, progress_bar
+from attnaudit.target import Batch, Seq2SeqTarget
+
+
+def replacement_id(target: Seq2SeqTarget, batch: Batch, replace_with: str | int,
+                   pad_id: int | None = None) -> int:
+    """The token id that replaces each left-out token: the pad id for ``"pad"``, else the
+    given id (checked against the source embedding's vocabulary when it has one)."""
+    if isinstance(replace_with, str):
+        if replace_with != "pad":
+            raise ValueError(f'replace_with must be "pad" or a token id, got {replace_with!r}')
+        return resolve_pad_id(target, batch, pad_id)
+    if isinstance(replace_with, bool) or not isinstance(replace_with, int):
+        raise TypeError(f'replace_with must be "pad" or an int token id, got '
+                        f"{type(replace_with).__name__}")
+    vocab = getattr(target.source_embedding, "num_embeddings", None)
+    if replace_with < 0 or (vocab is not None and replace_with >= vocab):
+        raise ValueError(f"replacement token id {replace_with} is outside the source "
+                         f"vocabulary (0..{vocab - 1 if vocab is not None else '?'})")
+    return replace_with
+
+
+def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
+                  replace_with: str | int = "pad", *, pad_id: int | None = None,
+                  chunk_size: int = DEFAULT_CHUNK, reference_probs: torch.Tensor | None = None,
+                  progress: bool = False) -> torch.Tensor:
+    """Leave-one-out importance (B, T, n) in TVD units, [0, 1].
+
+    Args:
+        target: the audit target (reads the source from ``batch.source_ids``).
+        batch: B sources. emitted: (B, T) long, the model's greedy output.
+        replace_with: ``"pad"`` or a token id put in place of each left-out token.
+        pad_id: the pad token for ``"pad"``; by default found as :func:`resolve_pad_id` does.
+        chunk_size: folded sequences per forward pass.
+        reference_probs: (B, T, V) teacher-forced probabilities of the unmodified batch,
+            when the caller already has them.
+        progress: show a progress bar over the replaced sequences.
+
+    Returns 0 for keys that are not eligible (``target.explain_keys``) and for steps after the
+    first end-of-sequence (``target.step_mask``).
+    """
+    if emitted.ndim != 2 or emitted.shape[0] != len(batch) or emitted.dtype != torch.long:
+        raise ValueError(f"emitted must be long ids (B={len(batch)}, T), got "
+                         f"{emitted.dtype} {tuple(emitted.shape)}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    token = replacement_id(target, batch, replace_with, pad_id)
+    with torch.no_grad():
+        if reference_probs is None:
+            reference_probs = torch.softmax(target.teacher_forced(batch, emitted).float(), -1)
+        n_examples, n_steps = emitted.shape
+        if reference_probs.shape[:2] != (n_examples, n_steps):
+            raise InterventionError(f"reference_probs has shape {tuple(reference_probs.shape)}, "
+                                    f"expected ({n_examples}, {n_steps}, V)")
+        example, key = target.explain_keys(batch).nonzero(as_tuple=True)
+        importance = torch.zeros(n_examples, n_steps, batch.source_ids.shape[1])
+        with progress_bar(len(example), "leave-one-out", progress) as bar:
+            for at in range(0, len(example), chunk_size):
+                rows, keys = example[at : at + chunk_size], key[at : at + chunk_size]
+                folded = batch.select(rows)
+                ids = folded.source_ids.clone()
+                ids[torch.arange(len(rows)), keys] = token
+                logits = target.teacher_forced(replace(folded, source_ids=ids), emitted[rows])
+                probs = torch.softmax(logits.float(), -1)
+                importance[rows, :, keys] = tvd(probs, reference_probs[rows].float())
+                bar.update(len(rows))
+    return importance * target.step_mask(emitted)[:, :, None]

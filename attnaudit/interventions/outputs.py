@@ -1,0 +1,43 @@
+"""How much an output distribution changed: TVD, JSD and argmax flips (METRICS.md).
+
+Every function takes probability tensors ``p`` and ``q`` of shape ``(..., V)`` (the last
+axis is the output vocabulary) and returns one value per leading index, shape ``(...)``.
+Natural logarithms; distributions are smoothed with ``EPS`` before a log.
+"""
+
+from __future__ import annotations
+
+import torch
+
+EPS = 1e-10
+
+
+def _check(p: torch.Tensor, q: torch.Tensor) -> None:
+    if p.shape != q.shape:
+        raise ValueError(f"output distributions differ in shape: {tuple(p.shape)} vs "
+                         f"{tuple(q.shape)}")
+    if p.ndim == 0:
+        raise ValueError("output distributions need a vocabulary axis (..., V)")
+
+
+def tvd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Total variation distance 1/2 * sum |p - q|, in [0, 1]."""
+    _check(p, q)
+    return 0.5 * (p - q).abs().sum(-1)
+
+
+def _kl(p: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return (p * (torch.log(p + EPS) - torch.log(m + EPS))).sum(-1)
+
+
+def jsd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Jensen-Shannon divergence 1/2 KL(p||m) + 1/2 KL(q||m), m = (p + q) / 2; in [0, ln 2]."""
+    _check(p, q)
+    m = 0.5 * (p + q)
+    return (0.5 * _kl(p, m) + 0.5 * _kl(q, m)).clamp_min(0.0)
+
+
+def flip(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Bool: the argmax of the output distribution changed."""
+    _check(p, q)
+    return p.argmax(-1) != q.argmax(-1)

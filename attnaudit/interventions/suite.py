@@ -1,0 +1,261 @@
+"""The whole intervention and attribution suite on one target, as tidy tables.
+
+Variant reported (METRICS.md): the seq2seq protocol — teacher-force the model's own greedy
+output and intervene at one target step at a time, at every cross-attention site at once
+(``sites=`` narrows it); keys are source positions; special source tokens and padding are
+not eligible and keep their weight in place. "Attention" as one key-level distribution is
+the mean over the edited sites and heads. Permutation, uniform, single zeroing and value
+replacement run on every row; the cumulative removal test and the adversarial search run
+on seeded subsets of examples (stated in ``InterventionSuite.metadata``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from attnaudit.interventions.ablation import (
+    cumulative_summary,
+    cumulative_test,
+    uniform_test,
+    zeroing_flip_table,
+    zeroing_test,
+)
+from attnaudit.interventions.adversarial import EPS_SEQ2SEQ, adversarial_search
+from attnaudit.interventions.agreement import agreement, beside_reference, summarise_agreement
+from attnaudit.interventions.attribution import METHODS, attribute
+from attnaudit.interventions.loo import leave_one_out
+from attnaudit.interventions.permutation import (
+    N_PERMUTATIONS,
+    SMALL_TVD,
+    permutation_summary,
+    permutation_test,
+)
+from attnaudit.interventions.runner import Reference, Rows, reference
+from attnaudit.interventions.values import value_replacement
+from attnaudit.target import Batch, Seq2SeqTarget
+
+CUMULATIVE_EXAMPLES = 50
+ADVERSARIAL_EXAMPLES = 2
+ROW_KEYS = ["example", "step", "n_valid", "max_attention"]
+
+
+@dataclass
+class InterventionSuite:
+    """Tables (METRICS.md names) keyed by name, and what was run on what."""
+
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    metadata: dict[str, object] = field(default_factory=dict)
+
+    def write_csv(self, out: str | Path) -> list[Path]:
+        """Write each table as ``<name>.csv`` under ``out``; return the paths."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for name, table in self.tables.items():
+            path = out / f"{name}.csv"
+            table.to_csv(path, index=False)
+            paths.append(path)
+        return paths
+
+
+def seeded_examples(n_examples: int, count: int, seed: int) -> set[int]:
+    """``count`` global example indices out of ``n_examples``, drawn with ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return set(torch.randperm(n_examples, generator=gen)[:count].tolist())
+
+
+def _subset(ref: Reference, rows: Rows, chosen: set[int]) -> Rows:
+    keep = torch.tensor([ref.first_example + int(e) in chosen for e in rows.example],
+                        dtype=torch.bool)
+    return rows.select(keep.nonzero().squeeze(1))
+
+
+def _per_batch(parts: dict[str, list[pd.DataFrame]], name: str, frame: pd.DataFrame) -> None:
+    parts.setdefault(name, []).append(frame)
+
+
+def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None = None,
+              progress: bool = True, sites: Sequence[str] | None = None,
+              n_permutations: int = N_PERMUTATIONS,
+              cumulative_examples: int = CUMULATIVE_EXAMPLES,
+              adversarial_examples: int = ADVERSARIAL_EXAMPLES) -> InterventionSuite:
+    """Run every intervention, attribution and agreement statistic on ``target``'s data.
+
+    quick skips the adversarial search and integrated gradients. limit: first N examples.
+    sites: edited sites (default every cross-attention site).
+    """
+    batches = list(target.iter_batches(limit))
+    n_examples = sum(len(b) for b in batches)
+    if n_examples == 0:
+        raise ValueError("the target yielded no examples")
+    cumulative_set = seeded_examples(n_examples, cumulative_examples, target.seed)
+    adversarial_set = set() if quick else seeded_examples(n_examples, adversarial_examples,
+                                                          target.seed + 1)
+    methods = tuple(m for m in METHODS if not (quick and m == "integrated_gradients"))
+    parts: dict[str, list[pd.DataFrame]] = {}
+    first = 0
+    ref = None
+    for batch in batches:
+        ref = reference(target, batch, sites=sites, first_example=first)
+        _run_batch(target, ref, batch, parts, methods, n_permutations, cumulative_set,
+                   adversarial_set, progress)
+        first += len(batch)
+    assert ref is not None
+    tables = _assemble(parts)
+    tables["summary"] = _summary(tables)
+    return InterventionSuite(tables, {
+        "target": target.name,
+        "examples": n_examples,
+        "rows": len(tables["rows"]),
+        "sites": list(ref.sites),
+        "heads": ref.heads,
+        "seed": target.seed,
+        "protocol": "teacher-forced greedy output; one target step edited at a time; "
+                    "all listed sites edited together; special and padding keys in place",
+        "attention": "mean over the edited sites and heads (max_attention, top key, orders)",
+        "n_permutations": n_permutations,
+        "cumulative_examples": sorted(cumulative_set),
+        "adversarial_examples": sorted(adversarial_set),
+        "adversarial_eps": EPS_SEQ2SEQ,
+        "attribution_methods": list(methods),
+        "quick": quick,
+    })
+
+
+def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
+               parts: dict[str, list[pd.DataFrame]], methods: tuple[str, ...],
+               n_permutations: int, cumulative_set: set[int], adversarial_set: set[int],
+               progress: bool) -> None:
+    rows = ref.rows()
+    run: dict[str, Callable[[], pd.DataFrame]] = {
+        "permutation": lambda: permutation_test(target, ref, rows, n_permutations=n_permutations,
+                                                progress=progress),
+        "uniform": lambda: uniform_test(target, ref, rows, progress=progress),
+        "zeroing": lambda: zeroing_test(target, ref, rows, progress=progress),
+    }
+    for name, fn in run.items():
+        _per_batch(parts, name, fn())
+    values, controls = value_replacement(target, ref, rows, progress=progress)
+    _per_batch(parts, "values", values)
+    _per_batch(parts, "value_controls", controls)
+    chosen = _subset(ref, rows, cumulative_set)
+    if len(chosen):
+        _per_batch(parts, "cumulative", cumulative_test(target, ref, chosen, progress=progress))
+    chosen = _subset(ref, rows, adversarial_set)
+    if len(chosen):
+        per_row, per_candidate = adversarial_search(target, ref, chosen, progress=progress)
+        _per_batch(parts, "adversarial", per_row)
+        _per_batch(parts, "adversarial_candidates", per_candidate)
+    found = attribute(target, batch, ref.emitted, methods, progress=progress)
+    loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
+                        progress=progress)
+    importances = {"attention": ref.attention, **found.importance, "loo": loo}
+    rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
+    rows_agree["example"] += ref.first_example
+    _per_batch(parts, "agreement", rows_agree)
+    if found.convergence_delta is not None:
+        delta = found.delta_frame()
+        delta["example"] += ref.first_example
+        _per_batch(parts, "attribution_delta", delta)
+
+
+def _assemble(parts: dict[str, list[pd.DataFrame]]) -> dict[str, pd.DataFrame]:
+    joined = {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
+    rows = joined.pop("permutation")
+    for name in ("uniform", "zeroing", "values"):
+        rows = rows.merge(joined.pop(name), on=ROW_KEYS, how="left")
+    tables = {"rows": rows, "permutation_bins": permutation_summary(rows),
+              "zeroing_flips": zeroing_flip_table(rows.dropna(subset=["zero_top_flip"]))}
+    controls = joined.pop("value_controls")
+    tables["value_controls"] = _merge_controls(controls, rows)
+    if "cumulative" in joined:
+        tables["cumulative"] = joined.pop("cumulative")
+        tables["cumulative_summary"] = cumulative_summary(tables["cumulative"])
+    tables.update(joined)
+    tables["agreement_summary"] = summarise_agreement(tables["agreement"])
+    return tables
+
+
+def _merge_controls(controls: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per control over all batches (per-batch status rows re-aggregated)."""
+    out = []
+    for control, group in controls.groupby("control", sort=False):
+        first = group.iloc[0]
+        ran = first["status"] == "run"
+        out.append({"control": control, "status": first["status"], "reason": first["reason"],
+                    "n": int(group["n"].sum()),
+                    "tvd_mean": rows[f"value_{control}_tvd"].mean() if ran else float("nan"),
+                    "flip_rate": rows[f"value_{control}_flip"].mean() if ran else float("nan")})
+    return pd.DataFrame(out)
+
+
+def _example_mean(rows: pd.DataFrame, column: str) -> float:
+    """Mean over steps within each example, then over examples (METRICS.md)."""
+    return float(rows.dropna(subset=[column]).groupby("example")[column].mean().mean())
+
+
+def _summary(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Scalar results: metric, value, n (rows counted), variant."""
+    rows = tables["rows"]
+    out = [
+        ("perm_median_tvd", rows["perm_median_tvd"].median(), len(rows),
+         "median over rows of the per-row median over permutations"),
+        ("perm_small_tvd_share", (rows["perm_median_tvd"] < SMALL_TVD).mean(), len(rows),
+         f"share of rows with perm_median_tvd < {SMALL_TVD}"),
+        ("perm_flip_rate", rows["perm_flip_rate"].mean(), len(rows),
+         "token flip rate over rows and permutations"),
+    ]
+    for prefix in ("uniform", "zero_top", "zero_random", "value_zero", "value_mean"):
+        part = rows.dropna(subset=[f"{prefix}_tvd"])
+        out.append((f"{prefix}_tvd", _example_mean(part, f"{prefix}_tvd"), len(part),
+                    "mean over steps, then over examples"))
+        out.append((f"{prefix}_flip", part[f"{prefix}_flip"].astype(bool).mean(), len(part),
+                    "token flip rate"))
+    if "adversarial" in tables:
+        adv = tables["adversarial"]
+        out.append(("eps_max_jsd", adv["eps_max_jsd"].mean(), len(adv),
+                    f"mean over rows of the adversarial subset, eps = {EPS_SEQ2SEQ}"))
+    if "attribution_delta" in tables:
+        delta = tables["attribution_delta"]["convergence_delta"].abs()
+        out.append(("convergence_delta_abs", delta.mean(), len(delta),
+                    "integrated gradients, mean |delta| in probability units"))
+    return pd.DataFrame(out, columns=["metric", "value", "n", "variant"])
+
+
+def intervene_command(args: argparse.Namespace) -> int:
+    """``attnaudit intervene``: run the suite, print its summaries, write CSVs to --out."""
+    from attnaudit.cli import load_cli_target
+
+    target = load_cli_target(args)
+    suite = run_suite(target, quick=args.quick, limit=args.limit, progress=True)
+    print_suite(suite)
+    if args.out:
+        paths = suite.write_csv(args.out)
+        print(f"\nwrote {len(paths)} tables to {args.out}")
+    return 0
+
+
+def print_suite(suite: InterventionSuite) -> None:
+    """The summary tables, with the Jain & Wallace reference values beside ours."""
+    meta = suite.metadata
+    print(f"target {meta['target']}: {meta['examples']} examples, {meta['rows']} rows; "
+          f"edited sites {meta['sites']}; seed {meta['seed']}")
+    print(f"variant: {meta['protocol']}; attention = {meta['attention']}")
+    print(f"cumulative test on {len(meta['cumulative_examples'])} seeded examples; adversarial "
+          f"search on {len(meta['adversarial_examples'])} seeded examples "
+          f"{meta['adversarial_examples']}")
+    with pd.option_context("display.width", 140, "display.max_columns", 20,
+                           "display.max_colwidth", 60):
+        for name in ("summary", "permutation_bins", "zeroing_flips", "cumulative_summary",
+                     "value_controls", "agreement_summary"):
+            if name in suite.tables:
+                print(f"\n{name}\n{suite.tables[name].to_string(index=False)}")
+        reference = beside_reference(suite.tables["agreement_summary"], meta["target"])
+        print("\nagreement beside Jain & Wallace (2019) reference values (mean Kendall tau)\n"
+              + reference.to_string(index=False))

@@ -1,0 +1,89 @@
+"""Intervention speed: permutations folded into the batch vs one forward per permutation,
+and the whole date intervention suite, measured in one run.
+
+    python benchmarks/intervention_speed.py [--examples 400] [--sample 8] [--no-suite]
+
+1. The permutation test (100 permutations) on the date model's audit examples, batched
+   (rows x permutations folded into chunks of forward passes), against the unbatched loop
+   of one forward pass per (example, permutation) — that forward holds the example's
+   steps, each edited at its own step. The loop is timed on ``--sample`` examples and
+   scaled to all examples (it is linear in them); the batched run covers all examples.
+2. The whole suite (``run_suite``, integrated gradients and the adversarial subset
+   included) on the same examples; target <= 180 s on 2 cores.
+
+Prints times and ratios (target speed-up >= 10x). The machine may be shared, so only the
+side-by-side ratio is meaningful.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from attnaudit.interventions.permutation import _PermutationEdit, permutation_test
+from attnaudit.interventions.runner import edited_probs, reference
+from attnaudit.interventions.suite import run_suite
+from examples.date.target import make_target
+
+PERMUTATIONS = 100
+
+
+def batched(target, refs) -> float:
+    start = time.perf_counter()
+    for ref in refs:
+        permutation_test(target, ref, n_permutations=PERMUTATIONS)
+    return time.perf_counter() - start
+
+
+def one_forward_per_permutation(target, ref, examples: list[int]) -> float:
+    """The unbatched loop on ``examples`` (local indices of ``ref``)."""
+    rows = ref.rows()
+    edit = _PermutationEdit(ref, rows, PERMUTATIONS)
+    start = time.perf_counter()
+    with torch.no_grad():
+        for ex in examples:
+            mine = (rows.example == ex).nonzero().squeeze(1)
+            for r in range(PERMUTATIONS):
+                edited_probs(target, ref, rows.example[mine], rows.step[mine], edit,
+                             mine * PERMUTATIONS + r)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=400)
+    parser.add_argument("--sample", type=int, default=8,
+                        help="examples the unbatched loop is timed on")
+    parser.add_argument("--no-suite", action="store_true", help="skip the whole-suite timing")
+    args = parser.parse_args()
+    target = make_target(limit=args.examples)
+    refs, first = [], 0
+    for batch in target.iter_batches():
+        refs.append(reference(target, batch, first_example=first))
+        first += len(batch)
+    n_rows = sum(len(r.rows()) for r in refs)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {first} examples, "
+          f"{n_rows} rows, {PERMUTATIONS} permutations")
+    loop = one_forward_per_permutation(target, refs[0], list(range(args.sample)))
+    loop_all = loop * first / args.sample
+    fold = batched(target, refs)
+    print(f"one forward per (example, permutation): {loop:.2f} s on {args.sample} examples "
+          f"-> {loop_all:.1f} s scaled to {first}")
+    print(f"batched (folded):                       {fold:.1f} s")
+    print(f"speed-up: {loop_all / fold:.1f}x (target >= 10x)")
+    if not args.no_suite:
+        start = time.perf_counter()
+        suite = run_suite(target, progress=False)
+        wall = time.perf_counter() - start
+        print(f"whole suite (IG and adversarial subset included): {wall:.1f} s for "
+              f"{suite.metadata['examples']} examples (target <= 180 s)")
+
+
+if __name__ == "__main__":
+    main()
