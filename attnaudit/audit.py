@@ -750,6 +750,18 @@ def _all_masked_behaviour(all_masked: int, counts: dict[str, int]) -> str:
     return ", ".join(f"{label} ({n} rows)" for label, n in parts)
 
 
+def _tolerance_finding(site: str, check: str, bad: int, total: int, largest: float,
+                       tolerance: float, failing: str, quantity: str) -> Finding:
+    """A finding for a per-row quantity held to a tolerance: ``bad`` of ``total`` rows over."""
+    worst = _finite_or_none(largest)
+    if bad:
+        detail = (f"{bad} of {total} rows {failing.format(tol=tolerance)} "
+                  f"(largest {worst:.3g})")
+    else:
+        detail = f"{quantity} at most {_fmt(worst)} (tolerance {tolerance:g})"
+    return Finding(site, check, "fail" if bad else "pass", bad, detail, worst)
+
+
 def site_findings(site_summary: pd.DataFrame, sites: pd.DataFrame | None,
                   max_masked_mass: float, row_sum_tolerance: float) -> list[Finding]:
     """The gate checks (non_finite, masked_mass, row_sum, all_masked_nan: pass/fail) and the
@@ -768,21 +780,12 @@ def site_findings(site_summary: pd.DataFrame, sites: pd.DataFrame | None,
             site, "non_finite", "fail" if bad else "pass", bad,
             f"{bad} of {total} rows have NaN or inf weights" if bad
             else f"all {total} rows finite"))
-        bad = int(s.masked_rows)
-        worst = _finite_or_none(s.masked_mass_max)
-        findings.append(Finding(
-            site, "masked_mass", "fail" if bad else "pass", bad,
-            (f"{bad} of {total} rows put more than {max_masked_mass:g} on ineligible keys "
-             f"(largest {worst:.3g})") if bad
-            else f"masked mass at most {_fmt(worst)} (tolerance {max_masked_mass:g})", worst))
-        bad = int(s.row_sum_rows)
-        worst = _finite_or_none(s.row_sum_error_max)
-        findings.append(Finding(
-            site, "row_sum", "fail" if bad else "pass", bad,
-            (f"{bad} of {total} rows have |sum - 1| above {row_sum_tolerance:g} "
-             f"(largest {worst:.3g})") if bad
-            else f"|row sum - 1| at most {_fmt(worst)} (tolerance {row_sum_tolerance:g})",
-            worst))
+        findings.append(_tolerance_finding(
+            site, "masked_mass", int(s.masked_rows), total, s.masked_mass_max,
+            max_masked_mass, "put more than {tol:g} on ineligible keys", "masked mass"))
+        findings.append(_tolerance_finding(
+            site, "row_sum", int(s.row_sum_rows), total, s.row_sum_error_max,
+            row_sum_tolerance, "have |sum - 1| above {tol:g}", "|row sum - 1|"))
         bad = int(s.all_masked_nan)
         findings.append(Finding(
             site, "all_masked_nan", "fail" if bad else "pass", bad,

@@ -10,6 +10,7 @@ import attnaudit
 PUBLIC = {
     "AttentionCall", "AttentionRecord", "AttnauditError", "Capture", "CaptureError", "Edit",
     "EditError", "NoAttentionFound", "Site", "SiteNotFound", "capture", "tap",
+    "Batch", "Expectation", "Seq2SeqTarget", "TargetError", "from_hf", "load_target",
 }
 
 

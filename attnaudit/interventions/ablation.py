@@ -29,6 +29,7 @@ from attnaudit.interventions.runner import (
     spread_over_eligible,
     stacked_rows,
 )
+from attnaudit.target import Seq2SeqTarget
 
 RANDOM_DRAWS = 5
 ORDERS = ("attention", "random", "gradient", "attention_x_gradient")
@@ -60,7 +61,7 @@ def _compare(prefix: str, before: torch.Tensor, after: torch.Tensor) -> dict[str
             f"{prefix}_flip": flip(before, after).numpy()}
 
 
-def uniform_test(target, ref: Reference, rows: Rows | None = None, *,
+def uniform_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
                  chunk_size: int = DEFAULT_CHUNK, progress: bool = False) -> pd.DataFrame:
     """Per row: ``uniform_tvd``, ``uniform_jsd``, ``uniform_flip`` (weights = 1/n_valid)."""
     rows = ref.rows() if rows is None else rows
@@ -87,7 +88,7 @@ def random_other_key(ref: Reference, rows: Rows, top: torch.Tensor) -> torch.Ten
     return torch.tensor(picks, dtype=torch.long)
 
 
-def zeroing_test(target, ref: Reference, rows: Rows | None = None, *,
+def zeroing_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
                  chunk_size: int = DEFAULT_CHUNK, progress: bool = False) -> pd.DataFrame:
     """Single zeroing test: the top key vs a random non-top eligible key, per row.
 
@@ -130,7 +131,7 @@ def zeroing_flip_table(per_row: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(cells)
 
 
-def weight_gradients(target, ref: Reference, rows: Rows, *,
+def weight_gradients(target: Seq2SeqTarget, ref: Reference, rows: Rows, *,
                      chunk_size: int = DEFAULT_CHUNK) -> torch.Tensor:
     """d p(yhat_t) / d alpha: (N, S*H, n), the gradient of the predicted token's probability
     at step t with respect to each selected site's weights at step t (model unchanged)."""
@@ -162,7 +163,8 @@ def weight_gradients(target, ref: Reference, rows: Rows, *,
     return grads
 
 
-def removal_orders(target, ref: Reference, rows: Rows, *, random_draws: int = RANDOM_DRAWS,
+def removal_orders(target: Seq2SeqTarget, ref: Reference, rows: Rows, *,
+                   random_draws: int = RANDOM_DRAWS,
                    chunk_size: int = DEFAULT_CHUNK) -> dict[str, torch.Tensor]:
     """Order name -> key scores (N, n); keys are removed from the highest score down.
 
@@ -183,7 +185,7 @@ def removal_orders(target, ref: Reference, rows: Rows, *, random_draws: int = RA
     return scores
 
 
-def cumulative_test(target, ref: Reference, rows: Rows | None = None, *,
+def cumulative_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
                     random_draws: int = RANDOM_DRAWS, chunk_size: int = DEFAULT_CHUNK,
                     progress: bool = False) -> pd.DataFrame:
     """Remove keys in each order until the argmax flips (at most n_valid - 1 keys).

@@ -33,6 +33,7 @@ from attnaudit.interventions.runner import (
     spread_over_eligible,
     stacked_rows,
 )
+from attnaudit.target import Seq2SeqTarget
 
 CANDIDATES = 5
 STEPS = 500
@@ -66,7 +67,7 @@ def _pairwise_jsd(a: torch.Tensor) -> torch.Tensor:
     return jsd(a[:, i], a[:, j]).mean(-1).mean(-1)
 
 
-def adversarial_search(target, ref: Reference, rows: Rows | None = None, *,
+def adversarial_search(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
                        candidates: int = CANDIDATES, steps: int = STEPS,
                        learning_rate: float = LEARNING_RATE, penalty: float = PENALTY,
                        eps: float = EPS_SEQ2SEQ, chunk_size: int = DEFAULT_CHUNK,
@@ -102,7 +103,7 @@ def adversarial_search(target, ref: Reference, rows: Rows | None = None, *,
     return per_row, per_candidate
 
 
-def _search_chunk(target, ref: Reference, rows: Rows, k: int, steps: int, lr: float,
+def _search_chunk(target: Seq2SeqTarget, ref: Reference, rows: Rows, k: int, steps: int, lr: float,
                   penalty: float, eps: float, bar) -> tuple[torch.Tensor, torch.Tensor]:
     """Optimise one chunk of rows; return final JSD to the original and output TVD (N, K)."""
     n_rows = len(rows)

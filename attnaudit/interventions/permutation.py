@@ -22,6 +22,7 @@ from attnaudit.interventions.runner import (
     run_items,
     site_head_rows,
 )
+from attnaudit.target import Seq2SeqTarget
 
 N_PERMUTATIONS = 100
 SMALL_TVD = 0.05
@@ -69,7 +70,7 @@ class _PermutationEdit:
         return old.gather(-1, perms[which, items % self.n])
 
 
-def permutation_test(target, ref: Reference, rows: Rows | None = None, *,
+def permutation_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
                      n_permutations: int = N_PERMUTATIONS, chunk_size: int = DEFAULT_CHUNK,
                      progress: bool = False) -> pd.DataFrame:
     """Per row: ``perm_median_tvd``, ``perm_median_jsd``, ``perm_flip_rate``, ``max_attention``.

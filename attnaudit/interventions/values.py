@@ -27,6 +27,7 @@ from attnaudit.interventions.runner import (
     row_probs,
     run_items,
 )
+from attnaudit.target import Seq2SeqTarget
 
 CONTROLS = ("zero", "mean", "other_example")
 NOT_REACHABLE = ("capture edits replace weights, not value vectors; another example's value "
@@ -46,7 +47,7 @@ def mean_value(old: torch.Tensor, top: torch.Tensor, eligible: torch.Tensor) -> 
     return zero_value(old, top, eligible) + w_top * share
 
 
-def value_replacement(target, ref: Reference, rows: Rows | None = None, *,
+def value_replacement(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
                       chunk_size: int = DEFAULT_CHUNK,
                       progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per row: value_{zero,mean}_{tvd,jsd,flip}; and one status row per control.
