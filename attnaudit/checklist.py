@@ -566,10 +566,27 @@ def _interventions(suite: Any) -> ItemResult:
         "Weights, values and inputs were intervened on and the output distribution compared.",
         measured=["Teacher-forced on the model's own greedy output; each intervention edits "
                   "the attention inside the forward pass and compares the per-step output "
-                  "distribution with the unedited one (TVD, JSD, argmax flips)."],
+                  "distribution with the unedited one (TVD, JSD, argmax flips).",
+                  *_suite_settings(getattr(suite, "metadata", {}))],
         observations=observations,
         evidence=evidence,
     )
+
+
+def _suite_settings(metadata: Mapping[str, Any]) -> list[str]:
+    """The suite's variant and subsets, as lines for the report."""
+    lines = []
+    if "protocol" in metadata:
+        lines.append(f"Variant: {metadata['protocol']}; attention = {metadata['attention']}.")
+    if "n_permutations" in metadata:
+        lines.append(f"Edited sites: {', '.join(map(str, metadata.get('sites', [])))}; "
+                     f"{metadata['n_permutations']} permutations per row; cumulative removal "
+                     f"on {len(metadata.get('cumulative_examples', []))} seeded examples; "
+                     f"adversarial search on {len(metadata.get('adversarial_examples', []))} "
+                     f"seeded examples; attributions: "
+                     f"{', '.join(metadata.get('attribution_methods', []))}"
+                     f"{' (--quick)' if metadata.get('quick') else ''}.")
+    return lines
 
 
 SMALL_TVD = 0.05  # METRICS.md: the share of rows whose median permutation TVD is below this
@@ -658,11 +675,19 @@ def _intervention_lines(tables: Mapping[str, pd.DataFrame]) -> list[tuple[str, s
     return lines
 
 
+# Mean eps-max JSD (of at most ln 2) from which the adversarial search counts as having
+# found very different weights with the same output: the weights are then not the only
+# allocation the output supports, so they cannot pass as its explanation.
+ADVERSARIAL_DIFFERENT = 0.1
+
+
 def explanation_status(tables: Mapping[str, pd.DataFrame]) -> str:
     """pass: outputs depend on which keys the weights select (permutation changes most rows,
-    and zeroing the top key flips more often than a random one); fail: permutation leaves
-    nearly every row unchanged and uniform weights flip almost nothing; warn: in between or
-    no recognised result; not recorded: no table."""
+    zeroing the top key flips more often than a random one) and, when the adversarial search
+    ran, it found no very different weights (mean eps-max JSD below
+    ``ADVERSARIAL_DIFFERENT``) that keep the output; fail: permutation leaves nearly every
+    row unchanged and uniform weights flip almost nothing; warn: in between or no
+    recognised result; not recorded: no table."""
     if not tables:
         return NOT_RECORDED
     perm = find_table(tables, ("max_attention", "perm_median_tvd"))
@@ -675,7 +700,10 @@ def explanation_status(tables: Mapping[str, pd.DataFrame]) -> str:
     uniform = find_table(tables, ("uniform_flip",))
     uniform_flips = 1.0 if uniform is None or not len(uniform) else _rate(
         uniform["uniform_flip"])
-    if insensitive < 0.5 and top_matters:
+    adversarial = find_table(tables, ("eps_max_jsd",))
+    unique = adversarial is None or not len(adversarial) or (
+        float(adversarial["eps_max_jsd"].mean()) < ADVERSARIAL_DIFFERENT)
+    if insensitive < 0.5 and top_matters and unique:
         return PASS
     if insensitive >= 0.9 and uniform_flips < SMALL_TVD:
         return FAIL

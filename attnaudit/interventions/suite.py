@@ -41,6 +41,7 @@ from attnaudit.interventions.values import value_replacement
 from attnaudit.target import Batch, Seq2SeqTarget
 
 CUMULATIVE_EXAMPLES = 50
+QUICK_PERMUTATIONS = 20
 ADVERSARIAL_EXAMPLES = 2
 ROW_KEYS = ["example", "step", "n_valid", "max_attention"]
 
@@ -82,14 +83,18 @@ def _per_batch(parts: dict[str, list[pd.DataFrame]], name: str, frame: pd.DataFr
 
 def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None = None,
               progress: bool = True, sites: Sequence[str] | None = None,
-              n_permutations: int = N_PERMUTATIONS,
+              n_permutations: int | None = None,
               cumulative_examples: int = CUMULATIVE_EXAMPLES,
               adversarial_examples: int = ADVERSARIAL_EXAMPLES) -> InterventionSuite:
     """Run every intervention, attribution and agreement statistic on ``target``'s data.
 
-    quick skips the adversarial search and integrated gradients. limit: first N examples.
-    sites: edited sites (default every cross-attention site).
+    quick skips the adversarial search and integrated gradients and draws
+    ``QUICK_PERMUTATIONS`` permutations per row instead of 100 (unless ``n_permutations``
+    is given). limit: first N examples. sites: edited sites (default every cross-attention
+    site).
     """
+    if n_permutations is None:
+        n_permutations = QUICK_PERMUTATIONS if quick else N_PERMUTATIONS
     batches = list(target.iter_batches(limit))
     n_examples = sum(len(b) for b in batches)
     if n_examples == 0:
@@ -249,7 +254,7 @@ def print_suite(suite: InterventionSuite) -> None:
     print(f"variant: {meta['protocol']}; attention = {meta['attention']}")
     print(f"cumulative test on {len(meta['cumulative_examples'])} seeded examples; adversarial "
           f"search on {len(meta['adversarial_examples'])} seeded examples "
-          f"{meta['adversarial_examples']}")
+          f"{meta['adversarial_examples']}; {meta['n_permutations']} permutations per row")
     with pd.option_context("display.width", 140, "display.max_columns", 20,
                            "display.max_colwidth", 60):
         for name in ("summary", "permutation_bins", "zeroing_flips", "cumulative_summary",

@@ -32,7 +32,7 @@ def _perm(tvds, max_attention=0.9):
                          "perm_median_tvd": tvds})
 
 
-def testexplanation_status_from_intervention_tables():
+def test_explanation_status_from_intervention_tables():
     assert explanation_status({}) == NOT_RECORDED
     assert explanation_status({"other": pd.DataFrame({"x": [1]})}) == WARN
     insensitive = _perm([0.0, 0.01, 0.02, 0.0])
@@ -44,6 +44,12 @@ def testexplanation_status_from_intervention_tables():
     assert explanation_status({"p": sensitive, "z": top_matters}) == PASS
     top_no_better = top_matters.assign(zero_random_flip=[True, True, False, True])
     assert explanation_status({"p": sensitive, "z": top_no_better}) == WARN
+    same_output_other_weights = pd.DataFrame({"eps_max_jsd": [0.5, 0.6]})
+    assert explanation_status({"p": sensitive, "z": top_matters,
+                               "a": same_output_other_weights}) == WARN
+    no_alternative_found = pd.DataFrame({"eps_max_jsd": [0.0, 0.05]})
+    assert explanation_status({"p": sensitive, "z": top_matters,
+                               "a": no_alternative_found}) == PASS
 
 
 def test_parameter_table_reports_tied_tensors():
@@ -88,7 +94,9 @@ def test_intervention_tables_become_observations_and_figures():
     checklist = build_checklist(nn.Linear(1, 1), None, SimpleNamespace(tables=tables),
                                 audit_reason="not run in this test")
     item = checklist.item("interventions")
-    assert item.status == PASS  # 3 of 4 rows change by TVD >= 0.05; top flips 100 % vs 50 %
+    # 3 of 4 rows change by TVD >= 0.05 and the top key flips 100 % vs 50 %, but the
+    # adversarial search found very different weights with the same output (mean 0.3).
+    assert item.status == WARN
     text = " ".join(item.observations)
     for expected in ("25% of 4 rows", "flips in 50% of 2 rows", "top-weighted key flips the "
                      "argmax in 100% of rows; zeroing a random other eligible key in 50%",
@@ -98,7 +106,7 @@ def test_intervention_tables_become_observations_and_figures():
         assert expected in text, expected
     assert [n for n in checklist.tables()] == list(tables)
     assert checklist.verdicts[0].status == NOT_RECORDED
-    assert checklist.verdicts[1].status == PASS
+    assert checklist.verdicts[1].status == WARN
     assert all(r.status == NOT_RECORDED for r in checklist.items[:-1])
     names = [f.name for f in item_figures(None, checklist)["interventions"]]
     assert names == ["permutation_tvd", "agreement"]
