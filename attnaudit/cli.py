@@ -95,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     intervene.add_argument("--out", metavar="DIR", help="also write the tables as CSV to DIR")
     intervene.add_argument("--quick", action="store_true",
                            help="skip the adversarial search and integrated gradients")
+    intervene.add_argument("--site", action="append", metavar="NAME",
+                           help="edit only this site (repeatable; default: every "
+                                "cross-attention site)")
+    intervene.add_argument("--head", action="append", type=int, metavar="N",
+                           help="edit only this head at each edited site (repeatable)")
     intervene.set_defaults(run=_intervene)
 
     report = commands.add_parser("report", help="write an HTML/CSV audit report")

@@ -53,7 +53,9 @@ class Reference:
     move — eligible at every selected site and not a special token. first_example: index
     of the batch's first example in the audit data (seeds depend on it, not on batching).
     seed: the target's seed. encoded: the encoder state from ``target.encode`` when edited
-    re-runs may reuse it, else None.
+    re-runs may reuse it, else None. head_index: the model's indices of the edited heads
+    (the same at every edited site), or None for all heads; ``weights`` then holds only
+    those heads, and the other heads run unedited.
     """
 
     batch: Batch
@@ -66,6 +68,7 @@ class Reference:
     first_example: int
     seed: int
     encoded: Any = None
+    head_index: tuple[int, ...] | None = None
 
     @property
     def heads(self) -> dict[str, int]:
@@ -137,8 +140,13 @@ def select_sites(records: dict[str, AttentionRecord], sites: Sequence[str] | Non
 
 
 def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | None = None,
-              kind: str = "cross", first_example: int = 0) -> Reference:
-    """Greedy output, teacher-forced probabilities and reference weights for ``batch``."""
+              heads: Sequence[int] | None = None, kind: str = "cross",
+              first_example: int = 0) -> Reference:
+    """Greedy output, teacher-forced probabilities and reference weights for ``batch``.
+
+    sites: the sites to edit (default every site of ``kind``); heads: edit only these
+    heads at each of them (default all).
+    """
     encoded, in_encoder = None, set()
     with torch.no_grad():
         emitted = target.greedy(batch)
@@ -163,6 +171,9 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
                 f"site {name!r} has weights {tuple(w.shape)}; interventions need one query row "
                 f"per emitted step over the source keys: ({n_examples}, heads, {n_steps}, "
                 f"{n_keys}). Only cross-attention sites run in teacher forcing qualify.")
+        if heads is not None:
+            _check_heads(name, heads, int(w.shape[1]))
+            w = w[:, list(heads)]
         weights[name] = w
         mask = rec.key_mask
         if mask is not None:
@@ -170,7 +181,14 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
     return Reference(batch=batch, emitted=emitted, steps=target.step_mask(emitted),
                      probs=torch.softmax(logits.float(), -1), sites=names, weights=weights,
                      eligible=eligible.contiguous(), first_example=first_example,
-                     seed=target.seed, encoded=encoded)
+                     seed=target.seed, encoded=encoded,
+                     head_index=None if heads is None else tuple(heads))
+
+
+def _check_heads(site: str, heads: Sequence[int], n_heads: int) -> None:
+    if not heads or len(set(heads)) != len(heads) or not all(0 <= h < n_heads for h in heads):
+        raise InterventionError(f"heads {list(heads)} are not distinct head indices of site "
+                                f"{site!r}, which has {n_heads} head(s)")
 
 
 def edited_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
@@ -188,9 +206,15 @@ def edited_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
         hit = ((query >= 0) & (query < weights.shape[2])).nonzero().squeeze(1)
         if hit.numel() == 0:
             return weights
-        rows = row_edit(site.name, weights[hit, :, query[hit], :], items[hit])
+        old = weights[hit, :, query[hit], :]  # (m, H, n)
         new = weights.clone()
-        new[hit, :, query[hit], :] = rows.to(weights.dtype)
+        if ref.head_index is None:
+            new[hit, :, query[hit], :] = row_edit(site.name, old, items[hit]).to(weights.dtype)
+        else:
+            chosen = list(ref.head_index)
+            rows = old.clone()
+            rows[:, chosen] = row_edit(site.name, old[:, chosen], items[hit]).to(weights.dtype)
+            new[hit, :, query[hit], :] = rows
         return new
 
     with capture(target.model, sites=list(ref.sites), edit=edit, kinds=target.kinds):

@@ -83,6 +83,7 @@ def _per_batch(parts: dict[str, list[pd.DataFrame]], name: str, frame: pd.DataFr
 
 def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None = None,
               progress: bool = True, sites: Sequence[str] | None = None,
+              heads: Sequence[int] | None = None,
               n_permutations: int | None = None,
               cumulative_examples: int = CUMULATIVE_EXAMPLES,
               adversarial_examples: int = ADVERSARIAL_EXAMPLES) -> InterventionSuite:
@@ -91,7 +92,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     quick skips the adversarial search and integrated gradients and draws
     ``QUICK_PERMUTATIONS`` permutations per row instead of 100 (unless ``n_permutations``
     is given). limit: first N examples. sites: edited sites (default every cross-attention
-    site).
+    site); heads: edit only these heads at each edited site (default all).
     """
     if n_permutations is None:
         n_permutations = QUICK_PERMUTATIONS if quick else N_PERMUTATIONS
@@ -107,7 +108,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     first = 0
     ref = None
     for batch in batches:
-        ref = reference(target, batch, sites=sites, first_example=first)
+        ref = reference(target, batch, sites=sites, heads=heads, first_example=first)
         _run_batch(target, ref, batch, parts, methods, n_permutations, cumulative_set,
                    adversarial_set, progress)
         first += len(batch)
@@ -120,6 +121,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         "rows": len(tables["rows"]),
         "sites": list(ref.sites),
         "heads": ref.heads,
+        "edited_heads": "all" if heads is None else list(heads),
         "seed": target.seed,
         "protocol": "teacher-forced greedy output; one target step edited at a time; "
                     "all listed sites edited together; special and padding keys in place",
@@ -238,7 +240,8 @@ def intervene_command(args: argparse.Namespace) -> int:
     from attnaudit.cli import load_cli_target
 
     target = load_cli_target(args)
-    suite = run_suite(target, quick=args.quick, limit=args.limit, progress=True)
+    suite = run_suite(target, quick=args.quick, limit=args.limit, progress=True,
+                      sites=args.site, heads=args.head)
     print_suite(suite)
     if args.out:
         paths = suite.write_csv(args.out)
@@ -250,7 +253,7 @@ def print_suite(suite: InterventionSuite) -> None:
     """The summary tables, with the Jain & Wallace reference values beside ours."""
     meta = suite.metadata
     print(f"target {meta['target']}: {meta['examples']} examples, {meta['rows']} rows; "
-          f"edited sites {meta['sites']}; seed {meta['seed']}")
+          f"edited sites {meta['sites']}, heads {meta['edited_heads']}; seed {meta['seed']}")
     print(f"variant: {meta['protocol']}; attention = {meta['attention']}")
     print(f"cumulative test on {len(meta['cumulative_examples'])} seeded examples; adversarial "
           f"search on {len(meta['adversarial_examples'])} seeded examples "

@@ -51,6 +51,7 @@ def test_date_transformer_small_run():
 
 def test_intervene_command_prints_and_writes(tmp_path, capsys):
     args = argparse.Namespace(target=None, hf=None, data=None, limit=2, out=str(tmp_path),
+                              site=None, head=None,
                               quick=True)
     assert intervene_command(args) == 0
     out = capsys.readouterr().out
