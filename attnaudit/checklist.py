@@ -660,8 +660,9 @@ def _intervention_lines(tables: Mapping[str, pd.DataFrame]) -> list[tuple[str, s
                       "the weight was right.", "larger_score"))
     adversarial = find_table(tables, ("eps_max_jsd",))
     if adversarial is not None and len(adversarial):
-        lines.append((f"Adversarial attention: median eps-max JSD "
-                      f"{adversarial['eps_max_jsd'].median():.3g} (at most ln 2 = 0.693) "
+        jsd = adversarial["eps_max_jsd"]
+        lines.append((f"Adversarial attention ({len(jsd)} rows): eps-max JSD median "
+                      f"{jsd.median():.3g}, mean {jsd.mean():.3g} (at most ln 2 = 0.693) "
                       "between the original weights and the most different weights found "
                       "that keep the output within the TVD bound.", "causal_explanation"))
     agreement = agreement_summary(tables)

@@ -19,14 +19,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from attnaudit.audit import (
-    GATE_CHECKS,
-    Finding,
-    ValidityAudit,
-    findings_frame,
-    run_validity_audit,
-)
+from attnaudit.audit import ValidityAudit, run_validity_audit
 from attnaudit.errors import AttnauditError
+from attnaudit.findings import GATE_CHECKS, Finding, findings_frame
 
 HEALTHY, UNHEALTHY, USAGE_ERROR = 0, 1, 2
 

@@ -18,15 +18,9 @@ import torch
 from torch import nn
 
 import attnaudit
-from attnaudit.audit import (
-    DEFAULT_MAX_MASKED_MASS,
-    DEFAULT_ROW_SUM_TOLERANCE,
-    Finding,
-    ValidityAnalysers,
-    site_findings,
-    summarise_sites,
-)
+from attnaudit.audit import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE, ValidityAnalysers
 from attnaudit.capturing.sites import SiteSelection
+from attnaudit.findings import Finding, site_findings, summarise_sites
 
 
 def assert_attention_healthy(model: nn.Module, run: Callable[[], Any], *,

@@ -14,7 +14,8 @@ from toy_reference import toy_weights
 from toy_targets import SOURCES, make_target
 
 import attnaudit
-from attnaudit.audit import Finding, PeakMemory, run_validity_audit, site_role
+from attnaudit.audit import PeakMemory, run_validity_audit, site_role
+from attnaudit.findings import Finding
 from attnaudit.gate import junit_xml
 from attnaudit.target import TargetError, load_target
 from examples.date.data import year_span

@@ -102,7 +102,8 @@ def test_intervention_tables_become_observations_and_figures():
                      "argmax in 100% of rows; zeroing a random other eligible key in 50%",
                      "attention: median 0.1 of the keys (0 of 2 never flipped)",
                      "zero: mean TVD 0.1, flips 100%; mean: mean TVD 0.3",
-                     "median eps-max JSD 0.3", "attention vs saliency: 0.25"):
+                     "Adversarial attention (2 rows): eps-max JSD median 0.3, mean 0.3",
+                     "attention vs saliency: 0.25"):
         assert expected in text, expected
     assert [n for n in checklist.tables()] == list(tables)
     assert checklist.verdicts[0].status == NOT_RECORDED

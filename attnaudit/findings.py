@@ -1,0 +1,203 @@
+"""Findings: the checks of a validity audit, one per site, as the gate and report read them.
+
+A :class:`Finding` says whether one site passes one check (``pass``), fails it (``fail``:
+the gate exits 1) or only warrants a look (``warn``), with the failing row count and the
+worst value. :func:`summarise_sites` folds the audit's metrics table into one row per site;
+:func:`site_findings` turns that row into findings for given tolerances.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+
+# Checks that can fail (and fail the gate); the others (negative, softmax_axis,
+# eligibility) only warn.
+GATE_CHECKS = ("non_finite", "masked_mass", "row_sum", "all_masked_nan")
+
+CAPTURED_RULE = "captured key mask"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check at one site.
+
+    status: "pass", "fail" (the gate exits 1) or "warn". rows: failing rows, each an
+    (example, head, query step). value: the worst value seen (e.g. the largest masked
+    mass), when the check has one.
+    """
+
+    site: str
+    check: str
+    status: str
+    rows: int
+    detail: str
+    value: float | None = None
+
+
+
+def findings_frame(findings: list[Finding]) -> pd.DataFrame:
+    """Findings as a tidy table: site, check, status, rows, detail, value."""
+    columns = list(Finding.__dataclass_fields__)
+    return pd.DataFrame([asdict(f) for f in findings], columns=columns)
+
+
+
+SUMMARY_COLUMNS = ["site", "kind", "rows", "non_finite_rows", "masked_mass_max", "masked_rows",
+                   "row_sum_error_max", "row_sum_rows", "negative_rows", "all_masked_rows",
+                   "all_masked_nan", "all_masked_zeros", "all_masked_uniform",
+                   "all_masked_behaviour", "softmax_axis_suspect_rows", "entropy_norm_mean",
+                   "max_weight_mean", "n_valid_mean", "score_min", "score_max",
+                   "masked_score_max", "mask_fill", "output_norm_mean"]
+
+
+def summarise_sites(metrics: pd.DataFrame, sites: list[str]) -> pd.DataFrame:
+    """One row per site from the metrics table: row counts, worst values, means.
+
+    rows: rows audited; *_rows and all_masked*: row counts (sums of 0/1 per-row flags);
+    *_max: the largest per-row value (NaN when no row defines it); *_mean: the mean over
+    rows that define it; all_masked_behaviour: what the model produced on rows with no
+    eligible key ("NaN", "zeros", "uniform", mixtures, or "none seen"); score_min /
+    score_max: the range of finite scores on eligible keys; mask_fill: the scores seen on
+    ineligible keys ("-inf", the largest finite one, both, or "" when none was seen or
+    scores were not kept) — a fill of 0 leaks mass.
+    """
+    rows = []
+    for site in sites:
+        m = metrics[metrics["site"] == site]
+
+        def total(metric: str, m: pd.DataFrame = m) -> int:
+            return round(float(m.loc[m["metric"] == metric, "sum"].sum()))
+
+        def largest(metric: str, m: pd.DataFrame = m) -> float:
+            values = m.loc[m["metric"] == metric, "max"]
+            return float(values.max()) if len(values) else math.nan
+
+        def smallest(metric: str, m: pd.DataFrame = m) -> float:
+            values = m.loc[m["metric"] == metric, "min"]
+            return float(values.min()) if len(values) else math.nan
+
+        def mean(metric: str, m: pd.DataFrame = m) -> float:
+            part = m[m["metric"] == metric]
+            n = part["n"].sum()
+            return float(part["sum"].sum() / n) if n else math.nan
+
+        counts = {b: total(f"all_masked_{b}") for b in ("nan", "zeros", "uniform")}
+        rows.append({
+            "site": site,
+            "kind": m["kind"].iloc[0] if len(m) else None,
+            "rows": int(m.loc[m["metric"] == "non_finite", "n"].sum()),
+            "non_finite_rows": total("non_finite_rows"),
+            "masked_mass_max": largest("masked_mass"),
+            "masked_rows": total("masked_rows"),
+            "row_sum_error_max": largest("row_sum_error"),
+            "row_sum_rows": total("row_sum_rows"),
+            "negative_rows": total("negative_rows"),
+            "all_masked_rows": total("all_masked"),
+            "all_masked_nan": counts["nan"],
+            "all_masked_zeros": counts["zeros"],
+            "all_masked_uniform": counts["uniform"],
+            "all_masked_behaviour": _all_masked_behaviour(total("all_masked"), counts),
+            "softmax_axis_suspect_rows": total("softmax_axis_suspect"),
+            "entropy_norm_mean": mean("entropy_norm"),
+            "max_weight_mean": mean("max_weight"),
+            "n_valid_mean": mean("n_valid"),
+            "score_min": smallest("score_min"),
+            "score_max": largest("score_max"),
+            "masked_score_max": largest("masked_score_max"),
+            "mask_fill": _mask_fill(largest("masked_score_max"),
+                                    total("masked_score_non_finite")),
+            "output_norm_mean": mean("output_norm"),
+        })
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def _mask_fill(largest_finite: float, non_finite: int) -> str:
+    parts = (["-inf"] if non_finite else []) + (
+        [f"{largest_finite:g}"] if math.isfinite(largest_finite) else [])
+    return " and ".join(parts)
+
+
+def _all_masked_behaviour(all_masked: int, counts: dict[str, int]) -> str:
+    if all_masked == 0:
+        return "none seen"
+    labels = {"nan": "NaN", "zeros": "zeros", "uniform": "uniform"}
+    parts = [(labels[k], v) for k, v in counts.items() if v]
+    other = all_masked - sum(counts.values())
+    if other > 0:
+        parts.append(("other", other))
+    if len(parts) == 1:
+        return parts[0][0]
+    return ", ".join(f"{label} ({n} rows)" for label, n in parts)
+
+
+def _tolerance_finding(site: str, check: str, bad: int, total: int, largest: float,
+                       tolerance: float, failing: str, quantity: str) -> Finding:
+    """A finding for a per-row quantity held to a tolerance: ``bad`` of ``total`` rows over."""
+    worst = _finite_or_none(largest)
+    if bad:
+        detail = (f"{bad} of {total} rows {failing.format(tol=tolerance)} "
+                  f"(largest {worst:.3g})")
+    else:
+        detail = f"{quantity} at most {_fmt(worst)} (tolerance {tolerance:g})"
+    return Finding(site, check, "fail" if bad else "pass", bad, detail, worst)
+
+
+def site_findings(site_summary: pd.DataFrame, sites: pd.DataFrame | None,
+                  max_masked_mass: float, row_sum_tolerance: float) -> list[Finding]:
+    """The gate checks (non_finite, masked_mass, row_sum, all_masked_nan: pass/fail) and the
+    warnings (negative, softmax_axis, eligibility: pass/warn), per site, in that order.
+
+    ``sites`` (the sites table) tells which sites had no declared key rule; None skips the
+    eligibility check.
+    """
+    rules = {} if sites is None else dict(zip(sites["site"], sites["eligibility"],
+                                              strict=True))
+    findings = []
+    for s in site_summary.itertuples(index=False):
+        site, total = s.site, int(s.rows)
+        bad = int(s.non_finite_rows)
+        findings.append(Finding(
+            site, "non_finite", "fail" if bad else "pass", bad,
+            f"{bad} of {total} rows have NaN or inf weights" if bad
+            else f"all {total} rows finite"))
+        findings.append(_tolerance_finding(
+            site, "masked_mass", int(s.masked_rows), total, s.masked_mass_max,
+            max_masked_mass, "put more than {tol:g} on ineligible keys", "masked mass"))
+        findings.append(_tolerance_finding(
+            site, "row_sum", int(s.row_sum_rows), total, s.row_sum_error_max,
+            row_sum_tolerance, "have |sum - 1| above {tol:g}", "|row sum - 1|"))
+        bad = int(s.all_masked_nan)
+        findings.append(Finding(
+            site, "all_masked_nan", "fail" if bad else "pass", bad,
+            (f"{bad} rows with every key masked produce NaN" if bad else
+             f"rows with every key masked: {int(s.all_masked_rows)}, behaviour: "
+             f"{s.all_masked_behaviour}")))
+        bad = int(s.negative_rows)
+        findings.append(Finding(
+            site, "negative", "warn" if bad else "pass", bad,
+            f"{bad} rows have negative weights" if bad else "no negative weights"))
+        bad = int(s.softmax_axis_suspect_rows)
+        findings.append(Finding(
+            site, "softmax_axis", "warn" if bad else "pass", bad,
+            (f"{bad} rows sum to 1 over the query axis, not the key axis: softmax over the "
+             "wrong dimension?") if bad else "rows normalised over the key axis"))
+        if site in rules:
+            captured_only = CAPTURED_RULE in rules[site]
+            findings.append(Finding(
+                site, "eligibility", "warn" if captured_only else "pass", 0,
+                ("no declared key rule fits this site's shape: masked mass is measured "
+                 "against the model's own mask, so a mask applied after the softmax or "
+                 "filled with 0 would go unseen") if captured_only
+                else f"key rule: {rules[site]}"))
+    return findings
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
