@@ -5,185 +5,49 @@ modules need targeted tests" (seed 003). Each item gets a status — ``pass``, `
 ``fail`` or ``not recorded`` — what was measured and how, and its evidence as tidy tables.
 Two verdicts sit on top: whether the attention is a valid weighted retrieval computation
 (from the validity findings) and how much support the interventions give to explanatory
-claims. Plain data and functions only; the report renders it.
+claims. Plain data and functions only; the report renders it. ``items`` holds the items,
+misconceptions and result types; ``explanation`` the intervention item and the verdict on
+explanatory claims; this module the validity items and :func:`build_checklist`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 from torch import nn
 
-PASS, WARN, FAIL, NOT_RECORDED = "pass", "warn", "fail", "not recorded"
-STATUSES = (PASS, WARN, FAIL, NOT_RECORDED)
-_SEVERITY = {NOT_RECORDED: -1, PASS: 0, WARN: 1, FAIL: 2}
-
-
-@dataclass(frozen=True)
-class ChecklistItem:
-    """One thing an attention audit should record (``title`` is the source's wording)."""
-
-    key: str
-    title: str
-
-
-ITEMS: tuple[ChecklistItem, ...] = (
-    ChecklistItem("qkv", "Query, key and value sources, shapes, projections and parameter "
-                  "sharing"),
-    ChecklistItem("scoring", "Score function, scale or temperature, normalisation dimension "
-                  "and dropout placement"),
-    ChecklistItem("eligibility", "Global, local, causal, padding and cross-source eligibility "
-                  "rules"),
-    ChecklistItem("masks", "Mask dtype, broadcast shape, fill value and all-masked-row "
-                  "behaviour"),
-    ChecklistItem("positions", "Source and target position conventions, truncation and cache "
-                  "policy"),
-    ChecklistItem("distributions", "Score ranges, entropy of weight distributions, masked "
-                  "mass, non-finite values and output norms"),
-    ChecklistItem("performance", "Latency, peak memory, valid-token throughput and "
-                  "score-matrix materialisation"),
-    ChecklistItem("interventions", "Intervention results supporting any claim that selected "
-                  "positions explain an output"),
+from attnaudit.checklist.explanation import (
+    ADVERSARIAL_DIFFERENT,
+    SMALL_TVD,
+    agreement_summary,
+    explanation_status,
+    explanation_verdict,
+    find_table,
+    intervention_lines,
+    interventions_item,
 )
-ITEM_KEYS = tuple(item.key for item in ITEMS)
-
-
-@dataclass(frozen=True)
-class Misconception:
-    """A common misconception about attention and the source's correction of it."""
-
-    key: str
-    claim: str
-    correction: str
-
-
-MISCONCEPTIONS: tuple[Misconception, ...] = (
-    Misconception("one_item", "Attention chooses exactly one source item.",
-                  "Standard soft attention returns a weighted combination of eligible values."),
-    Misconception("keys_are_values", "Keys and values must be identical.",
-                  "Early models often reused states, but separate learned projections can "
-                  "give them different roles."),
-    Misconception("independent", "Attention weights are independent probabilities.",
-                  "Softmax makes them compete through a shared denominator."),
-    Misconception("scores_are_probabilities", "Scores are probabilities.",
-                  "Scores are unnormalised compatibility values and can be negative or "
-                  "arbitrarily scaled."),
-    Misconception("larger_score", "A larger score always means a larger final contribution.",
-                  "Masks, softmax competition, value magnitude, later projections, and other "
-                  "paths also matter."),
-    Misconception("mask_after_softmax", "Masking after softmax is equivalent to masking "
-                  "before it.", "Post-softmax masking changes total mass unless weights are "
-                  "renormalised."),
-    Misconception("padding_vs_causal", "Padding masks and causal masks are interchangeable.",
-                  "They encode different eligibility rules."),
-    Misconception("sharp_is_correct", "A sharp distribution proves the model has found the "
-                  "correct evidence.", "Concentration is a geometric property of one attention "
-                  "operation."),
-    Misconception("causal_explanation", "Attention weights are causal explanations.",
-                  "They need intervention and output tests before supporting that claim."),
-    Misconception("order", "Attention supplies order.",
-                  "It operates on the representations and positional information it receives."),
-    Misconception("global_better", "Global attention is always preferable.",
-                  "It expands access and cost; local restrictions can be appropriate when "
-                  "justified by the task."),
-    Misconception("quadratic", "Attention removes quadratic cost in self-attention.",
-                  "Full self-attention scores every query-key pair."),
-    Misconception("all_masked_zero", "All-masked rows have zero attention by default.",
-                  "Naive softmax can return undefined values for them."),
-    Misconception("shape_proves_axis", "Matching output shape proves the correct softmax axis "
-                  "was used.", "Normalising across the wrong dimension can preserve shape "
-                  "while changing the model."),
+from attnaudit.checklist.items import (
+    FAIL,
+    ITEM_BY_KEY,
+    ITEM_KEYS,
+    ITEMS,
+    MISCONCEPTIONS,
+    NOT_RECORDED,
+    PASS,
+    STATUSES,
+    WARN,
+    Checklist,
+    ChecklistItem,
+    Evidence,
+    ItemResult,
+    Misconception,
+    MisconceptionNote,
+    Verdict,
+    missing_item,
+    worst,
 )
-_MISCONCEPTION = {m.key: m for m in MISCONCEPTIONS}
-
-
-@dataclass
-class Evidence:
-    """A tidy table backing an item; ``name`` becomes the CSV file name."""
-
-    name: str
-    title: str
-    caption: str
-    frame: pd.DataFrame
-
-
-@dataclass
-class ItemResult:
-    """An item's outcome: status, one-line summary, method, observations, gaps, evidence."""
-
-    item: ChecklistItem
-    status: str
-    summary: str
-    measured: list[str] = field(default_factory=list)
-    observations: list[str] = field(default_factory=list)
-    not_recorded: list[str] = field(default_factory=list)
-    evidence: list[Evidence] = field(default_factory=list)
-
-    @property
-    def key(self) -> str:
-        return self.item.key
-
-    @property
-    def title(self) -> str:
-        return self.item.title
-
-
-@dataclass
-class Verdict:
-    key: str
-    question: str
-    status: str
-    answer: str
-    reasons: list[str]
-
-
-@dataclass
-class MisconceptionNote:
-    claim: str
-    correction: str
-    evidence: str
-
-
-@dataclass
-class Checklist:
-    items: list[ItemResult]
-    verdicts: list[Verdict]
-    misconceptions: list[MisconceptionNote]
-
-    def item(self, key: str) -> ItemResult:
-        for result in self.items:
-            if result.key == key:
-                return result
-        raise KeyError(f"no checklist item {key!r}; items are {', '.join(ITEM_KEYS)}")
-
-    def tables(self) -> dict[str, pd.DataFrame]:
-        """Every evidence table by name (names are unique across items)."""
-        out: dict[str, pd.DataFrame] = {}
-        for result in self.items:
-            for ev in result.evidence:
-                if ev.name in out:
-                    raise ValueError(f"evidence table {ev.name!r} appears twice")
-                out[ev.name] = ev.frame
-        return out
-
-    def summary_frame(self) -> pd.DataFrame:
-        """One row per item: key, title, status, summary."""
-        return pd.DataFrame([{"item": r.key, "title": r.title, "status": r.status,
-                              "summary": r.summary} for r in self.items])
-
-
-def worst(statuses: Iterable[str]) -> str:
-    """The most severe status; ``not recorded`` when there is none."""
-    found = [s for s in statuses if s != NOT_RECORDED]
-    if not found:
-        return NOT_RECORDED
-    for status in found:
-        if status not in _SEVERITY:
-            raise ValueError(f"unknown status {status!r}; expected one of {STATUSES}")
-    return max(found, key=_SEVERITY.__getitem__)
 
 
 def parameter_table(model: nn.Module, site_modules: Mapping[str, str]) -> pd.DataFrame:
@@ -259,12 +123,6 @@ def _finding_lines(findings: Sequence[Any]) -> list[str]:
     return lines
 
 
-def _missing(item: ChecklistItem, reason: str) -> ItemResult:
-    return ItemResult(item, NOT_RECORDED, f"Not recorded: {reason}",
-                      not_recorded=[reason])
-
-
-_ITEM = {item.key: item for item in ITEMS}
 SITE_MODULES_CAPTION = ("One row per attention site, as capture saw it: mechanism, module, "
                         "heads, largest query and key counts, and the role (cross, encoder "
                         "or decoder self-attention) its shape matched.")
@@ -290,7 +148,7 @@ def _qkv(model: nn.Module, audit: Any) -> ItemResult:
         observations.append(f"Shape matched no source/target length (keys are not known to "
                             f"be source positions): {', '.join(unmatched)}.")
     return ItemResult(
-        _ITEM["qkv"], WARN if unmatched else PASS,
+        ITEM_BY_KEY["qkv"], WARN if unmatched else PASS,
         (f"{len(sites)} site(s) captured; query/key shapes "
          f"{'match' if not unmatched else 'do not all match'} the emitted steps and source "
          "positions of the audited data."),
@@ -358,7 +216,7 @@ def _scoring(model: nn.Module, audit: Any, findings: Sequence[Any]) -> ItemResul
         evidence.append(Evidence("dropout", "Dropout inside attention modules",
                                  "training = the module's mode during the audit.", dropout))
     return ItemResult(
-        _ITEM["scoring"], worst(f.status for f in checks),
+        ITEM_BY_KEY["scoring"], worst(f.status for f in checks),
         "Normalisation axis and row sums checked at every site; score function and scale "
         "are read from the mechanism only.",
         measured=["Each row's sum over the key axis was compared with 1 (row_sum_error, "
@@ -379,7 +237,7 @@ def _eligibility(audit: Any, findings: Sequence[Any]) -> ItemResult:
     checks = _findings_for(findings, ("eligibility", "masked_mass"))
     rules = audit.sites[["site", "kind", "role", "eligibility", "key_mask_shape"]]
     return ItemResult(
-        _ITEM["eligibility"], worst(f.status for f in checks),
+        ITEM_BY_KEY["eligibility"], worst(f.status for f in checks),
         "Key eligibility was declared from the target (padding for source keys, causal for "
         "decoder self-attention) and weight on ineligible keys measured.",
         measured=["Cross-attention and encoder self-attention: real (non-padding) source "
@@ -424,7 +282,7 @@ def _masks(audit: Any, findings: Sequence[Any]) -> ItemResult:
                                  "Finite fills appear in min/max; -inf fills are counted as "
                                  "masked_score_non_finite.", fills))
     return ItemResult(
-        _ITEM["masks"], worst(f.status for f in checks),
+        ITEM_BY_KEY["masks"], worst(f.status for f in checks),
         "Mask broadcast shape and fill value read from the captured calls; all-masked rows "
         "checked for NaN.",
         measured=["The key mask capture derived for each call (from mask arguments or from "
@@ -449,7 +307,7 @@ def _positions(model: nn.Module, audit: Any) -> ItemResult:
         observations.append(f"The model's config allows {limit} positions; the longest "
                             f"captured key axis was {longest}.")
     return ItemResult(
-        _ITEM["positions"], NOT_RECORDED,
+        ITEM_BY_KEY["positions"], NOT_RECORDED,
         "Position conventions, truncation and cache policy are not measured automatically; "
         "the audit protocol and the lengths seen are listed.",
         measured=["Protocol: greedy decoding, then the model's own output teacher-forced in "
@@ -491,7 +349,7 @@ def _distributions(audit: Any, findings: Sequence[Any]) -> ItemResult:
                             f"max_weight {s.max_weight_mean:.3g} over {s.n_valid_mean:.3g} "
                             "eligible keys on average.")
     return ItemResult(
-        _ITEM["distributions"], worst(f.status for f in checks),
+        ITEM_BY_KEY["distributions"], worst(f.status for f in checks),
         "Entropy, concentration, masked mass and non-finite counts per site and head; score "
         "ranges and output norms where the mechanism exposes them.",
         measured=["Streaming analysers over every counted row: entropy, entropy_norm, "
@@ -507,7 +365,7 @@ def _distributions(audit: Any, findings: Sequence[Any]) -> ItemResult:
 def _performance(audit: Any) -> ItemResult:
     perf = audit.performance
     if perf.empty:
-        return _missing(_ITEM["performance"], "no batch was timed")
+        return missing_item(ITEM_BY_KEY["performance"], "no batch was timed")
     totals = {
         "examples": int(perf["examples"].sum()),
         "greedy_s": float(perf["greedy_s"].sum()),
@@ -537,7 +395,7 @@ def _performance(audit: Any) -> ItemResult:
     ]
     unreadable = perf[["plain_peak_mib", "captured_peak_mib"]].isna().all().all()
     return ItemResult(
-        _ITEM["performance"], WARN if unreadable or not timed else PASS,
+        ITEM_BY_KEY["performance"], WARN if unreadable or not timed else PASS,
         "Latency, peak memory and valid-token throughput measured per batch on this machine.",
         measured=["Per batch: wall time of greedy decoding and of the teacher-forced forward "
                   "without and with capture (alternating which runs first), peak memory "
@@ -555,162 +413,6 @@ def _performance(audit: Any) -> ItemResult:
     )
 
 
-def _interventions(suite: Any) -> ItemResult:
-    tables = dict(suite.tables)
-    evidence = [Evidence(name, name.replace("_", " ").capitalize(),
-                         "From the intervention suite (METRICS.md protocols).", frame)
-                for name, frame in tables.items()]
-    observations = [line for line, _ in _intervention_lines(tables)]
-    return ItemResult(
-        _ITEM["interventions"], explanation_status(tables),
-        "Weights, values and inputs were intervened on and the output distribution compared.",
-        measured=["Teacher-forced on the model's own greedy output; each intervention edits "
-                  "the attention inside the forward pass and compares the per-step output "
-                  "distribution with the unedited one (TVD, JSD, argmax flips).",
-                  *_suite_settings(getattr(suite, "metadata", {}))],
-        observations=observations,
-        evidence=evidence,
-    )
-
-
-def _suite_settings(metadata: Mapping[str, Any]) -> list[str]:
-    """The suite's variant and subsets, as lines for the report."""
-    lines = []
-    if "protocol" in metadata:
-        lines.append(f"Variant: {metadata['protocol']}; attention = {metadata['attention']}.")
-    if "n_permutations" in metadata:
-        lines.append(f"Edited sites: {', '.join(map(str, metadata.get('sites', [])))}; "
-                     f"{metadata['n_permutations']} permutations per row; cumulative removal "
-                     f"on {len(metadata.get('cumulative_examples', []))} seeded examples; "
-                     f"adversarial search on {len(metadata.get('adversarial_examples', []))} "
-                     f"seeded examples; attributions: "
-                     f"{', '.join(metadata.get('attribution_methods', []))}"
-                     f"{' (--quick)' if metadata.get('quick') else ''}.")
-    return lines
-
-
-SMALL_TVD = 0.05  # METRICS.md: the share of rows whose median permutation TVD is below this
-
-
-def find_table(tables: Mapping[str, pd.DataFrame], columns: Iterable[str]
-               ) -> pd.DataFrame | None:
-    """The first table that has every one of ``columns`` (tables are recognised by content)."""
-    wanted = set(columns)
-    return next((t for t in tables.values() if wanted <= set(t.columns)), None)
-
-
-def _rate(series: pd.Series) -> float:
-    return float(pd.to_numeric(series, errors="coerce").astype(float).mean())
-
-
-def agreement_summary(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame | None:
-    """The agreement summary (method_a, method_b, kendall_tau_mean, ...) with a ``pair``
-    label column, or None when the suite has none."""
-    found = find_table(tables, ("method_a", "method_b", "kendall_tau_mean", "sig_frac", "n"))
-    if found is None or not len(found):
-        return None
-    return found.assign(pair=found["method_a"].astype(str) + " vs "
-                        + found["method_b"].astype(str))
-
-
-def _intervention_lines(tables: Mapping[str, pd.DataFrame]) -> list[tuple[str, str]]:
-    """(sentence, misconception key or "") for every recognised intervention result."""
-    lines: list[tuple[str, str]] = []
-    perm = find_table(tables, ("max_attention", "perm_median_tvd"))
-    if perm is not None and len(perm):
-        share = float((perm["perm_median_tvd"] < SMALL_TVD).mean())
-        lines.append((f"Permutation: for {share:.0%} of {len(perm)} rows, shuffling the "
-                      "weights among eligible keys changes the output distribution by a "
-                      f"median TVD below {SMALL_TVD}.", "causal_explanation"))
-        sharp = perm[perm["max_attention"] > 0.75]
-        if len(sharp):
-            lines.append((f"Rows whose largest weight exceeds 0.75 ({len(sharp)}): median "
-                          f"permutation TVD {sharp['perm_median_tvd'].median():.3g}; "
-                          f"{(sharp['perm_median_tvd'] < SMALL_TVD).mean():.0%} of them "
-                          "below 0.05.", "sharp_is_correct"))
-    uniform = find_table(tables, ("uniform_tvd", "uniform_flip"))
-    if uniform is not None and len(uniform):
-        lines.append((f"Uniform weights over the eligible keys: mean output TVD "
-                      f"{uniform['uniform_tvd'].mean():.3g}, argmax flips in "
-                      f"{_rate(uniform['uniform_flip']):.0%} of {len(uniform)} rows.",
-                      "causal_explanation"))
-    zeroing = find_table(tables, ("zero_top_flip", "zero_random_flip"))
-    if zeroing is not None and len(zeroing):
-        lines.append((f"Zeroing the top-weighted key flips the argmax in "
-                      f"{_rate(zeroing['zero_top_flip']):.0%} of rows; zeroing a random "
-                      f"other eligible key in {_rate(zeroing['zero_random_flip']):.0%}.",
-                      "larger_score"))
-    cumulative = find_table(tables, ("order", "n_flipped", "never_flipped",
-                                     "frac_keys_median"))
-    if cumulative is not None and len(cumulative):
-        parts = [f"{r.order}: median {r.frac_keys_median:.3g} of the keys "
-                 f"({r.never_flipped} of {r.n} never flipped)"
-                 for r in cumulative.itertuples(index=False)]
-        lines.append(("Cumulative removal until the argmax flips — " + "; ".join(parts) + ".",
-                      ""))
-    values = find_table(tables, ("value_zero_tvd",))
-    if values is not None and len(values):
-        controls = [c[len("value_"):-len("_tvd")] for c in values.columns
-                    if c.startswith("value_") and c.endswith("_tvd")]
-        parts = [f"{c}: mean TVD {values[f'value_{c}_tvd'].mean():.3g}"
-                 + (f", flips {_rate(values[f'value_{c}_flip']):.0%}"
-                    if f"value_{c}_flip" in values.columns else "") for c in controls]
-        lines.append(("Value replacement at the top-weighted key — " + "; ".join(parts)
-                      + ". This tests whether that position's content mattered, not whether "
-                      "the weight was right.", "larger_score"))
-    adversarial = find_table(tables, ("eps_max_jsd",))
-    if adversarial is not None and len(adversarial):
-        jsd = adversarial["eps_max_jsd"]
-        lines.append((f"Adversarial attention ({len(jsd)} rows): eps-max JSD median "
-                      f"{jsd.median():.3g}, mean {jsd.mean():.3g} (at most ln 2 = 0.693) "
-                      "between the original weights and the most different weights found "
-                      "that keep the output within the TVD bound.", "causal_explanation"))
-    agreement = agreement_summary(tables)
-    if agreement is not None:
-        parts = [f"{r.pair}: {r.kendall_tau_mean:.3g} (sig_frac {r.sig_frac:.2f}, {r.n} rows)"
-                 for r in agreement.itertuples(index=False)]
-        lines.append(("Mean Kendall tau-b between importance rankings — " + "; ".join(parts)
-                      + ". Jain & Wallace report 0.24-0.44 between attention and gradients "
-                      "for BiLSTM classifiers with additive attention (a different task).",
-                      "causal_explanation"))
-    return lines
-
-
-# Mean eps-max JSD (of at most ln 2) from which the adversarial search counts as having
-# found very different weights with the same output: the weights are then not the only
-# allocation the output supports, so they cannot pass as its explanation.
-ADVERSARIAL_DIFFERENT = 0.1
-
-
-def explanation_status(tables: Mapping[str, pd.DataFrame]) -> str:
-    """pass: outputs depend on which keys the weights select (permutation changes most rows,
-    zeroing the top key flips more often than a random one) and, when the adversarial search
-    ran, it found no very different weights (mean eps-max JSD below
-    ``ADVERSARIAL_DIFFERENT``) that keep the output; fail: permutation leaves nearly every
-    row unchanged and uniform weights flip almost nothing; warn: in between or no
-    recognised result; not recorded: no table."""
-    if not tables:
-        return NOT_RECORDED
-    perm = find_table(tables, ("max_attention", "perm_median_tvd"))
-    if perm is None or not len(perm):
-        return WARN
-    insensitive = float((perm["perm_median_tvd"] < SMALL_TVD).mean())
-    zeroing = find_table(tables, ("zero_top_flip", "zero_random_flip"))
-    top_matters = zeroing is None or not len(zeroing) or (
-        _rate(zeroing["zero_top_flip"]) > _rate(zeroing["zero_random_flip"]))
-    uniform = find_table(tables, ("uniform_flip",))
-    uniform_flips = 1.0 if uniform is None or not len(uniform) else _rate(
-        uniform["uniform_flip"])
-    adversarial = find_table(tables, ("eps_max_jsd",))
-    unique = adversarial is None or not len(adversarial) or (
-        float(adversarial["eps_max_jsd"].mean()) < ADVERSARIAL_DIFFERENT)
-    if insensitive < 0.5 and top_matters and unique:
-        return PASS
-    if insensitive >= 0.9 and uniform_flips < SMALL_TVD:
-        return FAIL
-    return WARN
-
-
 def build_checklist(model: nn.Module, audit: Any | None, suite: Any | None, *,
                     audit_reason: str | None = None,
                     suite_reason: str | None = None) -> Checklist:
@@ -725,7 +427,7 @@ def build_checklist(model: nn.Module, audit: Any | None, suite: Any | None, *,
     no_audit = audit_reason or "the validity audit was not run"
     no_suite = suite_reason or "the intervention suite was not run"
     if audit is None:
-        items = [_missing(item, no_audit) for item in ITEMS if item.key != "interventions"]
+        items = [missing_item(item, no_audit) for item in ITEMS if item.key != "interventions"]
         findings: list[Any] = []
     else:
         findings = audit.findings()
@@ -733,10 +435,10 @@ def build_checklist(model: nn.Module, audit: Any | None, suite: Any | None, *,
                  _eligibility(audit, findings), _masks(audit, findings),
                  _positions(model, audit), _distributions(audit, findings),
                  _performance(audit)]
-    items.append(_missing(_ITEM["interventions"], no_suite) if suite is None
-                 else _interventions(suite))
+    items.append(missing_item(ITEM_BY_KEY["interventions"], no_suite) if suite is None
+                 else interventions_item(suite))
     verdicts = [_validity_verdict(findings, no_audit if audit is None else None),
-                _explanation_verdict(items[-1], suite)]
+                explanation_verdict(items[-1], suite)]
     return Checklist(items, verdicts, _misconception_notes(model, audit, findings, suite))
 
 
@@ -762,25 +464,6 @@ def _validity_verdict(findings: Sequence[Any], missing: str | None) -> Verdict:
         "This establishes that each attention row is a proper weighted average over its "
         "eligible keys; it says nothing about whether the weights explain the output."]
     return Verdict("validity", question, status, answer, reasons)
-
-
-def _explanation_verdict(item: ItemResult, suite: Any | None) -> Verdict:
-    question = "Support for explanatory claims"
-    if suite is None:
-        return Verdict("explanation", question, NOT_RECORDED,
-                       "Not recorded: no intervention results, so the weights support no "
-                       "claim that selected positions explain an output.", item.not_recorded)
-    answers = {
-        PASS: "Interventions on the weights change the outputs in the way an explanation "
-              "needs; claims still hold only for the rows and interventions tested.",
-        WARN: "Limited: the interventions give mixed support; read the weights as a record "
-              "of the retrieval, not as an explanation of the output.",
-        FAIL: "Not supported: the outputs barely depend on which positions the weights "
-              "select.",
-        NOT_RECORDED: "Not recorded: the suite produced no usable table.",
-    }
-    return Verdict("explanation", question, item.status, answers[item.status],
-                   item.observations)
 
 
 def _metric_mean(audit: Any, metric: str) -> float | None:
@@ -850,7 +533,7 @@ def _misconception_notes(model: nn.Module, audit: Any | None, findings: Sequence
         if separate:
             notes["keys_are_values"] = separate
     if suite is not None:
-        for line, key in _intervention_lines(dict(suite.tables)):
+        for line, key in intervention_lines(dict(suite.tables)):
             if key:
                 notes[key] = f"{notes[key]} {line}" if key in notes else line
     return [MisconceptionNote(m.claim, m.correction, notes[m.key])
@@ -871,3 +554,32 @@ def _separate_key_value(model: nn.Module, audit: Any) -> str:
     if not found:
         return ""
     return ("Separate key and value projection tensors: " + "; ".join(found) + ".")
+
+
+__all__ = [
+    "ADVERSARIAL_DIFFERENT",
+    "FAIL",
+    "ITEMS",
+    "ITEM_BY_KEY",
+    "ITEM_KEYS",
+    "MISCONCEPTIONS",
+    "NOT_RECORDED",
+    "PASS",
+    "SMALL_TVD",
+    "STATUSES",
+    "WARN",
+    "Checklist",
+    "ChecklistItem",
+    "Evidence",
+    "ItemResult",
+    "Misconception",
+    "MisconceptionNote",
+    "Verdict",
+    "agreement_summary",
+    "build_checklist",
+    "explanation_status",
+    "find_table",
+    "parameter_table",
+    "site_metric_table",
+    "worst",
+]
