@@ -196,6 +196,7 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
         data: a TSV file of ``source[<TAB>target]`` lines, or a list of source strings.
         batch_size: examples per batch.
         max_new_tokens: generation limit for greedy decoding.
+        name: the label in reports (default: the model directory as given).
     """
     try:
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -253,7 +254,7 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
                                          tokenizer.cls_token_id, tokenizer.sep_token_id)
                              if i is not None}))
     return Seq2SeqTarget(
-        name=name or model_dir.name,
+        name=name or model_dir.as_posix(),
         model=model,
         batches=batches,
         greedy=greedy,
