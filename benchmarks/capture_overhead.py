@@ -4,7 +4,7 @@
 
 Workloads (weights-only capture, no scores/values kept, under ``torch.no_grad()``):
   date        the LSTM date model decoding 400 validation sources greedily (softmax path)
-  bart        the date_transformer BART teacher-forced at batch 64 (SDPA path, 12 sites)
+  bart        the date_transformer BART teacher-forced at batch 64 (SDPA path, 6 sites)
 
 Each round runs both variants back to back, alternating which goes first, so drift on a
 shared machine hits both alike. Prints the median time of each and their ratio (target

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import sys
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,9 @@ from attnaudit.capturing.layout import as_bhqk, eligible_from_scores, mask_like
 from attnaudit.capturing.softmax import ORIGINAL_TORCH_SOFTMAX
 from attnaudit.capturing.state import ACTIVE, patch_attr, patch_references
 from attnaudit.record import Site
+
+if TYPE_CHECKING:
+    from attnaudit.capturing.recorder import Capture
 
 ORIGINAL_SDPA = F.scaled_dot_product_attention
 
@@ -42,18 +45,16 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     cap.busy = True
     try:
-        return _explicit(site, query, key, value, attn_mask, dropout_p, is_causal, scale,
+        return _explicit(cap, site, query, key, value, attn_mask, dropout_p, is_causal, scale,
                          enable_gqa)
     finally:
         cap.busy = False
 
 
-def _explicit(site: Site, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              attn_mask: torch.Tensor | None, dropout_p: float, is_causal: bool,
-              scale: float | None, enable_gqa: bool) -> torch.Tensor:
+def _explicit(cap: Capture, site: Site, query: torch.Tensor, key: torch.Tensor,
+              value: torch.Tensor, attn_mask: torch.Tensor | None, dropout_p: float,
+              is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
     """query (..., L, E), key (..., S, E), value (..., S, Ev) -> output (..., L, Ev)."""
-    cap = ACTIVE.capture
-    assert cap is not None
     n_q, n_k = query.shape[-2], key.shape[-2]
     if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
         repeat = query.shape[-3] // key.shape[-3]
@@ -74,14 +75,16 @@ def _explicit(site: Site, query: torch.Tensor, key: torch.Tensor, value: torch.T
         scores = scores.masked_fill_(~allowed, float("-inf"))
     weights = ORIGINAL_TORCH_SOFTMAX(scores, dim=-1)
     # Rows with every key masked: softmax gives NaN, the fused kernels zero. Found on the
-    # (small, head-broadcast) mask rather than on the scores.
+    # (small, head-broadcast) mask rather than on the scores. On CPU, looking first skips a
+    # pass over the weights in the common case; on an accelerator looking would make the
+    # host wait for the device at every call, so the fill runs regardless.
     if allowed is not None:
         dead = ~allowed.any(dim=-1, keepdim=True)
     elif attn_mask is not None:
         dead = torch.isneginf(attn_mask).all(dim=-1, keepdim=True)
     else:
         dead = None
-    if dead is not None and bool(dead.any()):
+    if dead is not None and (dead.device.type != "cpu" or bool(dead.any())):
         weights = weights.masked_fill(dead, 0.0)
     weights = weights.to(value.dtype)
 

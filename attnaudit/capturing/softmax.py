@@ -15,13 +15,16 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from functools import wraps
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from attnaudit.capturing.layout import as_bhqk, eligible_from_scores
 from attnaudit.capturing.state import ACTIVE, patch_attr, patch_references
+
+if TYPE_CHECKING:
+    from attnaudit.capturing.recorder import Capture
 
 ORIGINAL_TORCH_SOFTMAX = torch.softmax
 ORIGINAL_F_SOFTMAX = F.softmax
@@ -47,17 +50,15 @@ def _patched(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             if dim is None:
                 dim = _legacy_dim(out.ndim)
-            return _on_softmax(scores, out, dim, sys._getframe(1))
+            return _on_softmax(cap, scores, out, dim, sys._getframe(1))
         finally:
             cap.busy = False
 
     return softmax
 
 
-def _on_softmax(scores: torch.Tensor, out: torch.Tensor, dim: int,
+def _on_softmax(cap: Capture, scores: torch.Tensor, out: torch.Tensor, dim: int,
                 frame: FrameType) -> torch.Tensor:
-    cap = ACTIVE.capture
-    assert cap is not None
     if frame.f_code is _MHA_CODE and cap.mha_stack:
         site = cap.mha_stack[-1].site
         # F.multi_head_attention_forward works on (batch * heads, queries, keys).

@@ -117,17 +117,34 @@ def test_three_dimensional_inputs_read_as_one_head():
     assert (out - F.scaled_dot_product_attention(q, k, v)).abs().max().item() <= 1e-5
 
 
-def test_all_masked_row_gives_zero_weights_like_the_fused_kernel():
+@pytest.mark.parametrize("mask_type", ["bool", "float"])
+def test_all_masked_row_gives_zero_weights_like_the_fused_kernel(mask_type):
     block, x = make_inputs()
     allowed = padding_mask().expand(3, 1, 6, 6).clone()
     allowed[0, 0, 2] = False  # query 2 of example 0 may see nothing
-    fused = block(x, attn_mask=allowed)
+    mask = allowed if mask_type == "bool" else torch.zeros(allowed.shape).masked_fill(
+        ~allowed, float("-inf"))
+    fused = block(x, attn_mask=mask)
     with attnaudit.capture(block) as cap:
-        out = block(x, attn_mask=allowed)
+        out = block(x, attn_mask=mask)
     assert torch.equal(cap.records["forward"].weights[0, :, 2], torch.zeros(2, 6))
     assert torch.isfinite(out).all()
     assert (out - fused).abs().max().item() <= 1e-5
 
+
+@pytest.mark.parametrize("mask_type", ["bool", "float"])
+def test_off_cpu_masked_calls_never_read_tensor_values_on_the_host(mask_type):
+    """On an accelerator, reading a mask's values would make the host wait at every call.
+    Meta tensors have no values at all, so any such read raises."""
+    block, _ = make_inputs()
+    block = block.to("meta")
+    x = torch.empty(3, 6, 8, device="meta")
+    mask = padding_mask().to("meta") if mask_type == "bool" else torch.empty(
+        3, 1, 1, 6, device="meta")
+    with attnaudit.capture(block) as cap:
+        out = block(x, attn_mask=mask)
+    assert out.shape == (3, 2, 6, 4) and out.device.type == "meta"
+    assert cap.records["forward"].weights.shape == (3, 2, 6, 6)
 
 def test_uniform_edit_equals_mean_of_eligible_values():
     block, x = make_inputs()
