@@ -21,6 +21,7 @@ layer's head average (the single head of the LSTM).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,13 +30,13 @@ import torch
 
 import attnaudit
 from attnaudit.analysis import EntropyAnalyser, RegionAnalyser, Rows, layer_of, mean_over_heads
+from attnaudit.analysis.alignment import MEAN_HEAD
 from attnaudit.analysis.regions import HEAD_MEAN_SUFFIX
 from attnaudit.target import Expectation, Seq2SeqTarget
 from examples.date.data import make_splits
 
 SEED = {"region_mass": 0.975, "top_weight_hit": 0.997, "exact_match": 1.0}
 EXPECTATION = "source year"
-MEAN_HEAD = -1
 TABLE_COLUMNS = ["site", "layer", "head", "region_mass", "top_weight_hit", "entropy_norm",
                  "max_weight", "rows"]
 
@@ -198,6 +199,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("model", nargs="?", choices=[*AUDITS, "both"], default="both")
     args = parser.parse_args(argv)
     for name in AUDITS if args.model == "both" else [args.model]:
+        if name == "date_transformer" and importlib.util.find_spec("transformers") is None:
+            print("date_transformer: skipped, it needs the hf extra "
+                  "(pip install -e '.[hf]')\n")
+            continue
         result = AUDITS[name]()
         print(format_headline(result))
         print(format_table(result))

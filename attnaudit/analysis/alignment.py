@@ -44,7 +44,6 @@ WordIds = Sequence[int | None]
 MEAN_HEAD = -1
 # count columns of the per-site state, in order
 COUNTS = ("n", "a_and_s", "a_and_p", "a", "s")
-METRIC_NAMES = ("aer", "precision", "recall")
 
 
 @dataclass

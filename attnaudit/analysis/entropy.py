@@ -4,6 +4,9 @@ entropy H = -sum w ln(w + 1e-10) over eligible keys (nats); entropy_norm = H / l
 defined for n_valid >= 2; effective_keys = exp(H); kl_to_uniform = ln(n_valid) - H;
 max_weight = largest eligible weight. Rows with no eligible key, or with non-finite
 weights, have no distribution: they are left out here and counted by the numerics analyser.
+A row with a negative eligible weight is no distribution either: it keeps its max_weight
+and n_valid but has no entropy, entropy_norm, effective_keys or kl_to_uniform (the
+numerics analyser counts its negative weights).
 """
 
 from __future__ import annotations
@@ -32,13 +35,15 @@ class EntropyAnalyser(Analyser):
         w = rows.eligible_weights
         n_valid = rows.n_valid.to(torch.float64)
         defined = rows.finite & (n_valid >= 1)
+        distribution = defined & (w >= 0).all(-1)  # ineligible keys are 0 in w
         entropy = -(w * torch.log(w.clamp_min(0.0) + EPS)).sum(-1)
         log_n = torch.log(n_valid.clamp_min(1.0))
         return {
-            "entropy": (entropy, defined),
-            "entropy_norm": (entropy / log_n.clamp_min(math.log(2)), defined & (n_valid >= 2)),
-            "effective_keys": (torch.exp(entropy), defined),
-            "kl_to_uniform": (log_n - entropy, defined),
+            "entropy": (entropy, distribution),
+            "entropy_norm": (entropy / log_n.clamp_min(math.log(2)),
+                             distribution & (n_valid >= 2)),
+            "effective_keys": (torch.exp(entropy), distribution),
+            "kl_to_uniform": (log_n - entropy, distribution),
             "max_weight": (rows.weights.masked_fill(~rows.eligible, float("-inf")).amax(-1),
                            defined),
             "n_valid": (n_valid, None),

@@ -38,12 +38,12 @@ class NumericsAnalyser(Analyser):
         row_finite = rows.finite
         has_keys = rows.n_valid > 0
         row_sum_error = (w.sum(-1) - 1).abs()
+        judged = has_keys & row_finite  # rows whose sum means something
         all_masked = ~has_keys
         n_keys = w.shape[-1]
-        nan_row = (~finite).any(-1)
+        nan_row = ~row_finite
         zero_row = row_finite & (w == 0).all(-1)
         uniform_row = row_finite & ((w - 1.0 / max(n_keys, 1)).abs() <= 1e-6).all(-1)
-        judged = has_keys & row_finite  # rows whose sum means something
         rows_bad = (row_sum_error > SUM_TOLERANCE) | ~judged
         # A key no query may attend (padding) is no column of the distribution: its sum is
         # not judged, so padding keys neither veto nor support the flag.
@@ -55,7 +55,7 @@ class NumericsAnalyser(Analyser):
         return {
             "non_finite": ((~finite).sum(-1).to(f64), None),
             "negative": ((w < 0).sum(-1).to(f64), None),
-            "row_sum_error": (row_sum_error, has_keys & row_finite),
+            "row_sum_error": (row_sum_error, judged),
             "all_masked": (all_masked.to(f64), None),
             "all_masked_nan": (nan_row.to(f64), all_masked),
             "all_masked_zeros": (zero_row.to(f64), all_masked),

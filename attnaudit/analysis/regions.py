@@ -82,7 +82,7 @@ class RegionAnalyser(Analyser):
                  ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Per-row values (B, H, Q) and where they are defined, for a region (B, H, Q, K)."""
         w, eligible = data.weights, data.eligible
-        defined = torch.isfinite(w).all(-1) & eligible.any(-1)
+        defined = data.finite & eligible.any(-1)
         safe = torch.where(defined[..., None], w, 0.0)
         mass = (safe * (region & eligible)).sum(-1)
         top = safe.masked_fill(~eligible, float("-inf")).argmax(-1, keepdim=True)

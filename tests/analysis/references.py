@@ -1,7 +1,7 @@
 """Independent reference implementations of the per-row attention metrics.
 
-Written from /work/shared/METRICS.md ("Eligibility", "Validity", "Shape of the distribution")
-and the analyser brief, in plain numpy, one row at a time. Nothing here imports attnaudit:
+Written from METRICS.md ("Eligibility", "Validity", "Shape of the distribution"), in
+plain numpy, one row at a time. Nothing here imports attnaudit:
 the point is to have a second, deliberately naive implementation to compare against.
 
 Conventions (the reference's reading of the definitions):

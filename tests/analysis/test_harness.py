@@ -524,8 +524,8 @@ def test_per_example_rows(case: Case, first: Spec, second: Spec, path: str,
 
 
 def bad_batch(dtype: torch.dtype) -> Batch:
-    """Hand-made rows: NaN / inf rows, all-masked rows of each kind, negative leaked weights,
-    and large finite weights; eligibility per row."""
+    """Hand-made rows: NaN / inf rows, all-masked rows of each kind, negative leaked and
+    eligible weights, and large finite weights; eligibility per row."""
     k = 4
     rows = [
         ([0.1, 0.2, 0.3, 0.4], [1, 1, 1, 1]),  # clean
@@ -540,9 +540,11 @@ def bad_batch(dtype: torch.dtype) -> Batch:
         ([1000.0, 2.0, 0.5, 0.0], [1, 1, 1, 0]),  # large but finite
         ([1.0, 0.0, 0.0, 0.0], [1, 0, 0, 0]),  # n_valid = 1
         ([0.0, 1.0, 0.0, 0.0], [1, 0, 1, 1]),  # all the mass on an ineligible key
+        ([0.6, -0.1, 0.5, 0.0], [1, 1, 1, 0]),  # negative weight on an eligible key
+        ([0.5, 0.5, 0.0, 0.0], [1, 1, 1, 1]),  # clean
     ]
-    w = torch.tensor([r[0] for r in rows], dtype=torch.float64).reshape(2, 1, 6, k)
-    e = torch.tensor([r[1] for r in rows], dtype=torch.bool).reshape(2, 1, 6, k)
+    w = torch.tensor([r[0] for r in rows], dtype=torch.float64).reshape(2, 1, 7, k)
+    e = torch.tensor([r[1] for r in rows], dtype=torch.bool).reshape(2, 1, 7, k)
     # scores: the weights' logs on eligible keys, NaN where the weight is NaN, -inf fills
     scores = torch.where(e | w.isnan(), w.clamp_min(1e-6).log(), float("-inf"))
     values = torch.arange(2 * k * 3, dtype=torch.float64).reshape(2, 1, k, 3) / 10
@@ -567,7 +569,7 @@ def test_bad_rows_classified() -> None:
     total = frame.groupby("metric")["sum"].sum()
     n = frame.groupby("metric")["n"].sum()
     assert total["non_finite"] == 4 + 1 + 1 + 4
-    assert total["negative"] == 2 + 1  # two leaked negatives and the -inf
+    assert total["negative"] == 2 + 1 + 1  # two leaked negatives, the -inf, one eligible
     assert total["all_masked"] == 4
     assert n["all_masked_nan"] == 4
     assert (total["all_masked_nan"], total["all_masked_zeros"],
@@ -576,12 +578,13 @@ def test_bad_rows_classified() -> None:
     # all-masked uniform and "something else", leaked negatives, mass on an ineligible key
     assert _sums(masking)["masked_rows"] == 4
     # undefined where the masked mass is not finite: the -inf row and the all-masked NaN row
-    assert masking.groupby("metric")["n"].sum()["masked_rows"] == 12 - 2
+    assert masking.groupby("metric")["n"].sum()["masked_rows"] == 14 - 2
     entropy = fed(ENTROPY, [batch]).compute()
     n_rows = entropy.groupby("metric")["n"].sum()
-    assert n_rows["n_valid"] == 12
-    assert n_rows["entropy"] == 12 - 3 - 4  # no NaN/inf rows, no all-masked rows
-    assert n_rows["entropy_norm"] == 12 - 3 - 4 - 1  # and not n_valid = 1
+    assert n_rows["n_valid"] == 14
+    assert n_rows["max_weight"] == 14 - 3 - 4  # no NaN/inf rows, no all-masked rows
+    assert n_rows["entropy"] == 14 - 3 - 4 - 1  # nor the row with a negative eligible weight
+    assert n_rows["entropy_norm"] == 14 - 3 - 4 - 1 - 1  # nor n_valid = 1
 
 
 @by_case
