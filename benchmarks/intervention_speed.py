@@ -7,7 +7,7 @@ and the whole date intervention suite, measured in one run.
    (rows x permutations folded into chunks of forward passes), against two unbatched
    loops: one forward pass per permutation of one row (an (example, step) pair, edited at
    its step: the per-row protocol run naively), and one forward pass per (example,
-   permutation) that holds all of the example's steps, each edited at its own step. The
+   permutation) that holds one copy of the example per step, each edited at its own step. The
    loops are timed on ``--sample`` examples and scaled to all examples (they are linear in
    them); the batched run covers all examples.
 2. The whole suite (``run_suite``, integrated gradients and the adversarial subset
@@ -45,7 +45,7 @@ def batched(target, refs) -> float:
 
 def one_forward_per_permutation(target, ref, examples: list[int], *, per_row: bool) -> float:
     """An unbatched loop on ``examples`` (local indices of ``ref``): one forward pass per
-    permutation of each row (``per_row``) or of each example (its steps folded together)."""
+    permutation of each row (``per_row``) or of each example (one copy per step, folded)."""
     rows = ref.rows()
     edit = _PermutationEdit(ref, rows, PERMUTATIONS)
     start = time.perf_counter()
@@ -61,10 +61,11 @@ def one_forward_per_permutation(target, ref, examples: list[int], *, per_row: bo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=400)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--examples", type=int, default=400,
+                        help="date audit sources the batched run and the suite cover")
     parser.add_argument("--sample", type=int, default=8,
-                        help="examples the unbatched loop is timed on")
+                        help="examples the unbatched loops are timed on (from the first batch)")
     parser.add_argument("--no-suite", action="store_true", help="skip the whole-suite timing")
     args = parser.parse_args()
     target = make_target(limit=args.examples)
@@ -72,6 +73,8 @@ def main() -> None:
     for batch in target.iter_batches():
         refs.append(reference(target, batch, first_example=first))
         first += len(batch)
+    if not 0 < args.sample <= len(refs[0].batch):
+        parser.error(f"--sample must be between 1 and {len(refs[0].batch)} (the first batch)")
     n_rows = sum(len(r.rows()) for r in refs)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {first} examples, "
           f"{n_rows} rows, {PERMUTATIONS} permutations")

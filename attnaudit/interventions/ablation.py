@@ -14,7 +14,6 @@ import pandas as pd
 import torch
 
 from attnaudit.interventions.outputs import flip, jsd, tvd
-from attnaudit.interventions.permutation import row_columns
 from attnaudit.interventions.runner import (
     DEFAULT_CHUNK,
     ItemEdit,
@@ -23,6 +22,7 @@ from attnaudit.interventions.runner import (
     edited_probs,
     key_level_top,
     progress_bar,
+    row_columns,
     row_generator,
     row_probs,
     run_items,
@@ -206,28 +206,26 @@ def cumulative_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = N
     flipped_at = torch.zeros(n_rows, n_orders, dtype=torch.long)
     tried = torch.zeros(n_rows, n_orders, dtype=torch.long)
     before = row_probs(ref, rows)
-    bar = progress_bar(0, "cumulative", progress)
-    while True:
-        pending = (flipped_at == 0) & (tried < (n_valid - 1)[:, None])
-        if not pending.any():
-            break
-        row, order = pending.nonzero(as_tuple=True)
-        counts = torch.minimum(tried[row, order] + _BLOCK, n_valid[row] - 1) - tried[row, order]
-        item_pair = torch.arange(len(row)).repeat_interleave(counts)
-        k = tried[row, order].repeat_interleave(counts) + _offsets_within(counts) + 1
-        remove = (rank[row[item_pair], order[item_pair]] < k[:, None]) & eligible[row[item_pair]]
-        edit = ItemEdit(remove_keys, remove, eligible[row[item_pair]])
-        bar.total += len(k)
-        after = run_items(target, ref, rows.example[row[item_pair]], rows.step[row[item_pair]],
-                          edit, chunk_size=chunk_size, progress=bar)
-        flips = flip(before[row[item_pair]], after)
-        first = torch.full((len(row),), 0, dtype=torch.long)
-        hit_k = torch.where(flips, k, torch.iinfo(torch.long).max)
-        first = first.scatter_reduce(0, item_pair, hit_k, "amin", include_self=False)
-        first = torch.where(first == torch.iinfo(torch.long).max, 0, first)
-        flipped_at[row, order] = first
-        tried[row, order] += counts
-    bar.close()
+    never = torch.iinfo(torch.long).max
+    with progress_bar(0, "cumulative", progress) as bar:
+        while True:
+            pending = (flipped_at == 0) & (tried < (n_valid - 1)[:, None])
+            if not pending.any():
+                break
+            row, order = pending.nonzero(as_tuple=True)
+            counts = torch.minimum(tried[row, order] + _BLOCK, n_valid[row] - 1) - tried[row, order]
+            pair = torch.arange(len(row)).repeat_interleave(counts)  # item -> pending pair
+            item_row = row[pair]
+            k = tried[row, order][pair] + _offsets_within(counts) + 1
+            remove = (rank[item_row, order[pair]] < k[:, None]) & eligible[item_row]
+            bar.total += len(k)
+            after = run_items(target, ref, rows.example[item_row], rows.step[item_row],
+                              ItemEdit(remove_keys, remove, eligible[item_row]),
+                              chunk_size=chunk_size, progress=bar)
+            hit_k = torch.where(flip(before[item_row], after), k, never)
+            first = torch.full((len(row),), never).scatter_reduce(0, pair, hit_k, "amin")
+            flipped_at[row, order] = torch.where(first == never, 0, first)
+            tried[row, order] += counts
     return _cumulative_frame(ref, rows, names, flipped_at, rank, eligible)
 
 

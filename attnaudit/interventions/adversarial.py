@@ -20,13 +20,13 @@ import pandas as pd
 import torch
 
 from attnaudit.interventions.outputs import jsd, tvd
-from attnaudit.interventions.permutation import row_columns
 from attnaudit.interventions.runner import (
     DEFAULT_CHUNK,
     Reference,
     Rows,
     edited_probs,
     progress_bar,
+    row_columns,
     row_generator,
     row_probs,
     site_head_rows,

@@ -17,6 +17,7 @@ from attnaudit.interventions.runner import (
     Reference,
     Rows,
     progress_bar,
+    row_columns,
     row_generator,
     row_probs,
     run_items,
@@ -86,8 +87,8 @@ def permutation_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = 
     edit = _PermutationEdit(ref, rows, n_permutations)
     example = rows.example.repeat_interleave(n_permutations)
     step = rows.step.repeat_interleave(n_permutations)
-    # Items sorted by step keep one row's permutations together, so the edit's one-row
-    # cache is hit for every item but the first.
+    # run_items sorts items stably by step, so a row's permutations stay together and its
+    # draws are made once, then served from the edit's cache (every site, next chunk).
     with progress_bar(len(example), "permutation", progress) as bar:
         after = run_items(target, ref, example, step, edit, chunk_size=chunk_size, progress=bar)
     after = after.reshape(n_rows, n_permutations, -1)
@@ -98,18 +99,6 @@ def permutation_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = 
         "perm_median_jsd": jsd(before, after).median(-1).values.numpy(),
         "perm_flip_rate": flip(before, after).float().mean(-1).numpy(),
     })
-
-
-def row_columns(ref: Reference, rows: Rows) -> dict[str, object]:
-    """Identifying columns of a per-row table: example, step, n_valid, max_attention."""
-    eligible = ref.eligible[rows.example, rows.step]
-    attention = ref.attention[rows.example, rows.step].masked_fill(~eligible, 0.0)
-    return {
-        "example": (rows.example + ref.first_example).numpy(),
-        "step": rows.step.numpy(),
-        "n_valid": eligible.sum(-1).numpy(),
-        "max_attention": attention.max(-1).values.numpy(),
-    }
 
 
 def permutation_summary(per_row: pd.DataFrame) -> pd.DataFrame:

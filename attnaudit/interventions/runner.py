@@ -171,13 +171,16 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
                 f"site {name!r} has weights {tuple(w.shape)}; interventions need one query row "
                 f"per emitted step over the source keys: ({n_examples}, heads, {n_steps}, "
                 f"{n_keys}). Only cross-attention sites run in teacher forcing qualify.")
+        mask = rec.key_mask
+        # A key mask may have one head or all of them (scores masked per head).
+        mask = None if mask is None else mask.expand(w.shape)
         if heads is not None:
             _check_heads(name, heads, int(w.shape[1]))
             w = w[:, list(heads)]
+            mask = None if mask is None else mask[:, list(heads)]
         weights[name] = w
-        mask = rec.key_mask
         if mask is not None:
-            eligible = eligible & mask.expand(w.shape).all(1)
+            eligible = eligible & mask.all(1)
     return Reference(batch=batch, emitted=emitted, steps=target.step_mask(emitted),
                      probs=torch.softmax(logits.float(), -1), sites=names, weights=weights,
                      eligible=eligible.contiguous(), first_example=first_example,
@@ -269,6 +272,18 @@ def site_head_rows(ref: Reference, site: str, per_head: torch.Tensor) -> torch.T
 def row_probs(ref: Reference, rows: Rows) -> torch.Tensor:
     """Reference output probabilities (N, V) at each row's step."""
     return ref.probs[rows.example, rows.step]
+
+
+def row_columns(ref: Reference, rows: Rows) -> dict[str, object]:
+    """Identifying columns of a per-row table: example, step, n_valid, max_attention."""
+    eligible = ref.eligible[rows.example, rows.step]
+    attention = ref.attention[rows.example, rows.step].masked_fill(~eligible, 0.0)
+    return {
+        "example": (rows.example + ref.first_example).numpy(),
+        "step": rows.step.numpy(),
+        "n_valid": eligible.sum(-1).numpy(),
+        "max_attention": attention.max(-1).values.numpy(),
+    }
 
 
 def key_level_top(ref: Reference, rows: Rows) -> torch.Tensor:

@@ -16,7 +16,6 @@ import pandas as pd
 import torch
 
 from attnaudit.interventions.outputs import flip, jsd, tvd
-from attnaudit.interventions.permutation import row_columns
 from attnaudit.interventions.runner import (
     DEFAULT_CHUNK,
     ItemEdit,
@@ -24,12 +23,12 @@ from attnaudit.interventions.runner import (
     Rows,
     key_level_top,
     progress_bar,
+    row_columns,
     row_probs,
     run_items,
 )
 from attnaudit.target import Seq2SeqTarget
 
-CONTROLS = ("zero", "mean", "other_example")
 NOT_REACHABLE = ("capture edits replace weights, not value vectors; another example's value "
                  "is not a weight edit")
 

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from attnaudit.errors import SiteNotFound
 from attnaudit.interventions.attribution import attribute, resolve_pad_id
 from attnaudit.interventions.runner import InterventionError
 from attnaudit.target import Batch, Seq2SeqTarget
@@ -148,6 +149,15 @@ def test_gradient_methods_match_autograd(shared: bool) -> None:
                                normalised(ixg, keys, steps))
     assert not steps[2, 2:].any() and result.importance["saliency"][2, 2:].eq(0).all()
     assert result.detached == ()
+    frame = result.to_frame()  # one row per method x valid step x eligible key
+    valid = steps[:, :, None] & keys[:, None, :]
+    assert len(frame) == 2 * int(valid.sum())
+    ixg_rows = frame[frame.method == "input_x_gradient"]
+    for row in ixg_rows.sample(5, random_state=0).itertuples():
+        at = (row.example, row.step, row.key)
+        assert valid[at]
+        assert row.token_score == float(result.token_scores["input_x_gradient"][at])
+        assert row.importance == float(result.importance["input_x_gradient"][at])
 
 
 def test_detached_attention_is_the_default_for_gradient_methods() -> None:
@@ -232,7 +242,7 @@ def test_bad_inputs_give_clear_errors() -> None:
         resolve_pad_id(target.with_options(special_ids=(PAD, EOS)), full)
     assert resolve_pad_id(target, full) == PAD
     no_attention = target.with_options(kinds=None, sites=["nowhere"])
-    with pytest.raises(Exception, match="nowhere"):
+    with pytest.raises(SiteNotFound, match="nowhere"):
         attribute(no_attention, batch, emitted, ("saliency",))
 
 

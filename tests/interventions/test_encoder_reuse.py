@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnaudit.interventions.permutation import permutation_test
-from attnaudit.interventions.runner import reference
+from attnaudit.interventions.runner import InterventionError, reference
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -52,5 +52,5 @@ def test_reuse_for_decoder_sites_clear_error_for_encoder_sites():
     batch = next(target.iter_batches(2))
     ref = reference(target, batch, sites=["model.decoder.layers.1.encoder_attn"])
     assert ref.encoded is not None
-    with pytest.raises(Exception, match="interventions need one query row"):
+    with pytest.raises(InterventionError, match="interventions need one query row"):
         reference(target, batch, sites=["model.encoder.layers.0.self_attn"])
