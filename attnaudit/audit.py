@@ -82,7 +82,6 @@ DECLARED_RULES = {
 MATERIALISED_BY_CAPTURE = ("sdpa", "mha")
 
 
-
 @dataclass
 class AttentionMap:
     """One site's weights for one example, trimmed to real tokens.
@@ -412,9 +411,10 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
             if timing and index % 2 == 1:
                 plain_s, plain_peak = _plain_forward(target, batch, emitted)
         n_source, n_target = batch.source_ids.shape[1], emitted.shape[1]
+        roles = {}
         for name, record in cap.records.items():
             _, _, q, k = record.weights.shape
-            role = site_role(name, record.kind, q, k, n_source, n_target)
+            role = roles[name] = site_role(name, record.kind, q, k, n_source, n_target)
             declared, rows = declared_rule(role, batch, step_mask)
             infos.setdefault(name, _SiteInfo(record.site)).update(record, role)
             analysers.update(record, eligible=declared, rows=rows)
@@ -422,7 +422,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                 _update_regions(target, expectation_analysers, declared_rows(record, declared),
                                 batch, emitted, step_mask)
         if keep_example and example is None:
-            example = _example_maps(target, cap.records, batch, emitted, step_mask)
+            example = _example_maps(target, cap.records, roles, batch, emitted, step_mask)
         source_tokens, target_tokens = int(batch.source_mask.sum()), int(step_mask.sum())
         performance.append({
             "batch": index, "examples": len(batch), "source_tokens": source_tokens,
@@ -614,9 +614,11 @@ def _regions_frame(analysers: dict[str, RegionAnalyser]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _example_maps(target: Seq2SeqTarget, records: dict[str, AttentionRecord], batch: Batch,
-                  emitted: torch.Tensor, step_mask: torch.Tensor) -> ExampleMaps:
-    """Example 0's weights at every site, on its real source tokens and steps up to EOS."""
+def _example_maps(target: Seq2SeqTarget, records: dict[str, AttentionRecord],
+                  roles: dict[str, str], batch: Batch, emitted: torch.Tensor,
+                  step_mask: torch.Tensor) -> ExampleMaps:
+    """Example 0's weights at every site (``roles``: each site's :func:`site_role`), on its
+    real source tokens and steps up to EOS."""
     source_tokens = _target_call(target, "source_tokens", target.source_tokens,
                                  batch.select([0]))[0]
     target_tokens = _target_call(target, "target_tokens", target.target_tokens, emitted[:1])[0]
@@ -630,8 +632,7 @@ def _example_maps(target: Seq2SeqTarget, records: dict[str, AttentionRecord], ba
     maps = {}
     for name, record in records.items():
         weights = record.weights[0]  # (H, Q, K)
-        role = site_role(name, record.kind, weights.shape[1], weights.shape[2],
-                         batch.source_ids.shape[1], emitted.shape[1])
+        role = roles[name]
         if role in axes:
             q_index, q_labels, k_index, k_labels = axes[role]
             weights = weights[:, q_index.to(weights.device)][:, :, k_index.to(weights.device)]

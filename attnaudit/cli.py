@@ -71,6 +71,8 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from attnaudit.audit import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
+
     parser = argparse.ArgumentParser(prog="attnaudit", description=attnaudit.__doc__)
     parser.add_argument("--version", action="version", version=attnaudit.__version__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -81,10 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check", help="CI gate: exit 1 on non-finite weights, leaked mask mass, bad row sums")
     _add_target_arguments(check)
-    check.add_argument("--max-masked-mass", type=float, default=1e-6,
-                       help="largest tolerated weight on an ineligible key (default 1e-6)")
-    check.add_argument("--row-sum-tolerance", type=float, default=1e-3,
-                       help="largest tolerated |row sum - 1| (default 1e-3)")
+    check.add_argument("--max-masked-mass", type=float, default=DEFAULT_MAX_MASKED_MASS,
+                       help="largest tolerated weight on an ineligible key (default %(default)g)")
+    check.add_argument("--row-sum-tolerance", type=float, default=DEFAULT_ROW_SUM_TOLERANCE,
+                       help="largest tolerated |row sum - 1| (default %(default)g)")
     check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
     check.set_defaults(run=_check)

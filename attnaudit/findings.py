@@ -9,6 +9,7 @@ worst value. :func:`summarise_sites` folds the audit's metrics table into one ro
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import pandas as pd
@@ -37,12 +38,15 @@ class Finding:
     value: float | None = None
 
 
-
-def findings_frame(findings: list[Finding]) -> pd.DataFrame:
+def findings_frame(findings: Sequence[Finding]) -> pd.DataFrame:
     """Findings as a tidy table: site, check, status, rows, detail, value."""
     columns = list(Finding.__dataclass_fields__)
     return pd.DataFrame([asdict(f) for f in findings], columns=columns)
 
+
+def failing_sites(findings: Iterable[Finding]) -> list[str]:
+    """Sites with a failing check, in order of first appearance."""
+    return list(dict.fromkeys(f.site for f in findings if f.status == "fail"))
 
 
 SUMMARY_COLUMNS = ["site", "kind", "rows", "non_finite_rows", "masked_mass_max", "masked_rows",

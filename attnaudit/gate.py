@@ -16,12 +16,13 @@ import math
 import sys
 import time
 import xml.etree.ElementTree as ET
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from attnaudit.audit import ValidityAudit, run_validity_audit
 from attnaudit.errors import AttnauditError
-from attnaudit.findings import GATE_CHECKS, Finding, findings_frame
+from attnaudit.findings import GATE_CHECKS, Finding, failing_sites
 
 HEALTHY, UNHEALTHY, USAGE_ERROR = 0, 1, 2
 
@@ -63,11 +64,6 @@ def _check_options(args: argparse.Namespace) -> None:
             raise GateError(f"{option} must be a finite number >= 0, got {value}")
 
 
-def failing_sites(findings: list[Finding]) -> list[str]:
-    """Sites with a failing check, in order of first appearance."""
-    return list(dict.fromkeys(f.site for f in findings if f.status == "fail"))
-
-
 def summary_text(audit: ValidityAudit, findings: list[Finding]) -> str:
     """The human summary: one line per failing or warning check, then the verdict."""
     sites = list(audit.site_summary["site"])
@@ -90,18 +86,17 @@ def summary_text(audit: ValidityAudit, findings: list[Finding]) -> str:
 
 def check_result(audit: ValidityAudit, findings: list[Finding], status: int) -> dict[str, Any]:
     """The machine-readable result (``--json``): plain JSON types, no NaN."""
-    frame = findings_frame(findings)
-    sites = []
-    for row in audit.sites.itertuples(index=False):
-        mine = frame[frame["site"] == row.site]
-        sites.append({
-            "site": row.site, "kind": row.kind, "role": row.role, "mechanism": row.mechanism,
-            "eligibility": row.eligibility,
-            "scores_materialised_by_capture": bool(row.scores_materialised_by_capture),
-            "status": "fail" if (mine["status"] == "fail").any() else "pass",
-            "failing_checks": [c for c, s in zip(mine["check"], mine["status"], strict=True)
-                               if s == "fail"],
-        })
+    failing_checks: dict[str, list[str]] = {}
+    for f in findings:
+        if f.status == "fail":
+            failing_checks.setdefault(f.site, []).append(f.check)
+    sites = [{
+        "site": row.site, "kind": row.kind, "role": row.role, "mechanism": row.mechanism,
+        "eligibility": row.eligibility,
+        "scores_materialised_by_capture": bool(row.scores_materialised_by_capture),
+        "status": "fail" if row.site in failing_checks else "pass",
+        "failing_checks": failing_checks.get(row.site, []),
+    } for row in audit.sites.itertuples(index=False)]
     return {
         "target": audit.target,
         "examples": audit.examples,
@@ -111,8 +106,7 @@ def check_result(audit: ValidityAudit, findings: list[Finding], status: int) -> 
                        "row_sum_tolerance": audit.row_sum_tolerance},
         "failing_sites": failing_sites(findings),
         "sites": sites,
-        "findings": [{"site": f.site, "check": f.check, "status": f.status, "rows": f.rows,
-                      "detail": f.detail, "value": f.value} for f in findings],
+        "findings": [asdict(f) for f in findings],
     }
 
 

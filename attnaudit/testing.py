@@ -20,7 +20,7 @@ from torch import nn
 import attnaudit
 from attnaudit.audit import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE, ValidityAnalysers
 from attnaudit.capturing.sites import SiteSelection
-from attnaudit.findings import Finding, site_findings, summarise_sites
+from attnaudit.findings import Finding, failing_sites, site_findings, summarise_sites
 
 
 def assert_attention_healthy(model: nn.Module, run: Callable[[], Any], *,
@@ -65,7 +65,7 @@ def assert_attention_healthy(model: nn.Module, run: Callable[[], Any], *,
     findings = site_findings(summary, None, max_masked_mass, row_sum_tolerance)
     failures = [f for f in findings if f.status == "fail"]
     if failures:
-        sites_failing = list(dict.fromkeys(f.site for f in failures))
+        sites_failing = failing_sites(failures)
         raise AssertionError(
             f"attention is not a valid weighted retrieval at {len(sites_failing)} site(s): "
             + ", ".join(sites_failing) + "\n"

@@ -48,6 +48,7 @@ from attnaudit.checklist.items import (
     missing_item,
     worst,
 )
+from attnaudit.findings import Finding, findings_frame
 
 
 def parameter_table(model: nn.Module, site_modules: Mapping[str, str]) -> pd.DataFrame:
@@ -102,13 +103,9 @@ def _findings_for(findings: Sequence[Any], checks: Sequence[str]) -> list[Any]:
     return [f for f in findings if f.check in checks]
 
 
-def _findings_evidence(name: str, title: str, findings: Sequence[Any]) -> Evidence:
-    frame = pd.DataFrame([{"site": f.site, "check": f.check, "status": f.status,
-                           "rows": f.rows, "value": f.value, "detail": f.detail}
-                          for f in findings],
-                         columns=["site", "check", "status", "rows", "value", "detail"])
+def _findings_evidence(name: str, title: str, findings: Sequence[Finding]) -> Evidence:
     return Evidence(name, title, "Per site and check; rows = failing (example, head, query "
-                    "step) rows.", frame)
+                    "step) rows.", findings_frame(findings))
 
 
 def _finding_lines(findings: Sequence[Any]) -> list[str]:

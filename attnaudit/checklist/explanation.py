@@ -62,9 +62,10 @@ SMALL_TVD = 0.05  # METRICS.md: the share of rows whose median permutation TVD i
 
 def find_table(tables: Mapping[str, pd.DataFrame], columns: Iterable[str]
                ) -> pd.DataFrame | None:
-    """The first table that has every one of ``columns`` (tables are recognised by content)."""
+    """The first table with rows that has every one of ``columns`` (tables are recognised by
+    content; an empty table counts as absent), or None."""
     wanted = set(columns)
-    return next((t for t in tables.values() if wanted <= set(t.columns)), None)
+    return next((t for t in tables.values() if len(t) and wanted <= set(t.columns)), None)
 
 
 def _rate(series: pd.Series) -> float:
@@ -75,7 +76,7 @@ def agreement_summary(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame | None
     """The agreement summary (method_a, method_b, kendall_tau_mean, ...) with a ``pair``
     label column, or None when the suite has none."""
     found = find_table(tables, ("method_a", "method_b", "kendall_tau_mean", "sig_frac", "n"))
-    if found is None or not len(found):
+    if found is None:
         return None
     return found.assign(pair=found["method_a"].astype(str) + " vs "
                         + found["method_b"].astype(str))
@@ -85,7 +86,7 @@ def intervention_lines(tables: Mapping[str, pd.DataFrame]) -> list[tuple[str, st
     """(sentence, misconception key or "") for every recognised intervention result."""
     lines: list[tuple[str, str]] = []
     perm = find_table(tables, ("max_attention", "perm_median_tvd"))
-    if perm is not None and len(perm):
+    if perm is not None:
         share = float((perm["perm_median_tvd"] < SMALL_TVD).mean())
         lines.append((f"Permutation: for {share:.0%} of {len(perm)} rows, shuffling the "
                       "weights among eligible keys changes the output distribution by a "
@@ -95,29 +96,29 @@ def intervention_lines(tables: Mapping[str, pd.DataFrame]) -> list[tuple[str, st
             lines.append((f"Rows whose largest weight exceeds 0.75 ({len(sharp)}): median "
                           f"permutation TVD {sharp['perm_median_tvd'].median():.3g}; "
                           f"{(sharp['perm_median_tvd'] < SMALL_TVD).mean():.0%} of them "
-                          "below 0.05.", "sharp_is_correct"))
+                          f"below {SMALL_TVD}.", "sharp_is_correct"))
     uniform = find_table(tables, ("uniform_tvd", "uniform_flip"))
-    if uniform is not None and len(uniform):
+    if uniform is not None:
         lines.append((f"Uniform weights over the eligible keys: mean output TVD "
                       f"{uniform['uniform_tvd'].mean():.3g}, argmax flips in "
                       f"{_rate(uniform['uniform_flip']):.0%} of {len(uniform)} rows.",
                       "causal_explanation"))
     zeroing = find_table(tables, ("zero_top_flip", "zero_random_flip"))
-    if zeroing is not None and len(zeroing):
+    if zeroing is not None:
         lines.append((f"Zeroing the top-weighted key flips the argmax in "
                       f"{_rate(zeroing['zero_top_flip']):.0%} of rows; zeroing a random "
                       f"other eligible key in {_rate(zeroing['zero_random_flip']):.0%}.",
                       "larger_score"))
     cumulative = find_table(tables, ("order", "n_flipped", "never_flipped",
                                      "frac_keys_median"))
-    if cumulative is not None and len(cumulative):
+    if cumulative is not None:
         parts = [f"{r.order}: median {r.frac_keys_median:.3g} of the keys "
                  f"({r.never_flipped} of {r.n} never flipped)"
                  for r in cumulative.itertuples(index=False)]
         lines.append(("Cumulative removal until the argmax flips — " + "; ".join(parts) + ".",
                       ""))
     values = find_table(tables, ("value_zero_tvd",))
-    if values is not None and len(values):
+    if values is not None:
         controls = [c[len("value_"):-len("_tvd")] for c in values.columns
                     if c.startswith("value_") and c.endswith("_tvd")]
         parts = [f"{c}: mean TVD {values[f'value_{c}_tvd'].mean():.3g}"
@@ -127,7 +128,7 @@ def intervention_lines(tables: Mapping[str, pd.DataFrame]) -> list[tuple[str, st
                       + ". This tests whether that position's content mattered, not whether "
                       "the weight was right.", "larger_score"))
     adversarial = find_table(tables, ("eps_max_jsd",))
-    if adversarial is not None and len(adversarial):
+    if adversarial is not None:
         jsd = adversarial["eps_max_jsd"]
         lines.append((f"Adversarial attention ({len(jsd)} rows): eps-max JSD median "
                       f"{jsd.median():.3g}, mean {jsd.mean():.3g} (at most ln 2 = 0.693) "
@@ -160,17 +161,17 @@ def explanation_status(tables: Mapping[str, pd.DataFrame]) -> str:
     if not tables:
         return NOT_RECORDED
     perm = find_table(tables, ("max_attention", "perm_median_tvd"))
-    if perm is None or not len(perm):
+    if perm is None:
         return WARN
     insensitive = float((perm["perm_median_tvd"] < SMALL_TVD).mean())
     zeroing = find_table(tables, ("zero_top_flip", "zero_random_flip"))
-    top_matters = zeroing is None or not len(zeroing) or (
+    top_matters = zeroing is None or (
         _rate(zeroing["zero_top_flip"]) > _rate(zeroing["zero_random_flip"]))
     uniform = find_table(tables, ("uniform_flip",))
-    uniform_flips = 1.0 if uniform is None or not len(uniform) else _rate(
+    uniform_flips = 1.0 if uniform is None else _rate(
         uniform["uniform_flip"])
     adversarial = find_table(tables, ("eps_max_jsd",))
-    unique = adversarial is None or not len(adversarial) or (
+    unique = adversarial is None or (
         float(adversarial["eps_max_jsd"].mean()) < ADVERSARIAL_DIFFERENT)
     if insensitive < 0.5 and top_matters and unique:
         return PASS

@@ -9,8 +9,8 @@ their results onto the checklist (:mod:`attnaudit.checklist`) and writes
 - ``DIR/manifest.json``: model class, parameter count and content hash, library versions,
   seeds, data digest, sites, command line (see :mod:`attnaudit.report.manifest`).
 
-A part of the audit that is unavailable in this installation, or that fails on this target
-with an attnaudit error, is shown as "not recorded" with the reason; nothing is filled in.
+The intervention suite, when it cannot run on a target (an attnaudit error), or cannot be
+imported, is shown as "not recorded" with the reason; nothing is filled in.
 This package only presents: every number comes from the audit, the suite or the checklist.
 """
 
@@ -25,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 
+from attnaudit.audit import ValidityAudit, run_validity_audit
 from attnaudit.checklist import (
     SMALL_TVD,
     Checklist,
@@ -85,17 +86,16 @@ def write_report(target: Seq2SeqTarget, out_dir: str | Path, *, quick: bool = Fa
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    audit, audit_reason = _run_audit(target, limit, progress)
+    audit = run_validity_audit(target, limit=limit, progress=progress, keep_example=True)
     suite, suite_reason = _run_suite(target, quick, limit, progress)
-    checklist = build_checklist(target.model, audit, suite, audit_reason=audit_reason,
-                                suite_reason=suite_reason)
+    checklist = build_checklist(target.model, audit, suite, suite_reason=suite_reason)
     tables = report_tables(checklist)
     write_csvs(tables, out)
     texts = [text for batch in target.iter_batches(limit) for text in batch.texts]
     options = {"quick": quick, "limit": limit}
     manifest = build_manifest(
         target.model, target_name=target.name, texts=texts,
-        sites=[] if audit is None else list(audit.sites["site"]),
+        sites=list(audit.sites["site"]),
         seeds={"target": target.seed, **_suite_seeds(suite)},
         command_line=command_line, options=options)
     write_manifest(manifest, out)
@@ -120,15 +120,6 @@ def write_report(target: Seq2SeqTarget, out_dir: str | Path, *, quick: bool = Fa
         print(f"report {target.name}: {time.perf_counter() - started:.1f} s, {out}",
               file=sys.stderr, flush=True)
     return path
-
-
-def _run_audit(target: Seq2SeqTarget, limit: int | None, progress: bool
-               ) -> tuple[Any | None, str | None]:
-    try:
-        from attnaudit.audit import run_validity_audit
-    except ImportError as exc:
-        return None, f"the validity audit is not available in this installation ({exc})"
-    return run_validity_audit(target, limit=limit, progress=progress, keep_example=True), None
 
 
 def _run_suite(target: Seq2SeqTarget, quick: bool, limit: int | None, progress: bool
@@ -170,7 +161,7 @@ def _table_views(checklist: Checklist) -> dict[str, list[TableView]]:
             for item in checklist.items}
 
 
-def item_figures(audit: Any | None, checklist: Checklist) -> dict[str, list[figs.Figure]]:
+def item_figures(audit: ValidityAudit | None, checklist: Checklist) -> dict[str, list[figs.Figure]]:
     """Figures per checklist item key, drawn from the audit and the checklist's evidence."""
     out: dict[str, list[figs.Figure]] = {}
     if audit is not None:
@@ -182,7 +173,7 @@ def item_figures(audit: Any | None, checklist: Checklist) -> dict[str, list[figs
     return out
 
 
-def _example_heatmaps(audit: Any) -> list[figs.Figure]:
+def _example_heatmaps(audit: ValidityAudit) -> list[figs.Figure]:
     example = audit.example
     if example is None:
         return []
@@ -216,7 +207,7 @@ def _entropy_figure(checklist: Checklist) -> list[figs.Figure]:
                 "one key, 1 is uniform over the eligible keys.")]
 
 
-def _masked_mass_figure(audit: Any) -> list[figs.Figure]:
+def _masked_mass_figure(audit: ValidityAudit) -> list[figs.Figure]:
     frame = figs.finite_or_empty(audit.site_summary[["site", "masked_mass_max"]],
                                  "masked_mass_max")
     if frame.empty:
@@ -233,17 +224,18 @@ def _intervention_figures(tables: dict[str, pd.DataFrame]) -> list[figs.Figure]:
     out = []
     per_row = find_table(tables, ("max_attention", "perm_median_tvd"))
     if per_row is not None:
-        binned = per_row.assign(max_attention_bin=pd.cut(
-            per_row["max_attention"].clip(0.0, 1.0), [0, 0.25, 0.5, 0.75, 1.0],
-            include_lowest=True).astype(str))
-        binned = figs.finite_or_empty(binned, "perm_median_tvd")
+        bins = pd.cut(per_row["max_attention"].clip(0.0, 1.0), [0, 0.25, 0.5, 0.75, 1.0],
+                      include_lowest=True)
+        binned = figs.finite_or_empty(per_row.assign(max_attention_bin=bins.astype(str)),
+                                      "perm_median_tvd")
         if not binned.empty:
             out.append(figs.binned_violins(
                 "permutation_tvd", binned, "max_attention_bin", "perm_median_tvd",
-                threshold=SMALL_TVD, title="Permutation: median TVD by max attention",
+                order=[str(b) for b in bins.cat.categories], threshold=SMALL_TVD,
+                title="Permutation: median TVD by max attention",
                 caption="Per row, the median TVD of the output distribution over the "
                         "permutations, in 4 equal-width bins of the row's largest weight "
-                        "(Jain & Wallace's plot); dashed: 0.05."))
+                        f"(Jain & Wallace's plot); dashed: {SMALL_TVD:g}."))
     agreement = agreement_summary(tables)
     if agreement is not None:
         frame = figs.finite_or_empty(agreement, "kendall_tau_mean")
