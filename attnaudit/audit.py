@@ -55,10 +55,11 @@ from attnaudit.analysis import (
     RegionAnalyser,
     Rows,
     layer_of,
+    masking,
     mean_over_heads,
+    numerics,
 )
 from attnaudit.analysis.scores import ScoreAnalyser
-from attnaudit.analysis.stats import MetricSpec
 from attnaudit.findings import (
     CAPTURED_RULE,
     Finding,
@@ -68,8 +69,8 @@ from attnaudit.findings import (
 from attnaudit.record import AttentionRecord, Site
 from attnaudit.target import Batch, Seq2SeqTarget, TargetError
 
-DEFAULT_MAX_MASKED_MASS = 1e-6
-DEFAULT_ROW_SUM_TOLERANCE = 1e-3
+DEFAULT_MAX_MASKED_MASS = masking.DEFAULT_TOLERANCE
+DEFAULT_ROW_SUM_TOLERANCE = numerics.SUM_TOLERANCE
 
 
 DECLARED_RULES = {
@@ -164,26 +165,6 @@ class ValidityAudit:
         return not any(f.status == "fail" for f in self.findings())
 
 
-class GateNumerics(NumericsAnalyser):
-    """The numerics analyser plus per-row flags whose ``sum`` counts failing rows."""
-
-    metrics = (*NumericsAnalyser.metrics, MetricSpec("row_sum_rows"),
-               MetricSpec("non_finite_rows"), MetricSpec("negative_rows"))
-
-    def __init__(self, row_sum_tolerance: float = DEFAULT_ROW_SUM_TOLERANCE) -> None:
-        super().__init__()
-        self.row_sum_tolerance = row_sum_tolerance
-
-    def rows_metrics(self, rows: Rows):
-        metrics = super().rows_metrics(rows)
-        f64 = torch.float64
-        row_sum, judged = metrics["row_sum_error"]
-        metrics["row_sum_rows"] = ((row_sum > self.row_sum_tolerance).to(f64), judged)
-        metrics["non_finite_rows"] = ((metrics["non_finite"][0] > 0).to(f64), None)
-        metrics["negative_rows"] = ((metrics["negative"][0] > 0).to(f64), None)
-        return metrics
-
-
 class ValidityAnalysers:
     """The analysers every validity check reads, fed together: entropy, masking, numerics
     (with the gate's row counts) and score ranges.
@@ -199,7 +180,7 @@ class ValidityAnalysers:
         self.max_masked_mass = max_masked_mass
         self.row_sum_tolerance = row_sum_tolerance
         self.row_analysers = [EntropyAnalyser(), MaskingAnalyser(max_masked_mass),
-                              GateNumerics(row_sum_tolerance)]
+                              NumericsAnalyser(row_sum_tolerance)]
         self.scores = ScoreAnalyser()
 
     def update(self, record: AttentionRecord, *, eligible: torch.Tensor | None = None,

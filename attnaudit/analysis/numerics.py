@@ -6,6 +6,9 @@ all_masked: 1 for a row with no eligible key; what the model produced there is c
 as all_masked_nan, all_masked_zeros or all_masked_uniform (else none of the three).
 softmax_axis_suspect: 1 on every row of an (example, head) whose rows do not sum to one
 while its columns (the query axis) do — the mark of a softmax over the wrong dimension.
+row_sum_rows / non_finite_rows / negative_rows: 1 for a row whose row_sum_error exceeds
+``tolerance`` / that holds a NaN-or-inf / a negative weight; their ``sum`` counts such rows
+(what a CI gate fails on).
 Rows without an eligible key or with non-finite weights are not judged, nor are key
 columns that no query may attend (padding).
 """
@@ -30,7 +33,16 @@ class NumericsAnalyser(Analyser):
         MetricSpec("all_masked_zeros", 0.0, 1.0),
         MetricSpec("all_masked_uniform", 0.0, 1.0),
         MetricSpec("softmax_axis_suspect", 0.0, 1.0),
+        MetricSpec("row_sum_rows", 0.0, 1.0),
+        MetricSpec("non_finite_rows", 0.0, 1.0),
+        MetricSpec("negative_rows", 0.0, 1.0),
     )
+
+    def __init__(self, tolerance: float = SUM_TOLERANCE, per_example: bool = False) -> None:
+        """tolerance: largest |row sum - 1| (and column sum, for the wrong-axis check)
+        counted as summing to one."""
+        super().__init__(per_example)
+        self.tolerance = tolerance
 
     def rows_metrics(self, rows: Rows):
         w = rows.weights
@@ -44,21 +56,26 @@ class NumericsAnalyser(Analyser):
         nan_row = ~row_finite
         zero_row = row_finite & (w == 0).all(-1)
         uniform_row = row_finite & ((w - 1.0 / max(n_keys, 1)).abs() <= 1e-6).all(-1)
-        rows_bad = (row_sum_error > SUM_TOLERANCE) | ~judged
+        rows_bad = (row_sum_error > self.tolerance) | ~judged
         # A key no query may attend (padding) is no column of the distribution: its sum is
         # not judged, so padding keys neither veto nor support the flag.
         used = rows.eligible.any(-2)  # (B, H, K)
-        cols_ok = (((w.sum(-2) - 1).abs() <= SUM_TOLERANCE) | ~used).all(-1)  # (B, H)
+        cols_ok = (((w.sum(-2) - 1).abs() <= self.tolerance) | ~used).all(-1)  # (B, H)
         suspect = rows_bad.all(-1) & judged.any(-1) & cols_ok & (w.shape[2] > 1)
         suspect = suspect[..., None].expand_as(rows_bad)
         f64 = torch.float64
+        non_finite = (~finite).sum(-1)
+        negative = (w < 0).sum(-1)
         return {
-            "non_finite": ((~finite).sum(-1).to(f64), None),
-            "negative": ((w < 0).sum(-1).to(f64), None),
+            "non_finite": (non_finite.to(f64), None),
+            "negative": (negative.to(f64), None),
             "row_sum_error": (row_sum_error, judged),
             "all_masked": (all_masked.to(f64), None),
             "all_masked_nan": (nan_row.to(f64), all_masked),
             "all_masked_zeros": (zero_row.to(f64), all_masked),
             "all_masked_uniform": (uniform_row.to(f64), all_masked),
             "softmax_axis_suspect": (suspect.to(f64), None),
+            "row_sum_rows": ((row_sum_error > self.tolerance).to(f64), judged),
+            "non_finite_rows": ((non_finite > 0).to(f64), None),
+            "negative_rows": ((negative > 0).to(f64), None),
         }

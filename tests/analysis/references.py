@@ -18,8 +18,9 @@ Conventions (the reference's reading of the definitions):
   ``n_valid`` is defined for every row (it depends on the mask only).
 * ``masked_mass`` / ``masked_rows`` are defined where the masked mass is finite (a NaN or
   inf on an *ineligible* key leaves it undefined; one on an eligible key does not matter).
-* ``non_finite``, ``negative``, ``all_masked`` and ``softmax_axis_suspect`` are defined for
-  every row; ``row_sum_error`` for finite rows with an eligible key; ``all_masked_*`` only
+* ``non_finite``, ``negative``, their ``*_rows`` flags, ``all_masked`` and
+  ``softmax_axis_suspect`` are defined for every row; ``row_sum_error`` and ``row_sum_rows``
+  (``row_sum_error > 1e-3``) for finite rows with an eligible key; ``all_masked_*`` only
   for rows with no eligible key. ``all_masked_nan`` reads "the model produced a non-finite
   row" (NaN, or +-inf) - a softmax over all ``-inf`` gives NaN.
 * ``softmax_axis_suspect`` (per example and head, broadcast to its rows): more than one
@@ -48,7 +49,8 @@ ENTROPY_METRICS = ("entropy", "entropy_norm", "effective_keys", "kl_to_uniform",
                    "n_valid")
 MASKING_METRICS = ("masked_mass", "masked_rows")
 NUMERICS_METRICS = ("non_finite", "negative", "row_sum_error", "all_masked", "all_masked_nan",
-                    "all_masked_zeros", "all_masked_uniform", "softmax_axis_suspect")
+                    "all_masked_zeros", "all_masked_uniform", "softmax_axis_suspect",
+                    "row_sum_rows", "non_finite_rows", "negative_rows")
 ALL_METRICS = ENTROPY_METRICS + MASKING_METRICS + NUMERICS_METRICS
 SCORE_METRICS = ("score_min", "score_max", "score_mean", "score_non_finite",
                  "masked_score_min", "masked_score_max", "masked_score_non_finite")
@@ -90,8 +92,11 @@ def row_metrics(w: Sequence[float], eligible: Sequence[bool],
 
     out["non_finite"] = float(sum(not math.isfinite(x) for x in w))
     out["negative"] = float(sum(x < 0 for x in w))
+    out["non_finite_rows"] = float(out["non_finite"] > 0)
+    out["negative_rows"] = float(out["negative"] > 0)
     if finite and n_valid >= 1:
         out["row_sum_error"] = abs(sum(w) - 1.0)
+        out["row_sum_rows"] = float(out["row_sum_error"] > SUM_TOLERANCE)
     out["all_masked"] = float(n_valid == 0)
     if n_valid == 0:
         out["all_masked_nan"] = float(not finite)
