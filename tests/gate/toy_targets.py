@@ -72,8 +72,11 @@ def source_batch(sources: tuple[list[int], ...]) -> Batch:
 
 
 def make_target(masking: str = "correct", sources: tuple[list[int], ...] = SOURCES,
-                batch_size: int = 3) -> Seq2SeqTarget:
+                batch_size: int = 3, *, labels: list[str] | None = None,
+                name: str | None = None, description: str | None = None) -> Seq2SeqTarget:
+    """``labels[i]`` names token id i (default ``t<i>``; VOCAB of them)."""
     model = ToySeq2Seq(masking)
+    names = labels if labels is not None else [f"t{i}" for i in range(VOCAB)]
 
     def batches():
         for at in range(0, len(sources), batch_size):
@@ -83,22 +86,22 @@ def make_target(masking: str = "correct", sources: tuple[list[int], ...] = SOURC
         start = torch.full_like(emitted[:, :1], BOS)
         return model(batch.source_ids, torch.cat([start, emitted[:, :-1]], dim=1))
 
-    def labels(ids: torch.Tensor) -> list[list[str]]:
-        return [[f"t{i}" for i in row.tolist()] for row in ids]
+    def tokens(ids: torch.Tensor) -> list[list[str]]:
+        return [[names[i] for i in row.tolist()] for row in ids]
 
     return Seq2SeqTarget(
-        name=f"toy_{masking}",
+        name=name or f"toy_{masking}",
         model=model,
         batches=batches,
         greedy=lambda batch: model.greedy(batch.source_ids),
         teacher_forced=teacher_forced,
         source_embedding=model.src_embed,
-        source_tokens=lambda batch: labels(batch.source_ids),
-        target_tokens=labels,
+        source_tokens=lambda batch: tokens(batch.source_ids),
+        target_tokens=tokens,
         eos_id=EOS,
         special_ids=(PAD,),
         kinds={"attend": "cross"},
-        description=f"toy cross-attention, masking: {masking}",
+        description=description or f"toy cross-attention, masking: {masking}",
     )
 
 

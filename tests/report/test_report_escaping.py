@@ -5,18 +5,19 @@ from __future__ import annotations
 import html
 
 from page import read_page
-from report_tiny_target import make_tiny_target
 
 from attnaudit.checklist import ITEM_KEYS
 from attnaudit.report import write_report
+from tests.gate.toy_targets import make_target
 
 SCRIPT = "<script>alert(1)</script>"
-LABELS = ["<pad>", "</s>", "<s>", SCRIPT, "a&b", '"q"', "$x_1$"]
+LABELS = ["<pad>", "<s>", "</s>", SCRIPT, "a&b", '"q"', "$x_1$", "z"]
+SOURCES = ([3, 4, 5, 6], [3, 6])
 
 
 def test_markup_in_tokens_and_names_is_escaped(tmp_path):
-    target = make_tiny_target(LABELS, [[3, 4, 5, 6], [3, 6]], name=f"tiny {SCRIPT}",
-                              description=f"description with {SCRIPT} and <b>bold</b>")
+    target = make_target(sources=SOURCES, labels=LABELS, name=f"tiny {SCRIPT}",
+                         description=f"description with {SCRIPT} and <b>bold</b>")
     out = tmp_path / "out <i>dir</i>"
     path = write_report(target, out, quick=True, progress=False,
                         command_line=["attnaudit", "report", f"x{SCRIPT}.py:make"])
@@ -33,7 +34,7 @@ def test_markup_in_tokens_and_names_is_escaped(tmp_path):
 
 
 def test_leaking_mask_fails_the_validity_verdict(tmp_path):
-    target = make_tiny_target(LABELS, [[3, 4, 5, 6], [3, 6]], leak=True)
+    target = make_target("after_softmax", SOURCES, labels=LABELS)
     page = read_page(write_report(target, tmp_path, quick=True, progress=False))
     assert page.verdicts["verdict-validity"] == "fail"
     assert page.sections["eligibility"] == "fail"
