@@ -19,6 +19,6 @@ def tap(name: str, weights: torch.Tensor, key_mask: torch.Tensor | None = None, 
         weights = attnaudit.tap("decoder.cross", torch.softmax(scores, -1), key_mask=valid)
     """
     cap = ACTIVE.capture
-    if cap is None:
+    if cap is None or cap.busy:  # busy: inside an edit or another site's computation
         return weights
     return cap.on_tap(name, weights, key_mask, kind)

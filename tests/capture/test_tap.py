@@ -64,3 +64,16 @@ def test_tap_rejects_mask_that_does_not_broadcast():
 
     with pytest.raises(ValueError, match="does not broadcast"), attnaudit.capture(WrongMask()):
         WrongMask()(torch.rand(2, 5))
+
+
+def test_tap_inside_an_edit_is_not_recorded():
+    model = Tapped()
+    scores, values, valid = inputs()
+
+    def edit_that_taps(site, weights, key_mask):
+        return attnaudit.tap("inside_edit", weights)  # e.g. a helper shared with the model
+
+    with attnaudit.capture(model, edit=edit_that_taps) as cap:
+        model(scores, values, valid)
+    assert cap.sites == ["pooling"]
+    assert list(cap.records) == ["pooling"]
