@@ -39,7 +39,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -191,8 +191,9 @@ class ValidityAnalysers:
         values = record.values if len(record.calls) == 1 else None
         batch, _, queries, _ = data.weights.shape
         for examples, start, stop in row_groups(data.site, rows, batch, queries):
-            part = Rows(data.site, data.kind, data.weights[examples, :, start:stop],
-                        data.eligible[examples, :, start:stop], data.step_offset + start)
+            part = replace(data, weights=data.weights[examples, :, start:stop],
+                           eligible=data.eligible[examples, :, start:stop],
+                           step_offset=data.step_offset + start)
             for analyser in self.row_analysers:
                 analyser.update(part)
             self.scores.update(
@@ -288,8 +289,7 @@ def declared_rows(record: AttentionRecord, declared: torch.Tensor | None) -> Row
     captured = record.key_mask
     if declared is None or captured is None:
         return data
-    eligible = data.eligible & captured.to(data.eligible.device)
-    return Rows(data.site, data.kind, data.weights, eligible, data.step_offset)
+    return replace(data, eligible=data.eligible & captured.to(data.eligible.device))
 
 
 @dataclass
@@ -321,6 +321,7 @@ class _SiteInfo:
         return {
             "site": site.name, "kind": site.kind, "role": "/".join(sorted(self.roles)),
             "mechanism": site.mechanism, "module": site.module, "layer": layer_of(site.name),
+            "layout": site.layout, "layout_source": site.layout_source,
             "heads": self.heads, "queries": self.queries, "keys": self.keys,
             "scores_available": self.scores_available,
             "values_available": self.values_available,
@@ -330,9 +331,9 @@ class _SiteInfo:
         }
 
 
-SITE_COLUMNS = ["site", "kind", "role", "mechanism", "module", "layer", "heads", "queries",
-                "keys", "scores_available", "values_available", "key_mask_shape", "eligibility",
-                "scores_materialised_by_capture"]
+SITE_COLUMNS = ["site", "kind", "role", "mechanism", "module", "layer", "layout", "layout_source",
+                "heads", "queries", "keys", "scores_available", "values_available",
+                "key_mask_shape", "eligibility", "scores_materialised_by_capture"]
 PERFORMANCE_COLUMNS = ["batch", "examples", "source_tokens", "target_tokens", "greedy_s",
                        "plain_s", "captured_s", "capture_overhead", "tokens_per_s_plain",
                        "tokens_per_s_captured", "plain_peak_mib", "captured_peak_mib",

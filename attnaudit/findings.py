@@ -14,9 +14,8 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-# Checks that can fail (and fail the gate); the others (negative, softmax_axis,
-# eligibility) only warn.
-GATE_CHECKS = ("non_finite", "masked_mass", "row_sum", "all_masked_nan")
+# Checks that can fail (and fail the gate); the others (negative, eligibility) only warn.
+GATE_CHECKS = ("non_finite", "masked_mass", "row_sum", "all_masked_nan", "softmax_axis")
 
 CAPTURED_RULE = "captured key mask"
 
@@ -151,8 +150,9 @@ def _tolerance_finding(site: str, check: str, bad: int, total: int, largest: flo
 
 def site_findings(site_summary: pd.DataFrame, sites: pd.DataFrame | None,
                   max_masked_mass: float, row_sum_tolerance: float) -> list[Finding]:
-    """The gate checks (non_finite, masked_mass, row_sum, all_masked_nan: pass/fail) and the
-    warnings (negative, softmax_axis, eligibility: pass/warn), per site, in that order.
+    """The gate checks (non_finite, masked_mass, row_sum, all_masked_nan: pass/fail), the
+    warning on negative weights, the softmax-axis check (pass/fail) and the eligibility
+    warning, per site, in that order.
 
     ``sites`` (the sites table) tells which sites had no declared key rule; None skips the
     eligibility check.
@@ -185,9 +185,10 @@ def site_findings(site_summary: pd.DataFrame, sites: pd.DataFrame | None,
             f"{bad} rows have negative weights" if bad else "no negative weights"))
         bad = int(s.softmax_axis_suspect_rows)
         findings.append(Finding(
-            site, "softmax_axis", "warn" if bad else "pass", bad,
-            (f"{bad} rows sum to 1 over the query axis, not the key axis: softmax over the "
-             "wrong dimension?") if bad else "rows normalised over the key axis"))
+            site, "softmax_axis", "fail" if bad else "pass", bad,
+            (f"{bad} rows were normalised over an axis that precedes the queries (or sum to "
+             "1 over the query axis, not the key axis): softmax over the wrong dimension?")
+            if bad else "rows normalised over the key axis"))
         if site in rules:
             captured_only = CAPTURED_RULE in rules[site]
             findings.append(Finding(

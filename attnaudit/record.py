@@ -27,6 +27,14 @@ class Site:
     which adapter saw it: ``softmax``, ``sdpa``, ``mha`` or ``tap``. ``call`` is the 0-based
     call index at this site and ``query_offset`` where this call's queries start in the
     stacked record; both are 0 on a record's own ``site``.
+
+    ``layout`` is how the model's own tensor lays attention out, over the letters ``b h q k``
+    (``"b h q k"``; ``"(b h) q k"`` for heads folded into the batch; ``"k b"`` for a softmax
+    over the first axis), and ``layout_source`` how that was determined: ``call`` (the
+    tensor or the call's arguments say it), ``stated`` (``capture(heads=...)``),
+    ``inferred`` (names at the call site: ``num_heads``, ``bsz``..., or the module's head
+    count) or ``default`` (nothing said anything: the leading axis is the batch, one head).
+    Both are empty until the site's first call is recorded.
     """
 
     name: str
@@ -35,6 +43,8 @@ class Site:
     module: str
     call: int = 0
     query_offset: int = 0
+    layout: str = ""
+    layout_source: str = ""
 
     def __str__(self) -> str:
         return self.name

@@ -34,8 +34,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnaudit.capturing.hf import check_backends
 from attnaudit.capturing.sites import SiteSelection
-from attnaudit.errors import AttnauditError
+from attnaudit.errors import AttnauditError, CaptureError
 
 
 class TargetError(AttnauditError):
@@ -207,12 +208,17 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
         raise TargetError(f"Hugging Face model directory not found: {model_dir}")
     sources, references = _read_pairs(data)  # before the (slow) model load
     try:
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, local_files_only=True,
-                                                      attn_implementation="sdpa").eval()
+        # The model's own default backend: sdpa where it has one, else eager; both expose
+        # weights to capture.
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, local_files_only=True).eval()
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise TargetError(f"cannot load a seq2seq model and tokenizer from {model_dir}: "
                           f"{exc}") from exc
+    try:
+        check_backends(list(model.named_modules()))
+    except CaptureError as exc:
+        raise TargetError(f"{model_dir}: {exc}") from None
     config = model.config
     start = config.decoder_start_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.pad_token_id

@@ -24,7 +24,10 @@ from attnaudit.record import AttentionRecord
 class Rows:
     """One batch of attention rows, validated and in float64.
 
-    weights: (batch, heads, queries, keys). eligible: bool, same shape.
+    weights: (batch, heads, queries, keys). eligible: bool, same shape. keys_before_queries:
+    the model's softmax normalised an axis that comes before a query axis in its own tensor
+    (``Site.layout`` such as ``"b k q"``), which is how a softmax over the wrong axis of
+    ``(B, Q, K)`` scores looks.
     """
 
     site: str
@@ -32,6 +35,7 @@ class Rows:
     weights: torch.Tensor
     eligible: torch.Tensor
     step_offset: int = 0
+    keys_before_queries: bool = False
 
     @classmethod
     def of(cls, record: AttentionRecord | Rows, eligible: torch.Tensor | None = None) -> Rows:
@@ -53,9 +57,13 @@ class Rows:
         if isinstance(record, Rows):
             mask = record.eligible if eligible is None else eligible
             return cls(record.site, record.kind, weights,
-                       _eligibility(record.site, weights, mask), record.step_offset)
+                       _eligibility(record.site, weights, mask), record.step_offset,
+                       record.keys_before_queries)
         mask = record.key_mask if eligible is None else eligible
-        return cls(record.name, record.kind, weights, _eligibility(record.name, weights, mask))
+        layout = record.site.layout.split()
+        reversed_axes = "k" in layout and "q" in layout[layout.index("k"):]
+        return cls(record.name, record.kind, weights, _eligibility(record.name, weights, mask),
+                   keys_before_queries=reversed_axes)
 
     @cached_property
     def n_valid(self) -> torch.Tensor:

@@ -5,7 +5,10 @@ row_sum_error: |sum over keys - 1| for rows with an eligible key and finite weig
 all_masked: 1 for a row with no eligible key; what the model produced there is classified
 as all_masked_nan, all_masked_zeros or all_masked_uniform (else none of the three).
 softmax_axis_suspect: 1 on every row of an (example, head) whose rows do not sum to one
-while its columns (the query axis) do — the mark of a softmax over the wrong dimension.
+while its columns (the query axis) do — the mark of a softmax over the wrong dimension —
+and on every row of a site whose softmax normalised an axis that precedes a query axis in
+the model's own tensor (layout ``b k q``: capture takes the normalised axis as the keys, so
+such rows sum to one however wrong the axis was).
 row_sum_rows / non_finite_rows / negative_rows: 1 for a row whose row_sum_error exceeds
 ``tolerance`` / that holds a NaN-or-inf / a negative weight; their ``sum`` counts such rows
 (what a CI gate fails on).
@@ -61,7 +64,8 @@ class NumericsAnalyser(Analyser):
         # not judged, so padding keys neither veto nor support the flag.
         used = rows.eligible.any(-2)  # (B, H, K)
         cols_ok = (((w.sum(-2) - 1).abs() <= self.tolerance) | ~used).all(-1)  # (B, H)
-        suspect = rows_bad.all(-1) & judged.any(-1) & cols_ok & (w.shape[2] > 1)
+        suspect = (rows_bad.all(-1) & judged.any(-1) & cols_ok & (w.shape[2] > 1)) \
+            | rows.keys_before_queries
         suspect = suspect[..., None].expand_as(rows_bad)
         f64 = torch.float64
         non_finite = (~finite).sum(-1)

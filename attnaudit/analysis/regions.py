@@ -23,6 +23,7 @@ Example (date model: the first four emitted characters should read the source ye
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from numbers import Integral
 from typing import NoReturn
 
@@ -149,4 +150,4 @@ def mean_over_heads(record_or_rows: AttentionRecord | Rows,
     if not bool((data.eligible == first).all()):
         raise ValueError(f"site {data.site!r}: the key eligibility differs between heads; "
                          "average heads only under one key rule")
-    return Rows(data.site + suffix, data.kind, weights, first, data.step_offset)
+    return replace(data, site=data.site + suffix, weights=weights, eligible=first)

@@ -1,38 +1,231 @@
-"""Bring attention tensors into the record layout ``(batch, heads, queries, keys)``."""
+"""Bring attention tensors into the record layout ``(batch, heads, queries, keys)``.
+
+Models lay attention out in many ways: ``(B, H, Q, K)``; heads folded into the batch,
+``(B*H, Q, K)``; all decoder steps folded into the batch, ``(B*T, K)``; query-major
+``(T, B, K)``; keys on a non-last axis (``softmax(scores, dim=0)`` over ``(K, B)``). A
+:class:`Layout` names how one call's tensor maps onto the record layout, as a pattern over
+the letters ``b h q k`` (``"(b h) q k"``, ``"(b q) k"``, ``"k b"``), and maps tensors both
+ways: a call's weights into the record, and an edit's record-shaped result back into the
+shape the model's code expects.
+
+Folds are batch-major (``index = b * H + h``), as ``view(B, H, ...)`` / ``view(B * H, ...)``
+and PyTorch's and Hugging Face's own attention code produce them. A fold's size is read
+from what the call site knows, in this order: the user's statement (``heads=``), the call
+itself (a 4-D tensor, ``F.multi_head_attention_forward``'s arguments), integers in the
+calling frame named like a head count or batch size (``num_heads``, ``bsz``, ``batch``...),
+the owning module's head-count attribute. ``Layout.source`` says which: ``call``,
+``stated``, ``inferred`` or ``default`` (nothing at the call site said anything, so the
+leading axis is read as the batch and there is one head).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any
 
 import torch
 
 # Scores at or below this were masked by the model (-inf, finfo.min, -1e9 fills...).
 MASKED_SCORE = -1e4
 
+HEAD_NAMES = ("num_heads", "n_heads", "nheads", "n_head", "nhead", "heads", "head_count",
+              "num_attention_heads", "h")
+BATCH_NAMES = ("bsz", "batch_size", "batch", "batch_sz", "bs", "nbatches", "n_batch", "B")
+QUERY_NAMES = ("tgt_len", "target_l", "target_len", "q_len", "query_len", "len_q", "T")
 
-def as_bhqk(t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """A view of ``t`` as ``(batch, heads, queries, keys)``.
+@dataclass(frozen=True)
+class CallSite:
+    """What the code that produced a call's attention knows about its layout.
 
-    ``dim`` is the axis a softmax normalised. Keys are the last axis; when every axis after
-    ``dim`` has size 1 (attention pooling over ``(B, n, 1)``) those axes are dropped so
-    ``dim`` becomes the key axis. A softmax over another axis keeps keys last, so the
-    numerics analysers can see rows that do not sum to one.
-    Shapes: ``(K,)`` -> (1,1,1,K); ``(B,K)`` -> (B,1,1,K); ``(B,Q,K)`` -> (B,1,Q,K);
-    ``(B,H,Q,K)`` unchanged; more axes fold into heads.
+    heads: a stated head count (``capture(heads=...)``), else None. names: integers in the
+    calling frame, by name. owner_heads: the owning module's head-count attribute.
+    from_call: True when ``names`` are the attention function's own arguments (PyTorch's
+    ``F.multi_head_attention_forward``), so a layout read from them is the call's own.
+    query_last: True when the axis before the keys is known to be the queries
+    (``F.scaled_dot_product_attention``'s ``(..., L, S)``).
     """
-    if dim is not None:
-        dim = dim % t.ndim
-        if dim < t.ndim - 1 and all(s == 1 for s in t.shape[dim + 1:]):
-            t = t.reshape(t.shape[: dim + 1])
-    if t.ndim == 4:
-        return t
-    if t.ndim == 1:
-        return t.reshape(1, 1, 1, -1)
-    if t.ndim == 2:
-        return t.unsqueeze(1).unsqueeze(1)
-    if t.ndim == 3:
-        return t.unsqueeze(1)
-    if t.ndim == 0:
+
+    heads: int | None = None
+    names: Mapping[str, int] | None = None
+    owner_heads: int | None = None
+    from_call: bool = False
+    query_last: bool = False
+
+    def first(self, candidates: tuple[str, ...]) -> int | None:
+        for name in candidates:
+            value = (self.names or {}).get(name)
+            if value is not None:
+                return value
+        return None
+
+
+def int_locals(f_locals: Mapping[str, Any]) -> dict[str, int]:
+    """The positive integers among a frame's locals whose names could size a fold."""
+    wanted = (*HEAD_NAMES, *BATCH_NAMES, *QUERY_NAMES)
+    return {n: v for n in wanted
+            if type(v := f_locals.get(n)) is int and v > 0}
+
+
+def module_heads(module: object) -> int | None:
+    """A module's own head count (``num_heads``, ``n_heads``...), when it states one."""
+    for name in HEAD_NAMES:
+        value = getattr(module, name, None)
+        if type(value) is int and value > 0:
+            return value
+    return None
+
+
+Group = Sequence[tuple[str, int]]  # one axis of a call's tensor: its letters and sizes
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a call's tensor of shape ``shape`` maps onto ``(batch, heads, queries, keys)``.
+
+    pattern: the call's axes in order, keys ``k``, folded axes in parentheses, size-1 axes
+    after the keys that carry nothing ``1``. source: how it was determined (see the module
+    docstring). groups: per axis of the tensor with keys moved last, its letters and sizes.
+    """
+
+    shape: tuple[int, ...]
+    pattern: str
+    source: str
+    key_dim: int
+    groups: tuple[Group, ...]
+
+    @cached_property
+    def _letters(self) -> list[tuple[str, int]]:
+        return [pair for group in self.groups for pair in group]
+
+    @cached_property
+    def _order(self) -> list[int]:
+        letters = self._letters
+        return sorted(range(len(letters)), key=lambda i: ("bhqk".index(letters[i][0]), i))
+
+    @cached_property
+    def bhqk(self) -> tuple[int, int, int, int]:
+        """The record shape ``(B, H, Q, K)`` of a call's full tensor."""
+        size = dict.fromkeys("bhqk", 1)
+        for letter, n in self._letters:
+            size[letter] *= n
+        return size["b"], size["h"], size["q"], size["k"]
+
+    @cached_property
+    def _plain(self) -> bool:
+        """Keys last and nothing reordered: a reshape maps the call's tensor."""
+        return self.key_dim == len(self.shape) - 1 and self._order == sorted(self._order)
+
+    def _sizes(self, t: torch.Tensor) -> list[int]:
+        """Unfolded sizes of ``t`` (keys last), 1 throughout a group on a broadcast axis."""
+        sizes: list[int] = []
+        for n, group in zip(t.shape, self.groups, strict=True):
+            sizes += [1] * len(group) if n == 1 else [s for _, s in group]
+        return sizes
+
+    def to_record(self, t: torch.Tensor) -> torch.Tensor:
+        """The call's tensor (``shape``, or a mask broadcastable to it) as ``(B, H, Q, K)``;
+        a broadcast axis stays size 1."""
+        if self._plain and tuple(t.shape) == self.shape:
+            return t.reshape(self.bhqk)
+        if t.ndim > len(self.shape):
+            raise ValueError(f"key mask has {t.ndim} axes, attention weights only "
+                             f"{len(self.shape)}")
+        try:
+            torch.broadcast_shapes(t.shape, self.shape)
+        except RuntimeError:
+            raise ValueError(f"key mask of shape {tuple(t.shape)} does not broadcast to "
+                             f"attention weights of shape {self.shape}") from None
+        t = t.reshape((1,) * (len(self.shape) - t.ndim) + tuple(t.shape)).movedim(self.key_dim, -1)
+        order, letters, sizes = self._order, self._letters, self._sizes(t)
+        t = t.reshape(sizes).permute(order)
+        out = dict.fromkeys("bhqk", 1)
+        for i in order:
+            out[letters[i][0]] *= sizes[i]
+        return t.reshape(tuple(out.values()))
+
+    def from_record(self, w: torch.Tensor) -> torch.Tensor:
+        """An edit's ``(B, H, Q, K)`` result back in the call's shape."""
+        order, letters = self._order, self._letters
+        inverse = sorted(range(len(order)), key=order.__getitem__)
+        moved = [n for i, n in enumerate(self.shape) if i != self.key_dim]
+        t = w.reshape([letters[i][1] for i in order]).permute(inverse)
+        return t.reshape(*moved, self.shape[self.key_dim]).movedim(-1, self.key_dim)
+
+    def values_to_record(self, value: torch.Tensor) -> torch.Tensor:
+        """Values ``(..., K, d_v)`` of a call whose weights are ``(..., Q, K)`` (keys last, as
+        in ``F.scaled_dot_product_attention``) as ``(B, H, K, d_v)``."""
+        d_v = value.shape[-1]
+        *lead, queries, keys = self.groups
+        queries = tuple((x, d_v if x == "q" else n) for x, n in queries)
+        as_weights = replace(self, shape=(*value.shape[:-2], d_v, value.shape[-2]),
+                             groups=(*lead, queries, keys))
+        return as_weights.to_record(value.transpose(-2, -1)).transpose(-2, -1)
+
+
+def resolve_layout(shape: tuple[int, ...], key_dim: int, site: CallSite) -> Layout:
+    """The layout of a call's tensor whose softmax normalised axis ``key_dim``.
+
+    Raises ValueError when a stated head count does not divide the folded axis.
+    """
+    ndim = len(shape)
+    if ndim == 0:
         raise ValueError("attention weights must have at least one (key) axis")
-    return t.reshape(t.shape[0], -1, t.shape[-2], t.shape[-1])
+    key_dim %= ndim
+    # Size-1 axes after the key axis carry nothing (attention pooling over (B, n, 1)).
+    n_ones = ndim - 1 - key_dim if all(n == 1 for n in shape[key_dim + 1:]) else 0
+    carried = [n for i, n in enumerate(shape[: ndim - n_ones]) if i != key_dim]
+    groups, source = _groups(carried, site)
+    groups += [(("h", 1),)] * n_ones
+    names = [_group_name(g) for g in groups[: len(carried)]] + ["1"] * n_ones
+    names.insert(key_dim, "k")
+    groups.append((("k", shape[key_dim]),))
+    return Layout(shape=tuple(shape), pattern=" ".join(names), source=source, key_dim=key_dim,
+                  groups=tuple(tuple(g) for g in groups))
+
+
+def _group_name(group: Group) -> str:
+    letters = [x for x, _ in group]
+    return letters[0] if len(letters) == 1 else "(" + " ".join(letters) + ")"
+
+
+def _groups(rest: list[int], site: CallSite) -> tuple[list[Group], str]:
+    """Letters and sizes for the non-key axes ``rest`` (in order), and how they were found."""
+    if len(rest) >= 3:  # (B, H, Q) or more: extra axes are heads (grouped-query layouts)
+        letters = ["b", *["h"] * (len(rest) - 2), "q"]
+        return [[(x, n)] for x, n in zip(letters, rest, strict=True)], "call"
+    if not rest:
+        return [], "call"
+    if site.query_last and len(rest) == 1:  # unbatched (L, S)
+        return [[("b", 1), ("q", rest[0])]], "call"
+    lead, tail = rest[0], [[("q", n)] for n in rest[1:]]
+    if site.heads is not None:
+        if lead % site.heads:
+            raise ValueError(f"stated head count {site.heads} does not divide the attention's "
+                             f"leading axis of size {lead} (shape {(*rest, 'K')})")
+        return [[("b", lead // site.heads), ("h", site.heads)], *tail], "stated"
+    found = "call" if site.from_call else "inferred"
+    heads, batch = site.first(HEAD_NAMES), site.first(BATCH_NAMES)
+    if heads is not None and batch is not None and lead == batch:
+        return [[("b", lead)], *tail], found
+    if heads is not None and heads > 1 and lead % heads == 0:
+        return [[("b", lead // heads), ("h", heads)], *tail], found
+    if batch is not None:
+        if lead == batch:
+            return [[("b", lead)], *tail], found
+        if len(rest) == 2 and rest[1] == batch and not site.query_last:
+            return [[("q", lead)], [("b", batch)]], found
+        if lead % batch == 0:  # (B*H, Q, K), or every decoder step at once: (B*T, K)
+            fold = "h" if tail else "q"
+            return [[("b", batch), (fold, lead // batch)], *tail], found
+    steps = site.first(QUERY_NAMES)
+    if not tail and steps is not None and steps > 1 and lead % steps == 0 and lead != steps:
+        return [[("b", lead // steps), ("q", steps)]], found
+    owner = site.owner_heads
+    if owner is not None and owner > 1 and lead % owner == 0:
+        return [[("b", lead // owner), ("h", owner)], *tail], "inferred"
+    return [[("b", lead)], *tail], "default"
 
 
 def eligible_from_scores(scores: torch.Tensor) -> torch.Tensor:
@@ -41,23 +234,3 @@ def eligible_from_scores(scores: torch.Tensor) -> torch.Tensor:
     NaN scores count as eligible, so a NaN row shows up as non-finite weights, not as masked.
     """
     return ~(scores <= MASKED_SCORE)
-
-
-def mask_like(mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Eligibility ``mask`` (bool, broadcastable to ``weights``) in the record layout.
-
-    Raises ValueError when the shapes do not broadcast.
-    """
-    try:
-        torch.broadcast_shapes(mask.shape, weights.shape)
-    except RuntimeError:
-        raise ValueError(
-            f"key mask of shape {tuple(mask.shape)} does not broadcast to attention weights "
-            f"of shape {tuple(weights.shape)}"
-        ) from None
-    if mask.ndim > weights.ndim:
-        raise ValueError(f"key mask has {mask.ndim} axes, attention weights only {weights.ndim}")
-    mask = mask.reshape((1,) * (weights.ndim - mask.ndim) + tuple(mask.shape))
-    if weights.ndim > 4:
-        mask = mask.expand(weights.shape)
-    return as_bhqk(mask)

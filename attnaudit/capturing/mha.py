@@ -29,7 +29,6 @@ class MhaCall(NamedTuple):
 
     module: nn.Module
     site: Site
-    heads: int
     asked: bool  # did the caller ask for weights itself?
 
 
@@ -52,7 +51,7 @@ def _pre_hook(cap: Capture):
              kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         query = args[0] if args else kwargs.get("query")
         key = args[1] if len(args) > 1 else kwargs.get("key")
-        site = cap.sites_registry.for_module(module, "self" if query is key else "cross", "mha")
+        site = cap.sites_registry.for_module(module, lambda: _kind(module, query, key), "mha")
         if site is None:
             return None
         if len(args) > _NEED_WEIGHTS_POS:
@@ -61,10 +60,25 @@ def _pre_hook(cap: Capture):
         else:
             asked = bool(kwargs.get("need_weights", True))
             kwargs = {**kwargs, "need_weights": True}
-        cap.mha_stack.append(MhaCall(module, site, module.num_heads, asked))
+        cap.mha_stack.append(MhaCall(module, site, asked))
         return args, kwargs
 
     return hook
+
+
+def _kind(module: nn.MultiheadAttention, query: Any, key: Any) -> str:
+    """``self`` when the keys are the queries' own data — the same tensor, a separately
+    permuted copy of it, or a cache whose last positions are the queries — else ``cross``."""
+    if query is key:
+        return "self"
+    if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
+        return "cross"
+    seq = 1 if module.batch_first and query.dim() == 3 else 0
+    n = query.shape[seq]
+    if key.shape[:seq] != query.shape[:seq] or key.shape[seq + 1:] != query.shape[seq + 1:] \
+            or key.shape[seq] < n:
+        return "cross"
+    return "self" if torch.equal(key.narrow(seq, key.shape[seq] - n, n), query) else "cross"
 
 
 def _post_hook(cap: Capture):

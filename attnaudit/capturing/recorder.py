@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from attnaudit.capturing import hf, mha, sdpa, softmax
-from attnaudit.capturing.layout import as_bhqk, mask_like
-from attnaudit.capturing.sites import SiteRegistry, SiteSelection, make_selector
-from attnaudit.capturing.state import ACTIVE
+from attnaudit.capturing.layout import CallSite, Layout, int_locals, module_heads, resolve_layout
+from attnaudit.capturing.sites import SiteRegistry, SiteSelection, make_selector, site_base
+from attnaudit.capturing.state import ACTIVE, compiled_code_runs_eagerly
 from attnaudit.errors import CaptureError, EditError, NoAttentionFound, SiteNotFound
 from attnaudit.record import AttentionCall, AttentionRecord, Kind, Site
 
@@ -38,16 +38,24 @@ class Capture:
     """
 
     def __init__(self, model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None,
-                 *, kinds: Mapping[str, Kind] | None = None, scores: bool = False,
+                 *, kinds: Mapping[str, Kind] | None = None,
+                 heads: Mapping[str, int] | None = None, scores: bool = False,
                  values: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"capture() needs a torch.nn.Module, got {type(model).__name__}")
+        if isinstance(model, torch.jit.ScriptModule):
+            raise CaptureError(
+                f"{type(model).__name__} is a TorchScript module (torch.jit.trace / script): its "
+                "graph runs without calling Python attention code, so there is nothing to "
+                "capture or edit; capture the original nn.Module instead"
+            )
         if edit is not None and not callable(edit):
             raise TypeError("edit must be a callable (site, weights, key_mask) -> weights")
         self.model = model
         self.edit = edit
         self.keep_scores = scores
         self.keep_values = values
+        self.heads = _checked_heads(heads)
         select, self._requested = make_selector(sites)
         self._modules = list(model.named_modules())
         self.sites_registry = SiteRegistry(self._modules, select, kinds)
@@ -55,6 +63,9 @@ class Capture:
         self.busy = False
         self.mha_stack: list[mha.MhaCall] = []
         self._stack: ExitStack | None = None
+        self._used = False
+        self._owner_heads: dict[str, int | None] = {}
+        self._layouts: dict[tuple[str, tuple[int, ...], int], Layout] = {}
 
     @property
     def sites(self) -> list[str]:
@@ -63,10 +74,15 @@ class Capture:
     def __enter__(self) -> Capture:
         if ACTIVE.capture is not None:
             raise CaptureError("another attnaudit capture is already active; captures do not nest")
+        if self._used:
+            raise CaptureError("a Capture is used once: its records belong to the first `with` "
+                               "block; call attnaudit.capture(...) again for another run")
         modules = [m for _, m in self._modules]
         hf.check_backends(self._modules)
+        self._used = True
         stack = ExitStack()
         try:
+            compiled_code_runs_eagerly(stack)
             namespaces = _model_namespaces(modules)
             softmax.install(stack, namespaces)
             sdpa.install(stack, namespaces)
@@ -105,12 +121,42 @@ class Capture:
             if missing:
                 raise SiteNotFound(f"requested sites never called: {missing}; sites found: {found}")
 
-    def record(self, site: Site, weights: torch.Tensor,
+    def layout(self, site: Site, shape: tuple[int, ...], key_dim: int,
+               names: Callable[[], Mapping[str, Any]] | None, *, from_call: bool = False,
+               query_last: bool = False) -> Layout:
+        """How a call at ``site`` with a tensor of ``shape`` (keys on ``key_dim``) maps onto
+        ``(batch, heads, queries, keys)``; ``names`` are the calling frame's locals. Resolved
+        once per site and shape."""
+        key = (site.name, shape, key_dim)
+        known = self._layouts.get(key)
+        if known is not None:
+            return known
+        call_site = CallSite(
+            heads=self.heads.get(site.name, self.heads.get(site_base(site.name))),
+            names=None if names is None else int_locals(names()),
+            owner_heads=self._module_heads(site.module),
+            from_call=from_call, query_last=query_last,
+        )
+        try:
+            layout = self._layouts[key] = resolve_layout(shape, key_dim, call_site)
+        except ValueError as exc:
+            raise CaptureError(f"site {site.name!r}: {exc}") from None
+        return layout
+
+    def _module_heads(self, path: str) -> int | None:
+        if path not in self._owner_heads:
+            module = self.sites_registry.modules.get(path)
+            self._owner_heads[path] = None if module is None else module_heads(module)
+        return self._owner_heads[path]
+
+    def record(self, site: Site, layout: Layout, weights: torch.Tensor,
                mask_source: Callable[[], torch.Tensor | None] | None,
                scores: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor | None:
-        """Store one call's weights ``(B, H, Q, K)``; return the edit's replacement, if any."""
+        """Store one call's weights ``(B, H, Q, K)`` (mapped from the call by ``layout``);
+        return the edit's replacement, in the record layout, if any."""
         rec = self.records.get(site.name)
         if rec is None:
+            site = replace(site, layout=layout.pattern, layout_source=layout.source)
             rec = self.records[site.name] = AttentionRecord(site)
         call = AttentionCall(
             weights=weights.detach(),
@@ -123,20 +169,25 @@ class Capture:
             return None
         was_busy, self.busy = self.busy, True
         try:
-            new = self.edit(replace(site, call=index, query_offset=offset), weights, call.key_mask)
+            new = self.edit(replace(rec.site, call=index, query_offset=offset), weights,
+                            call.key_mask)
         finally:
             self.busy = was_busy
         return _checked_edit(site, weights, new)
 
     def on_tap(self, name: str, weights: torch.Tensor, key_mask: torch.Tensor | None,
-               kind: Kind | None) -> torch.Tensor:
+               kind: Kind | None, names: Callable[[], Mapping[str, Any]]) -> torch.Tensor:
         site = self.sites_registry.for_tap(name, kind)
         if site is None:
             return weights
-        mask4 = None if key_mask is None else mask_like(key_mask.bool(), weights)
-        edited = self.record(site, as_bhqk(weights), None if mask4 is None else (lambda: mask4),
-                             None, None)
-        return weights if edited is None else edited.reshape(weights.shape)
+        layout = self.layout(site, tuple(weights.shape), -1, names)
+        try:
+            mask4 = None if key_mask is None else layout.to_record(key_mask.bool())
+        except ValueError as exc:
+            raise ValueError(f"tap {name!r}: {exc}") from None
+        edited = self.record(site, layout, layout.to_record(weights),
+                             None if mask4 is None else (lambda: mask4), None, None)
+        return weights if edited is None else layout.from_record(edited)
 
 
 def _checked_edit(site: Site, weights: torch.Tensor, new: Any) -> torch.Tensor | None:
@@ -152,6 +203,18 @@ def _checked_edit(site: Site, weights: torch.Tensor, new: Any) -> torch.Tensor |
     return new.to(dtype=weights.dtype, device=weights.device)
 
 
+def _checked_heads(heads: Mapping[str, int] | None) -> dict[str, int]:
+    """Stated head counts by site name; each a positive int."""
+    if heads is None:
+        return {}
+    if not isinstance(heads, Mapping):
+        raise TypeError(f"heads must map site names to head counts, got {type(heads).__name__}")
+    for name, n in heads.items():
+        if type(n) is not int or n < 1:
+            raise ValueError(f"heads[{name!r}] must be a positive int, got {n!r}")
+    return dict(heads)
+
+
 def _model_namespaces(modules: list[nn.Module]) -> list[dict[str, Any]]:
     """Globals of the Python modules defining the model's classes (outside torch), where
     attention functions may have been imported by name."""
@@ -161,8 +224,8 @@ def _model_namespaces(modules: list[nn.Module]) -> list[dict[str, Any]]:
 
 
 def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None, *,
-            kinds: Mapping[str, Kind] | None = None, scores: bool = False,
-            values: bool = False) -> Capture:
+            kinds: Mapping[str, Kind] | None = None, heads: Mapping[str, int] | None = None,
+            scores: bool = False, values: bool = False) -> Capture:
     """Capture (and optionally replace) attention weights of an unmodified model.
 
     Use as ``with attnaudit.capture(model) as cap: model(...)``; anything may run inside —
@@ -178,6 +241,10 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
             downstream computation uses (None leaves the weights unchanged). ``site.call``
             and ``site.query_offset`` say which call it is.
         kinds: override or supply kinds by site name without suffix, e.g. ``{"attend": "cross"}``.
+        heads: state the head count of sites whose code folds heads into the batch axis
+            (``(batch * heads, queries, keys)``) where nothing at the call site says it, by
+            site name with or without suffix, e.g. ``{"decoder.attn": 8}``. Each record's
+            ``site.layout`` / ``site.layout_source`` say how its layout was determined.
         scores: also keep pre-softmax scores.
         values: also keep values ``(batch, heads, keys, d_v)`` where the mechanism exposes them.
 
@@ -185,4 +252,4 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
     exit raises :class:`NoAttentionFound` if no site was seen and :class:`SiteNotFound` if a
     requested name never appeared.
     """
-    return Capture(model, sites, edit, kinds=kinds, scores=scores, values=values)
+    return Capture(model, sites, edit, kinds=kinds, heads=heads, scores=scores, values=values)

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from attnaudit.capturing.layout import as_bhqk, eligible_from_scores, mask_like
+from attnaudit.capturing.layout import eligible_from_scores
 from attnaudit.capturing.softmax import ORIGINAL_TORCH_SOFTMAX
-from attnaudit.capturing.state import ACTIVE, patch_attr, patch_references
+from attnaudit.capturing.state import ACTIVE, patch_attr, patch_references, refuse_tracing
 from attnaudit.record import Site
 
 if TYPE_CHECKING:
@@ -38,23 +39,28 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if cap is None or cap.busy or (is_causal and attn_mask is not None):
         return ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    site = cap.sites_registry.from_frame(sys._getframe(1), "sdpa",
-                                         kind_hint="self" if is_causal else None)
+    refuse_tracing()
+    frame = sys._getframe(1)
+    site = cap.sites_registry.from_frame(frame, "sdpa", kind_hint="self" if is_causal else None)
     if site is None:
         return ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     cap.busy = True
     try:
-        return _explicit(cap, site, query, key, value, attn_mask, dropout_p, is_causal, scale,
-                         enable_gqa)
+        return _explicit(cap, site, lambda: frame.f_locals, query, key, value, attn_mask, dropout_p,
+                         is_causal, scale, enable_gqa)
     finally:
         cap.busy = False
 
 
-def _explicit(cap: Capture, site: Site, query: torch.Tensor, key: torch.Tensor,
-              value: torch.Tensor, attn_mask: torch.Tensor | None, dropout_p: float,
-              is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
-    """query (..., L, E), key (..., S, E), value (..., S, Ev) -> output (..., L, Ev)."""
+def _explicit(cap: Capture, site: Site, names: Callable[[], Mapping[str, Any]],
+              query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attn_mask: torch.Tensor | None,
+              dropout_p: float, is_causal: bool, scale: float | None,
+              enable_gqa: bool) -> torch.Tensor:
+    """query (..., L, E), key (..., S, E), value (..., S, Ev) -> output (..., L, Ev).
+
+    ``names``: the caller's locals, for a layout that folds heads into the batch."""
     n_q, n_k = query.shape[-2], key.shape[-2]
     if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
         repeat = query.shape[-3] // key.shape[-3]
@@ -88,17 +94,19 @@ def _explicit(cap: Capture, site: Site, query: torch.Tensor, key: torch.Tensor,
         weights = weights.masked_fill(dead, 0.0)
     weights = weights.to(value.dtype)
 
+    layout = cap.layout(site, tuple(weights.shape), -1, names, query_last=True)
+
     def eligibility() -> torch.Tensor:
         if allowed is not None:
-            return mask_like(allowed, weights)
+            return layout.to_record(allowed)
         if attn_mask is not None:
-            return mask_like(eligible_from_scores(attn_mask), weights)
+            return layout.to_record(eligible_from_scores(attn_mask))
         return torch.ones(1, 1, 1, n_k, dtype=torch.bool, device=weights.device)
 
-    weights4 = as_bhqk(weights)
-    values4 = as_bhqk(value) if cap.keep_values else None
-    edited = cap.record(site, weights4, eligibility, as_bhqk(scores), values4)
-    used = weights if edited is None else edited.reshape(weights.shape)
+    values4 = layout.values_to_record(value) if cap.keep_values else None
+    edited = cap.record(site, layout, layout.to_record(weights), eligibility,
+                        layout.to_record(scores), values4)
+    used = weights if edited is None else layout.from_record(edited)
     if dropout_p > 0.0:
         used = F.dropout(used, p=dropout_p, training=True)
     return torch.matmul(used, value)

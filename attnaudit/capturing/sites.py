@@ -1,16 +1,22 @@
 """Naming attention sites and deciding which ones the user selected.
 
 A site is found by walking up from the attention call to the nearest frame that runs a
-method of one of the model's modules. Its name is that module's path, plus the method
-name when it is not ``forward`` (``attend`` for a root-module method, ``decoder.attn`` for a
-submodule's forward), plus ``:self`` / ``:cross`` when the kind is known.
+method of one of the model's modules (whatever its first parameter is called). Its name is
+that module's path, plus the method name when it is not ``forward`` (``attend`` for a
+root-module method, ``decoder.attn`` for a submodule's forward), plus ``:self`` / ``:cross``
+when the kind is known. A free function whose first argument is one of the model's
+modules (``attend(model, q, k, v)`` called from the user's own loop, Hugging Face's
+``eager_attention_forward(module, ...)``) computes that module's attention: the site is the
+module's own method further up the stack when there is one, else the module's path (plus
+the function's name for the root module). ``torch.compile`` wrappers (``_orig_mod``) are
+left out of paths, so names and overrides are the same compiled or not.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from types import FrameType
+from types import CodeType, FrameType
 
 from torch import nn
 
@@ -21,7 +27,15 @@ SiteSelection = None | Iterable[str] | Callable[[str], bool]
 MAX_FRAMES = 12
 # Softmax calls made by generation utilities (sampling, logits processors) are not attention.
 _NOT_ATTENTION_DIRS = (os.sep + os.path.join("transformers", "generation") + os.sep,)
-_CROSS_WORDS = ("cross", "encoder_attn", "encdec", "enc_dec", "src_attn", "multihead_attn")
+_CROSS_WORDS = ("cross", "encoder_attn", "encdec", "enc_dec", "src_attn", "multihead_attn",
+                "context_attn", "src_trg_att", "src_tgt_att", "enc_att", "inter_attn",
+                "source_attn", "memory_attn", "ctx_attn")
+_COMPILED = "_orig_mod"
+
+
+def clean_path(path: str) -> str:
+    """A module path without ``torch.compile`` wrapper parts."""
+    return ".".join(p for p in path.split(".") if p != _COMPILED)
 
 
 def kind_from_name(path: str) -> Kind | None:
@@ -32,6 +46,17 @@ def kind_from_name(path: str) -> Kind | None:
     if "self" in last:
         return "self"
     return None
+
+
+def site_base(name: str) -> str:
+    """A site name without its ``:self`` / ``:cross`` suffix."""
+    return name.split(":", 1)[0]
+
+
+def _is_method(code: CodeType) -> bool:
+    """True for a function defined in a class body (not a free or nested function)."""
+    parent, dot, _ = code.co_qualname.rpartition(".")
+    return bool(dot) and not parent.endswith("<locals>")
 
 
 def make_selector(sites: SiteSelection) -> tuple[Callable[[str], bool], list[str] | None]:
@@ -45,9 +70,23 @@ def make_selector(sites: SiteSelection) -> tuple[Callable[[str], bool], list[str
         return sites, None
     if isinstance(sites, str):
         sites = [sites]
-    wanted = list(sites)
+    wanted = list(sites) if isinstance(sites, Iterable) else None
+    if wanted is None or not all(isinstance(n, str) for n in wanted):
+        raise TypeError("sites must be None, a site name, a list of site names or a predicate "
+                        f"over names; got {sites!r}")
     wanted_set = set(wanted)
-    return (lambda name: name in wanted_set or name.split(":", 1)[0] in wanted_set), wanted
+    return (lambda name: name in wanted_set or site_base(name) in wanted_set), wanted
+
+
+def _checked_kinds(kinds: Mapping[str, Kind] | None) -> dict[str, Kind]:
+    if kinds is None:
+        return {}
+    if not isinstance(kinds, Mapping):
+        raise TypeError(f"kinds must map site names to 'self' or 'cross', got {kinds!r}")
+    bad = {name: kind for name, kind in kinds.items() if kind not in ("self", "cross")}
+    if bad:
+        raise ValueError(f"kinds must be 'self' or 'cross'; got {bad}")
+    return {clean_path(name): kind for name, kind in kinds.items()}
 
 
 class SiteRegistry:
@@ -55,9 +94,10 @@ class SiteRegistry:
 
     def __init__(self, named_modules: list[tuple[str, nn.Module]], select: Callable[[str], bool],
                  kinds: Mapping[str, Kind] | None = None) -> None:
-        self.paths = {id(m): path for path, m in named_modules}
+        self.paths = {id(m): clean_path(path) for path, m in named_modules}
+        self.modules = {clean_path(path): m for path, m in named_modules}
         self.select = select
-        self.kinds = dict(kinds or {})
+        self.kinds = _checked_kinds(kinds)
         self.found: dict[str, Site] = {}
         self._by_key: dict[object, Site | None] = {}
         self._base_owner: dict[str, object] = {}
@@ -65,28 +105,36 @@ class SiteRegistry:
     def from_frame(self, frame: FrameType | None, mechanism: str,
                    kind_hint: Kind | None = None) -> Site | None:
         """The selected site whose code called attention from ``frame``, or None."""
+        candidate: tuple[FrameType, str] | None = None
         for _ in range(MAX_FRAMES):
             if frame is None:
-                return None
+                break
             code = frame.f_code
             if any(d in code.co_filename for d in _NOT_ATTENTION_DIRS):
                 return None
-            if code.co_argcount and code.co_varnames[0] == "self":
-                owner = frame.f_locals.get("self")
+            if code.co_argcount:
+                owner = frame.f_locals.get(code.co_varnames[0])
                 path = self.paths.get(id(owner))
                 if path is not None:
-                    return self._site_in_method(frame, path, mechanism, kind_hint)
+                    if _is_method(code):
+                        if candidate is not None and candidate[1] != path:
+                            break  # a free function's module is not this method's
+                        return self._site_in_method(frame, path, mechanism, kind_hint, True)
+                    candidate = candidate or (frame, path)
             frame = frame.f_back
-        return None
+        if candidate is None:
+            return None
+        return self._site_in_method(*candidate, mechanism, kind_hint, False)
 
     def _site_in_method(self, frame: FrameType, path: str, mechanism: str,
-                        kind_hint: Kind | None) -> Site | None:
+                        kind_hint: Kind | None, method: bool) -> Site | None:
         code = frame.f_code
         key = (code, frame.f_lineno, path)
         if key in self._by_key:
             return self._by_key[key]
         func = code.co_name
-        base = path if func == "forward" else ".".join(p for p in (path, func) if p)
+        own_name = func == "forward" or (not method and path)
+        base = path if own_name else ".".join(p for p in (path, func) if p)
         base = base or "forward"
         owner = self._base_owner.setdefault(base, (code, frame.f_lineno))
         if owner != (code, frame.f_lineno):
@@ -96,13 +144,16 @@ class SiteRegistry:
         kind = self.kinds.get(base) or local_kind or kind_hint or kind_from_name(path)
         return self._register(key, base, kind, mechanism, path)
 
-    def for_module(self, module: nn.Module, kind: Kind | None, mechanism: str) -> Site | None:
-        """The selected site for a whole attention module (``nn.MultiheadAttention``)."""
-        path = self.paths[id(module)]
-        key = (id(module), kind)
+    def for_module(self, module: nn.Module, kind: Callable[[], Kind | None],
+                   mechanism: str) -> Site | None:
+        """The selected site for a whole attention module (``nn.MultiheadAttention``);
+        ``kind()`` is asked on the module's first call only."""
+        key = id(module)
         if key in self._by_key:
             return self._by_key[key]
-        return self._register(key, path or "forward", self.kinds.get(path) or kind, mechanism, path)
+        path = self.paths[key]
+        return self._register(key, path or "forward", self.kinds.get(path) or kind(), mechanism,
+                              path)
 
     def for_tap(self, name: str, kind: Kind | None) -> Site | None:
         """The selected site for an explicit :func:`attnaudit.tap` (named by the user)."""

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from attnaudit.capturing.layout import as_bhqk, eligible_from_scores
-from attnaudit.capturing.state import ACTIVE, patch_attr, patch_references
+from attnaudit.capturing.layout import eligible_from_scores
+from attnaudit.capturing.state import ACTIVE, patch_attr, patch_references, refuse_tracing
 
 if TYPE_CHECKING:
     from attnaudit.capturing.recorder import Capture
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 ORIGINAL_TORCH_SOFTMAX = torch.softmax
 ORIGINAL_F_SOFTMAX = F.softmax
 ORIGINAL_TENSOR_SOFTMAX = torch.Tensor.softmax
-_MHA_CODE = F.multi_head_attention_forward.__code__
+MHA_CODE = F.multi_head_attention_forward.__code__
 
 
 def _legacy_dim(ndim: int) -> int:
@@ -43,6 +43,7 @@ def _patched(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
         cap = ACTIVE.capture
         if cap is None or cap.busy:
             return original(*args, **kwargs)
+        refuse_tracing()
         cap.busy = True
         try:
             out = original(*args, **kwargs)
@@ -59,19 +60,21 @@ def _patched(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
 
 def _on_softmax(cap: Capture, scores: torch.Tensor, out: torch.Tensor, dim: int,
                 frame: FrameType) -> torch.Tensor:
-    if frame.f_code is _MHA_CODE and cap.mha_stack:
+    # F.multi_head_attention_forward (from nn.MultiheadAttention or called directly) works on
+    # (batch * heads, queries, keys); its own num_heads / bsz arguments give the layout.
+    in_mha = frame.f_code is MHA_CODE
+    if in_mha and cap.mha_stack:
         site = cap.mha_stack[-1].site
-        # F.multi_head_attention_forward works on (batch * heads, queries, keys).
-        weights = out.reshape(-1, cap.mha_stack[-1].heads, *out.shape[-2:])
-        scores4 = scores.reshape(weights.shape)
     else:
         site = cap.sites_registry.from_frame(frame, "softmax")
         if site is None:
             return out
-        weights = as_bhqk(out, dim)
-        scores4 = as_bhqk(scores, dim)
-    edited = cap.record(site, weights, lambda: eligible_from_scores(scores4), scores4, None)
-    return out if edited is None else edited.reshape(out.shape)
+    layout = cap.layout(site, tuple(out.shape), dim, lambda: frame.f_locals,
+                        from_call=in_mha)
+    scores4 = layout.to_record(scores)
+    edited = cap.record(site, layout, layout.to_record(out),
+                        lambda: eligible_from_scores(scores4), scores4, None)
+    return out if edited is None else layout.from_record(edited)
 
 
 def install(stack: ExitStack, namespaces: list[dict[str, Any]]) -> None:

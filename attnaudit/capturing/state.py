@@ -6,9 +6,14 @@ through to the original at the cost of one attribute read.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
+
+import torch
+
+from attnaudit.errors import CaptureError
 
 if TYPE_CHECKING:
     from attnaudit.capturing.recorder import Capture
@@ -47,3 +52,35 @@ def patch_references(stack: ExitStack, namespaces: list[dict[str, Any]],
             if new is not None:
                 namespace[name] = new
                 stack.callback(namespace.__setitem__, name, value)
+
+
+def refuse_tracing() -> None:
+    """Raise :class:`CaptureError` when the attention call is being traced or compiled: a
+    graph built now would record only this call, or bake an edit in for good."""
+    if torch.jit.is_tracing():
+        raise CaptureError(
+            "torch.jit.trace ran inside attnaudit.capture: the traced graph would keep this "
+            "capture's patches (and any edit) after the `with` block; trace outside the "
+            "capture, and capture the original nn.Module"
+        )
+    if "torch._dynamo" in sys.modules and torch.compiler.is_compiling():
+        raise CaptureError(
+            "torch.compile / torch.export traced attention inside attnaudit.capture; capture "
+            "runs compiled models eagerly, so export outside the capture"
+        )
+
+
+def compiled_code_runs_eagerly(stack: ExitStack) -> None:
+    """Until ``stack`` closes, ``torch.compile``d models run their Python code eagerly, so
+    capture sees (and edits) their attention; compiled graphs are kept for afterwards.
+
+    Nothing can have been compiled unless the compiler was imported, so it is not imported
+    here for nothing.
+    """
+    if "torch._dynamo" not in sys.modules:
+        return
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is None:  # torch < 2.6
+        stack.enter_context(sys.modules["torch._dynamo"].config.patch(disable=True))
+        return
+    stack.enter_context(set_stance("force_eager"))

@@ -121,6 +121,10 @@ def _finding_lines(findings: Sequence[Any]) -> list[str]:
 
 
 SITE_MODULES_CAPTION = ("One row per attention site, as capture saw it: mechanism, module, "
+                        "the model's own layout of the weights and how capture determined it "
+                        "(call: the tensor or call says it; stated: by the user; inferred: "
+                        "from head-count or batch-size names at the call site; default: "
+                        "nothing said anything, so the leading axis is read as the batch), "
                         "heads, largest query and key counts, and the role (cross, encoder "
                         "or decoder self-attention) its shape matched.")
 
@@ -131,7 +135,8 @@ def _qkv(model: nn.Module, audit: Any) -> ItemResult:
     unmatched = sites.loc[sites["role"].str.contains("captured"), "site"].tolist()
     shared = params[params["shared_with"] != ""]
     observations = [
-        f"{s.site}: {s.mechanism} attention in module {s.module or '(root)'}, {s.heads} "
+        f"{s.site}: {s.mechanism} attention in module {s.module or '(root)'}, laid out as "
+        f"({s.layout}) ({s.layout_source}), {s.heads} "
         f"head(s), up to {s.queries} queries x {s.keys} keys, role {s.role}; values "
         f"{'captured' if s.values_available else 'not reachable through capture'}."
         for s in sites.itertuples(index=False)]
