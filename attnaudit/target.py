@@ -182,8 +182,9 @@ def select_state(state: Any, index: torch.Tensor) -> Any:
         return state[index.to(state.device)]
     if isinstance(state, tuple | list):
         return type(state)(select_state(part, index) for part in state)
-    if isinstance(state, dict):
-        return {key: select_state(part, index) for key, part in state.items()}
+    if isinstance(state, dict):  # also a Hugging Face ModelOutput, kept as its own type
+        parts = {key: select_state(part, index) for key, part in state.items()}
+        return parts if type(state) is dict else type(state)(**parts)
     return state
 
 
@@ -240,14 +241,17 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
                              decoder_start_token_id=start, pad_token_id=pad, eos_token_id=eos)
         return out[:, 1:]
 
-    def encode(batch: Batch) -> torch.Tensor:
+    def encode(batch: Batch) -> Any:
+        """The encoder's own output object (some models read more than its hidden states)."""
         return model.get_encoder()(input_ids=batch.source_ids,
-                                   attention_mask=batch.source_mask.long()).last_hidden_state
+                                   attention_mask=batch.source_mask.long())
 
-    def decode(batch: Batch, encoded: torch.Tensor, emitted: torch.Tensor) -> torch.Tensor:
+    def decode(batch: Batch, encoded: Any, emitted: torch.Tensor) -> torch.Tensor:
         start_col = torch.full_like(emitted[:, :1], start)
         decoder_ids = torch.cat([start_col, emitted[:, :-1]], dim=1)
-        return model(encoder_outputs=(encoded,), attention_mask=batch.source_mask.long(),
+        # source ids too: some models (FSMT) build the decoder's causal mask only from them
+        return model(input_ids=batch.source_ids, encoder_outputs=encoded,
+                     attention_mask=batch.source_mask.long(),
                      decoder_input_ids=decoder_ids, use_cache=False).logits
 
     def teacher_forced(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
@@ -265,7 +269,7 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
         batches=batches,
         greedy=greedy,
         teacher_forced=teacher_forced,
-        source_embedding=model.get_encoder().get_input_embeddings(),
+        source_embedding=_source_embedding(model),
         source_tokens=lambda batch: tokens(batch.source_ids),
         target_tokens=tokens,
         eos_id=eos,
@@ -274,6 +278,17 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
         encode=encode,
         decode=decode,
     )
+
+
+def _source_embedding(model: nn.Module) -> nn.Module:
+    """The module embedding the source: the encoder's own input embedding where it says
+    which (FSMT's encoder only has ``embed_tokens``), else the model's."""
+    encoder = model.get_encoder()
+    try:
+        return encoder.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        embed = getattr(encoder, "embed_tokens", None)
+        return embed if isinstance(embed, nn.Module) else model.get_input_embeddings()
 
 
 def _read_pairs(data: str | Path | Sequence[str]) -> tuple[list[str], list[str] | None]:

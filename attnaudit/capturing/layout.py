@@ -31,9 +31,10 @@ import torch
 MASKED_SCORE = -1e4
 
 HEAD_NAMES = ("num_heads", "n_heads", "nheads", "n_head", "nhead", "heads", "head_count",
-              "num_attention_heads", "h")
+              "num_attention_heads", "num_attn_heads", "h")
 BATCH_NAMES = ("bsz", "batch_size", "batch", "batch_sz", "bs", "nbatches", "n_batch", "B")
-QUERY_NAMES = ("tgt_len", "target_l", "target_len", "q_len", "query_len", "len_q", "T")
+QUERY_NAMES = ("tgt_len", "target_l", "target_len", "q_len", "q_length", "query_len", "len_q",
+               "T")
 
 @dataclass(frozen=True)
 class CallSite:
@@ -185,6 +186,36 @@ def resolve_layout(shape: tuple[int, ...], key_dim: int, site: CallSite) -> Layo
                   groups=tuple(tuple(g) for g in groups))
 
 
+def _many_axes(rest: list[int], site: CallSite) -> tuple[list[Group], str]:
+    """Three or more non-key axes: ``(B, H, Q)`` as the tensor says, unless a head count known
+    at the call site puts the heads on another axis — LED's ``(B, T, H, w)``, LongT5's
+    ``(B, blocks, H, block)``, ProphetNet's ``(B, ngram, H, T)``: the other axes are then
+    queries — or, with the heads where expected, says the extra axes are query blocks
+    (Pegasus-X's ``(B, H, blocks, block)``). Without a head count, extra axes are heads
+    (grouped-query ``(B, H_kv, groups, Q)``). A query axis longer than the call's stated
+    query length holds heads packed along it (``(B, H_kv, groups * Q)``, Hugging Face's
+    grouped-query decoding step)."""
+    heads = site.heads or site.first(HEAD_NAMES) or site.owner_heads
+    named = "stated" if site.heads else "call" if site.from_call else "inferred"
+    letters = ["b", *["h"] * (len(rest) - 2), "q"]
+    source = "call"
+    if heads is not None and rest[1] != heads:
+        # the last axis is the queries unless nothing else can hold the heads
+        elsewhere = [i for i in range(2, len(rest)) if rest[i] == heads]
+        if elsewhere:
+            at = elsewhere[0]
+            letters = ["b", *("h" if i == at else "q" for i in range(1, len(rest)))]
+            source = named
+    elif heads is not None and len(rest) > 3:
+        letters, source = ["b", "h", *["q"] * (len(rest) - 2)], named
+    groups: list[Group] = [[(x, n)] for x, n in zip(letters, rest, strict=True)]
+    queries = site.first(QUERY_NAMES) if site.query_last else None
+    if queries is not None and rest[-1] != queries and rest[-1] % queries == 0:
+        groups[-1] = [("h", rest[-1] // queries), ("q", queries)]
+        source = "call" if site.from_call else "inferred"
+    return groups, source
+
+
 def _group_name(group: Group) -> str:
     letters = [x for x, _ in group]
     return letters[0] if len(letters) == 1 else "(" + " ".join(letters) + ")"
@@ -192,9 +223,8 @@ def _group_name(group: Group) -> str:
 
 def _groups(rest: list[int], site: CallSite) -> tuple[list[Group], str]:
     """Letters and sizes for the non-key axes ``rest`` (in order), and how they were found."""
-    if len(rest) >= 3:  # (B, H, Q) or more: extra axes are heads (grouped-query layouts)
-        letters = ["b", *["h"] * (len(rest) - 2), "q"]
-        return [[(x, n)] for x, n in zip(letters, rest, strict=True)], "call"
+    if len(rest) >= 3:
+        return _many_axes(rest, site)
     if not rest:
         return [], "call"
     if site.query_last and len(rest) == 1:  # unbatched (L, S)

@@ -47,8 +47,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     cap.busy = True
     try:
-        return _explicit(cap, site, lambda: frame.f_locals, query, key, value, attn_mask, dropout_p,
-                         is_causal, scale, enable_gqa)
+        return _explicit(cap, site, lambda: cap.sites_registry.names_at(frame, site), query,
+                         key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     finally:
         cap.busy = False
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from types import CodeType, FrameType
+from typing import Any
 
 from torch import nn
 
@@ -31,6 +32,8 @@ _CROSS_WORDS = ("cross", "encoder_attn", "encdec", "enc_dec", "src_attn", "multi
                 "context_attn", "src_trg_att", "src_tgt_att", "enc_att", "inter_attn",
                 "source_attn", "memory_attn", "ctx_attn")
 _COMPILED = "_orig_mod"
+# Softmaxes that are not attention: a mixture-of-experts router's distribution over experts.
+_NOT_ATTENTION_MODULES = ("router",)
 
 
 def clean_path(path: str) -> str:
@@ -39,11 +42,15 @@ def clean_path(path: str) -> str:
 
 
 def kind_from_name(path: str) -> Kind | None:
-    """Guess self/cross from a module path's last part (``encoder_attn``, ``SelfAttention``)."""
-    last = path.rsplit(".", 1)[-1].lower()
-    if any(word in last for word in _CROSS_WORDS):
+    """Guess self/cross from a module path's parts within its layer (after the last layer
+    index): ``decoder.layers.0.encoder_attn`` and ``decoder.layer.0.crossattention.self``
+    are cross, ``encoder.layer.0.attention.self`` is self."""
+    parts = path.lower().split(".")
+    digits = [i for i, p in enumerate(parts) if p.isdigit()]
+    within = parts[digits[-1] + 1:] if digits and digits[-1] < len(parts) - 1 else parts[-1:]
+    if any(word in part for part in within for word in _CROSS_WORDS):
         return "cross"
-    if "self" in last:
+    if "self" in within[-1]:
         return "self"
     return None
 
@@ -132,6 +139,9 @@ class SiteRegistry:
         key = (code, frame.f_lineno, path)
         if key in self._by_key:
             return self._by_key[key]
+        if any(word in path.rsplit(".", 1)[-1].lower() for word in _NOT_ATTENTION_MODULES):
+            self._by_key[key] = None
+            return None
         func = code.co_name
         own_name = func == "forward" or (not method and path)
         base = path if own_name else ".".join(p for p in (path, func) if p)
@@ -143,6 +153,25 @@ class SiteRegistry:
         local_kind = ("cross" if local_cross else "self") if isinstance(local_cross, bool) else None
         kind = self.kinds.get(base) or local_kind or kind_hint or kind_from_name(path)
         return self._register(key, base, kind, mechanism, path)
+
+    def names_at(self, frame: FrameType, site: Site) -> dict[str, Any]:
+        """The locals of the frames from the attention call up to the site's own method (a
+        softmax wrapper, a helper method, then the module's ``forward``), inner names first:
+        what the call site knows about its layout."""
+        owner = self.modules.get(site.module)
+        names: dict[str, Any] = {}
+        at: FrameType | None = frame
+        for _ in range(MAX_FRAMES):
+            if at is None:
+                break
+            f_locals = at.f_locals
+            names = {**f_locals, **names}
+            code = at.f_code
+            if owner is not None and code.co_argcount and \
+                    f_locals.get(code.co_varnames[0]) is owner:
+                break
+            at = at.f_back
+        return names
 
     def for_module(self, module: nn.Module, kind: Callable[[], Kind | None],
                    mechanism: str) -> Site | None:

@@ -69,8 +69,8 @@ def _on_softmax(cap: Capture, scores: torch.Tensor, out: torch.Tensor, dim: int,
         site = cap.sites_registry.from_frame(frame, "softmax")
         if site is None:
             return out
-    layout = cap.layout(site, tuple(out.shape), dim, lambda: frame.f_locals,
-                        from_call=in_mha)
+    layout = cap.layout(site, tuple(out.shape), dim,
+                        lambda: cap.sites_registry.names_at(frame, site), from_call=in_mha)
     scores4 = layout.to_record(scores)
     edited = cap.record(site, layout, layout.to_record(out),
                         lambda: eligible_from_scores(scores4), scores4, None)

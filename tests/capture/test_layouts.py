@@ -229,6 +229,13 @@ def test_every_step_folded_into_the_batch(grad):
         out = module(source, memory, mask)
     expected = (mask[:, None].float() / mask.sum(-1)[:, None, None]) @ memory
     assert (out - expected).abs().max().item() <= 1e-5
+    # The same module decoding one step at a time: (batch * 1, S) per call, stacked by step.
+    with torch.no_grad(), attnaudit.capture(module) as steps:
+        for t in range(4):
+            module(source[:, t:t + 1], memory, mask)
+    (stacked,) = steps.records.values()
+    assert len(stacked.calls) == 4
+    assert (stacked.weights[:, 0] - ref).abs().max().item() <= 1e-5
 
 
 class SeqFirstAdditive(nn.Module):
