@@ -3,9 +3,11 @@
 A site is found by walking up from the attention call to the nearest frame that runs a
 method of one of the model's modules (whatever its first parameter is called). Its name is
 that module's path, plus the method name when it is not ``forward`` (``attend`` for a
-root-module method, ``decoder.attn`` for a submodule's forward), plus ``:self`` / ``:cross``
-when the kind is known. A free function whose first argument is one of the model's
-modules (``attend(model, q, k, v)`` called from the user's own loop, Hugging Face's
+root-module method, ``decoder.attn`` for a submodule's forward), plus ``@2``, ``@3``... for
+further attention calls made from other lines of the same method (in order of first call,
+so names do not depend on line numbers), plus ``:self`` / ``:cross`` when the kind is known.
+A free function whose first argument is one of the model's modules
+(``attend(model, q, k, v)`` called from the user's own loop, Hugging Face's
 ``eager_attention_forward(module, ...)``) computes that module's attention: the site is the
 module's own method further up the stack when there is one, else the module's path (plus
 the function's name for the root module). ``torch.compile`` wrappers (``_orig_mod``) are
@@ -107,7 +109,7 @@ class SiteRegistry:
         self.kinds = _checked_kinds(kinds)
         self.found: dict[str, Site] = {}
         self._by_key: dict[object, Site | None] = {}
-        self._base_owner: dict[str, object] = {}
+        self._base_lines: dict[str, list[object]] = {}
 
     def from_frame(self, frame: FrameType | None, mechanism: str,
                    kind_hint: Kind | None = None) -> Site | None:
@@ -146,9 +148,12 @@ class SiteRegistry:
         own_name = func == "forward" or (not method and path)
         base = path if own_name else ".".join(p for p in (path, func) if p)
         base = base or "forward"
-        owner = self._base_owner.setdefault(base, (code, frame.f_lineno))
-        if owner != (code, frame.f_lineno):
-            base = f"{base}@{frame.f_lineno}"
+        lines = self._base_lines.setdefault(base, [])
+        if (code, frame.f_lineno) not in lines:
+            lines.append((code, frame.f_lineno))
+        at = lines.index((code, frame.f_lineno))
+        if at:  # a second attention call line in the same method: numbered by first call
+            base = f"{base}@{at + 1}"
         local_cross = frame.f_locals.get("is_cross_attention")
         local_kind = ("cross" if local_cross else "self") if isinstance(local_cross, bool) else None
         kind = self.kinds.get(base) or local_kind or kind_hint or kind_from_name(path)

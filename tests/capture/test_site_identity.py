@@ -208,3 +208,16 @@ def test_a_compiled_model_is_captured_eagerly_and_left_compiled():
     assert (cap.records["forward:cross"].weights - ref_w).abs().max().item() <= 1e-5
     assert (edited - ref_uniform).abs().max().item() <= 1e-5
     assert torch.equal(after, before)  # no edit survives the context
+
+
+def test_two_attention_lines_in_one_method_are_numbered_by_first_call():
+    class TwoStreams(nn.Module):
+        def forward(self, main, extra):
+            second = torch.softmax(extra, -1)  # called first, so it keeps the plain name
+            first = torch.softmax(main, -1)
+            return first, second
+
+    with torch.no_grad(), attnaudit.capture(TwoStreams()) as cap:
+        cap.model(torch.randn(2, 3, 4), torch.randn(2, 3, 5))
+    assert cap.sites == ["forward", "forward@2"]
+    assert cap.records["forward@2"].weights.shape[-1] == 4
