@@ -40,7 +40,7 @@ class Capture:
     def __init__(self, model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None,
                  *, kinds: Mapping[str, Kind] | None = None,
                  heads: Mapping[str, int] | None = None, scores: bool = False,
-                 values: bool = False) -> None:
+                 values: bool = False, allow_invalid: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"capture() needs a torch.nn.Module, got {type(model).__name__}")
         if isinstance(model, torch.jit.ScriptModule):
@@ -55,6 +55,7 @@ class Capture:
         self.edit = edit
         self.keep_scores = scores
         self.keep_values = values
+        self.allow_invalid = allow_invalid
         self.heads = _checked_heads(heads)
         select, self._requested = make_selector(sites)
         self._modules = list(model.named_modules())
@@ -173,10 +174,16 @@ class Capture:
                             call.key_mask)
         finally:
             self.busy = was_busy
-        return _checked_edit(site, weights, new)
+        return _checked_edit(site, weights, new, self.allow_invalid)
 
     def on_tap(self, name: str, weights: torch.Tensor, key_mask: torch.Tensor | None,
                kind: Kind | None, names: Callable[[], Mapping[str, Any]]) -> torch.Tensor:
+        if not isinstance(name, str) or not isinstance(weights, torch.Tensor):
+            raise TypeError("attnaudit.tap(name, weights, key_mask=None, kind=None) takes a "
+                            f"site name (str) and a weights tensor; got {type(name).__name__} "
+                            f"and {type(weights).__name__}")
+        if kind not in (None, "self", "cross"):
+            raise ValueError(f"tap {name!r}: kind must be 'self', 'cross' or None, got {kind!r}")
         site = self.sites_registry.for_tap(name, kind)
         if site is None:
             return weights
@@ -190,7 +197,13 @@ class Capture:
         return weights if edited is None else layout.from_record(edited)
 
 
-def _checked_edit(site: Site, weights: torch.Tensor, new: Any) -> torch.Tensor | None:
+def _checked_edit(site: Site, weights: torch.Tensor, new: Any,
+                  allow_invalid: bool) -> torch.Tensor | None:
+    """The edit's result on the weights' device and in their dtype, or EditError.
+
+    Floating weights only (a bool mask or integer tensor is no distribution); unless
+    ``allow_invalid``, no NaN, inf or negative weight where the model's own was valid.
+    """
     if new is None or new is weights:
         return None
     if not isinstance(new, torch.Tensor):
@@ -200,7 +213,21 @@ def _checked_edit(site: Site, weights: torch.Tensor, new: Any) -> torch.Tensor |
             f"edit at site {site.name!r} returned shape {tuple(new.shape)}; the model needs "
             f"{tuple(weights.shape)} (batch, heads, queries, keys)"
         )
-    return new.to(dtype=weights.dtype, device=weights.device)
+    if not new.is_floating_point():
+        raise EditError(
+            f"edit at site {site.name!r} returned {new.dtype} weights; return floating "
+            "weights (for a mask m: m.to(weights.dtype) / m.sum(-1, keepdim=True))"
+        )
+    new = new.to(dtype=weights.dtype, device=weights.device)
+    if not allow_invalid:
+        invalid = ((~torch.isfinite(new) & torch.isfinite(weights))
+                   | ((new < 0) & (weights >= 0))).any()
+        if bool(invalid):
+            raise EditError(
+                f"edit at site {site.name!r} returned NaN, inf or negative weights where the "
+                "model's were valid; pass capture(..., allow_invalid=True) to use them anyway"
+            )
+    return new
 
 
 def _checked_heads(heads: Mapping[str, int] | None) -> dict[str, int]:
@@ -225,7 +252,7 @@ def _model_namespaces(modules: list[nn.Module]) -> list[dict[str, Any]]:
 
 def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None, *,
             kinds: Mapping[str, Kind] | None = None, heads: Mapping[str, int] | None = None,
-            scores: bool = False, values: bool = False) -> Capture:
+            scores: bool = False, values: bool = False, allow_invalid: bool = False) -> Capture:
     """Capture (and optionally replace) attention weights of an unmodified model.
 
     Use as ``with attnaudit.capture(model) as cap: model(...)``; anything may run inside —
@@ -247,9 +274,13 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
             ``site.layout`` / ``site.layout_source`` say how its layout was determined.
         scores: also keep pre-softmax scores.
         values: also keep values ``(batch, heads, keys, d_v)`` where the mechanism exposes them.
+        allow_invalid: let an edit put NaN, inf or negative weights where the model's own were
+            valid (refused with :class:`EditError` otherwise; bool or integer results are
+            always refused).
 
     On exit every patch and hook is removed, even when the body raises. With no exception,
     exit raises :class:`NoAttentionFound` if no site was seen and :class:`SiteNotFound` if a
     requested name never appeared.
     """
-    return Capture(model, sites, edit, kinds=kinds, heads=heads, scores=scores, values=values)
+    return Capture(model, sites, edit, kinds=kinds, heads=heads, scores=scores, values=values,
+                   allow_invalid=allow_invalid)

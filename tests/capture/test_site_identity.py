@@ -221,3 +221,33 @@ def test_two_attention_lines_in_one_method_are_numbered_by_first_call():
         cap.model(torch.randn(2, 3, 4), torch.randn(2, 3, 5))
     assert cap.sites == ["forward", "forward@2"]
     assert cap.records["forward@2"].weights.shape[-1] == 4
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    (lambda w: w > 0.1, "bool"),
+    (lambda w: (w * 10).long(), "int64"),
+    (lambda w: w * float("nan"), "NaN, inf or negative"),
+    (lambda w: w - 0.5, "NaN, inf or negative"),
+])
+def test_edits_that_are_no_distribution_are_refused(bad, message):
+    module = FoldedAttention()
+    with pytest.raises(attnaudit.EditError, match=message), torch.no_grad(), \
+            attnaudit.capture(module, edit=lambda site, w, m: bad(w)):
+        module(*cross_inputs())
+
+
+def test_invalid_edits_pass_when_asked_for():
+    module = FoldedAttention()
+    with torch.no_grad(), attnaudit.capture(module, edit=lambda s, w, m: w - 0.5,
+                                            allow_invalid=True):
+        out = module(*cross_inputs())
+    assert torch.isfinite(out).all()
+
+
+def test_tap_arguments_are_checked():
+    class Tapping(nn.Module):
+        def forward(self, x):
+            return attnaudit.tap("w", [0.5, 0.5])
+
+    with pytest.raises(TypeError, match="weights tensor"), attnaudit.capture(Tapping()):
+        Tapping()(torch.ones(1))
