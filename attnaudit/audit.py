@@ -1,7 +1,7 @@
 """The validity audit: is each attention site a valid weighted retrieval computation?
 
 :func:`run_validity_audit` runs a :class:`~attnaudit.target.Seq2SeqTarget` over its data —
-greedy decoding, then the model's own output teacher-forced under capture (METRICS.md's
+greedy decoding, then the model's own output teacher-forced under capture (docs/metrics.md's
 seq2seq protocol) — and streams every record through the entropy, masking, numerics,
 score and region analysers. It returns a :class:`ValidityAudit`: tidy
 tables plus :meth:`ValidityAudit.findings`, the one source the CI gate
@@ -26,7 +26,7 @@ capture saw, so keys a model masks on purpose (local windows...) stay out of the
 distribution metrics; weight on them still counts as masked mass.
 
 Rows after the first end-of-sequence step (``target.step_mask``) are padding and are not
-counted anywhere. Besides the METRICS.md names the metrics table carries, per row:
+counted anywhere. Besides the docs/metrics.md names the metrics table carries, per row:
 ``masked_rows`` (masked_mass over the masked-mass tolerance), ``row_sum_rows``
 (row_sum_error over the row-sum tolerance), ``non_finite_rows`` and ``negative_rows``
 (rows with any NaN/inf or negative weight); their ``sum`` is a row count. A "row" is one

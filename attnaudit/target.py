@@ -9,7 +9,7 @@ audited without changing its code:
   end-of-sequence included, anything after it is padding);
 - ``teacher_forced(batch, emitted)`` returns logits ``(B, T, V)`` where position ``t``
   predicts ``emitted[:, t]`` from ``emitted[:, :t]`` and the source, i.e. the model's own
-  greedy output fed back — the default seq2seq protocol of METRICS.md;
+  greedy output fed back — the default seq2seq protocol of docs/metrics.md;
 - ``source_embedding`` is the module whose first call in a forward pass embeds the source
   (attributions hook that call only, so an embedding shared with the decoder is safe);
 - optionally ``encode(batch)`` and ``decode(batch, encoded, emitted)``, the two halves of

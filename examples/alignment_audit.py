@@ -11,7 +11,7 @@ data and its "source year" expectation), and exact match on the 437 unambiguous 
 sources, printed beside the seed's 97.5 % / 99.7 % / 100.0 %.
 
 Protocol: each batch is decoded greedily first, without capture; then the teacher-forced
-pass over that greedy output is captured (the default seq2seq protocol of METRICS.md), so
+pass over that greedy output is captured (the default seq2seq protocol of docs/metrics.md), so
 query row t of a cross-attention record is the step that emits character t. Every
 cross-attention site is reported per head and averaged over heads (``head = -1``), with
 the mean ``entropy_norm`` and ``max_weight`` of the same rows; the headline is the last

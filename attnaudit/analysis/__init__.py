@@ -1,4 +1,4 @@
-"""Streaming analysers over attention records (definitions: METRICS.md)."""
+"""Streaming analysers over attention records (definitions: docs/metrics.md)."""
 
 from attnaudit.analysis.alignment import AlignmentAnalyser
 from attnaudit.analysis.base import Analyser, Rows

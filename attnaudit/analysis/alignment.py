@@ -1,4 +1,4 @@
-"""Attention as word alignment, scored against gold links (METRICS.md, "Where the mass goes").
+"""Attention as word alignment, scored against gold links (docs/metrics.md, "Where the mass goes").
 
 Per example and head, subword weights (queries = target rows, keys = source tokens) become
 a word matrix: sum over a source word's subword keys, average over a target word's subword

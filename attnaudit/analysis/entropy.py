@@ -1,4 +1,5 @@
-"""Shape of each attention row over its eligible keys (METRICS.md, "Shape of the distribution").
+"""Shape of each attention row over its eligible keys (docs/metrics.md, "Shape of the
+distribution").
 
 entropy H = -sum w ln(w + 1e-10) over eligible keys (nats); entropy_norm = H / ln(n_valid),
 defined for n_valid >= 2; effective_keys = exp(H); kl_to_uniform = ln(n_valid) - H;

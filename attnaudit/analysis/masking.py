@@ -1,4 +1,4 @@
-"""Mass on keys that must not be attended (METRICS.md, "Validity").
+"""Mass on keys that must not be attended (docs/metrics.md, "Validity").
 
 masked_mass = sum of weights on ineligible keys per row; should be 0. Masking after the
 softmax without renormalising, or filling masked scores with 0 instead of -inf, leaks

@@ -1,4 +1,4 @@
-"""Numeric health of every row (METRICS.md, "Validity").
+"""Numeric health of every row (docs/metrics.md, "Validity").
 
 non_finite / negative: counts of NaN-or-inf / below-zero weights per row.
 row_sum_error: |sum over keys - 1| for rows with an eligible key and finite weights.

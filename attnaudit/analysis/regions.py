@@ -1,4 +1,5 @@
-"""Where the mass goes: attention inside an expected key set (METRICS.md, "Where the mass goes").
+"""Where the mass goes: attention inside an expected key set (docs/metrics.md, "Where the
+mass goes").
 
 region_mass = sum of the weights on the expected keys of a row (only keys that are also
 eligible count; the weights are not renormalised). top_weight_hit = 1 when the row's argmax

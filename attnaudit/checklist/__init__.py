@@ -332,7 +332,7 @@ def _distributions(audit: Any, findings: Sequence[Any]) -> ItemResult:
     table = site_metric_table(audit.metrics, DISTRIBUTION_METRICS)
     recorded = set(table["metric"])
     evidence = [Evidence("distribution_metrics", "Attention distribution metrics",
-                         "Per site, head and metric over every counted row (METRICS.md "
+                         "Per site, head and metric over every counted row (docs/metrics.md "
                          "definitions; entropy in nats).", table),
                 Evidence("site_summary", "Per-site summary",
                          "Row counts and worst values per site.", audit.site_summary),

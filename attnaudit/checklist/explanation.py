@@ -1,7 +1,7 @@
 """The intervention item and the verdict on explanatory claims, from the suite's tables.
 
 Suite tables are recognised by their columns (:func:`find_table`), so the checklist reads
-any suite that uses METRICS.md names.
+any suite that uses docs/metrics.md names.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from attnaudit.checklist.items import (
 def interventions_item(suite: Any) -> ItemResult:
     tables = dict(suite.tables)
     evidence = [Evidence(name, name.replace("_", " ").capitalize(),
-                         "From the intervention suite (METRICS.md protocols).", frame)
+                         "From the intervention suite (docs/metrics.md protocols).", frame)
                 for name, frame in tables.items()]
     observations = [line for line, _ in intervention_lines(tables)]
     return ItemResult(
@@ -57,7 +57,7 @@ def _suite_settings(metadata: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-SMALL_TVD = 0.05  # METRICS.md: the share of rows whose median permutation TVD is below this
+SMALL_TVD = 0.05  # docs/metrics.md: the share of rows whose median permutation TVD is below this
 
 
 def find_table(tables: Mapping[str, pd.DataFrame], columns: Iterable[str]

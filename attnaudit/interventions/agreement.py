@@ -1,4 +1,4 @@
-"""Agreement between importance rankings of the source keys (METRICS.md, "Attribution and
+"""Agreement between importance rankings of the source keys (docs/metrics.md, "Attribution and
 agreement").
 
 Per (example, step) row and per pair of importance measures (attention, an attribution

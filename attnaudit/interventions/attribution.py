@@ -11,7 +11,7 @@ when a shared embedding is hooked at every call). Attributing at that call this 
 same computation as Captum's ``LayerIntegratedGradients`` (and ``LayerGradientXActivation``)
 on the encoder's embedding call.
 
-Methods (METRICS.md, "Attribution and agreement"); ``e`` is the embedding, ``g`` the
+Methods (docs/metrics.md, "Attribution and agreement"); ``e`` is the embedding, ``g`` the
 gradient of the attributed probability with respect to it, per source token:
 
 - ``saliency``: Captum ``Saliency`` (raw gradient); token score ``||g||_2`` over the

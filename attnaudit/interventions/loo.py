@@ -1,4 +1,4 @@
-"""Input leave-one-out: replace one source token, measure how the output moves (METRICS.md).
+"""Input leave-one-out: replace one source token, measure how the output moves (docs/metrics.md).
 
 Variant reported: *replacement*, not deletion. The token at source position ``j`` is
 replaced by the pad token (or a chosen id) and the position stays: ``source_mask`` and every

@@ -1,4 +1,4 @@
-"""How much an output distribution changed: TVD, JSD and argmax flips (METRICS.md).
+"""How much an output distribution changed: TVD, JSD and argmax flips (docs/metrics.md).
 
 Every function takes probability tensors ``p`` and ``q`` of shape ``(..., V)`` (the last
 axis is the output vocabulary) and returns one value per leading index, shape ``(...)``.

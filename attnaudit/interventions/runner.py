@@ -1,6 +1,6 @@
 """The batched primitive every intervention uses: a reference run, then edited re-runs.
 
-Default seq2seq protocol (METRICS.md, "Output change"): teacher-force the model's own
+Default seq2seq protocol (docs/metrics.md, "Output change"): teacher-force the model's own
 greedy output, intervene at target step ``t`` only — the query row ``t`` of each selected
 site — and compare ``p(. | y_<t, x)`` at step ``t`` before and after.
 

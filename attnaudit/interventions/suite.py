@@ -1,6 +1,6 @@
 """The whole intervention and attribution suite on one target, as tidy tables.
 
-Variant reported (METRICS.md): the seq2seq protocol — teacher-force the model's own greedy
+Variant reported (docs/metrics.md): the seq2seq protocol — teacher-force the model's own greedy
 output and intervene at one target step at a time, at every cross-attention site at once
 (``sites=`` narrows it); keys are source positions; special source tokens and padding are
 not eligible and keep their weight in place. "Attention" as one key-level distribution is
@@ -48,7 +48,7 @@ ROW_KEYS = ["example", "step", "n_valid", "max_attention"]
 
 @dataclass
 class InterventionSuite:
-    """Tables (METRICS.md names) keyed by name, and what was run on what."""
+    """Tables (docs/metrics.md names) keyed by name, and what was run on what."""
 
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     metadata: dict[str, object] = field(default_factory=dict)
@@ -203,7 +203,7 @@ def _merge_controls(controls: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _example_mean(rows: pd.DataFrame, column: str) -> float:
-    """Mean over steps within each example, then over examples (METRICS.md)."""
+    """Mean over steps within each example, then over examples (docs/metrics.md)."""
     return float(rows.dropna(subset=[column]).groupby("example")[column].mean().mean())
 
 

@@ -35,6 +35,7 @@ from attnaudit.checklist import (
 )
 from attnaudit.errors import AttnauditError
 from attnaudit.report import figures as figs
+from attnaudit.report.definitions import definition_blocks
 from attnaudit.report.html import write_html
 from attnaudit.report.manifest import build_manifest, write_manifest
 from attnaudit.report.tables import TableView, csv_name, view, write_csvs
@@ -114,6 +115,7 @@ def write_report(target: Seq2SeqTarget, out_dir: str | Path, *, quick: bool = Fa
         "tables": views,
         "all_tables": [v for item_views in views.values() for v in item_views],
         "summary_csvs": [csv_name(name) for name in _summary_tables(checklist)],
+        "definitions": definition_blocks(),
     }
     path = write_html(context, out)
     if progress:

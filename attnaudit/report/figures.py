@@ -1,6 +1,6 @@
 """Report figures: seaborn/matplotlib rendered to PNG and embedded as data URIs.
 
-Every function takes plain data (arrays, tidy DataFrames with METRICS.md names) and returns a
+Every function takes plain data (arrays, tidy DataFrames with docs/metrics.md names) and returns a
 :class:`Figure` whose ``title``, ``caption`` and ``alt`` are plain text; the HTML template
 escapes them. Token labels are drawn as literal text (mathtext is off, so ``$`` and ``_`` in
 a token are not interpreted). Figures are built with :class:`matplotlib.figure.Figure`
