@@ -129,7 +129,7 @@ class Layout:
         """The call's tensor (``shape``, or a mask broadcastable to it) as ``(B, H, Q, K)``;
         a broadcast axis stays size 1."""
         if self._plain and tuple(t.shape) == self.shape:
-            return t.reshape(self.bhqk)
+            return t if self.shape == self.bhqk else t.reshape(self.bhqk)
         if t.ndim > len(self.shape):
             raise ValueError(f"key mask has {t.ndim} axes, attention weights only "
                              f"{len(self.shape)}")
@@ -148,6 +148,8 @@ class Layout:
 
     def from_record(self, w: torch.Tensor) -> torch.Tensor:
         """An edit's ``(B, H, Q, K)`` result back in the call's shape."""
+        if self._plain and self.shape == self.bhqk:
+            return w
         order, letters = self._order, self._letters
         inverse = sorted(range(len(order)), key=order.__getitem__)
         moved = [n for i, n in enumerate(self.shape) if i != self.key_dim]

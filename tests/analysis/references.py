@@ -1,6 +1,6 @@
 """Independent reference implementations of the per-row attention metrics.
 
-Written from METRICS.md ("Eligibility", "Validity", "Shape of the distribution"), in
+Written from docs/metrics.md ("Eligibility", "Validity", "Shape of the distribution"), in
 plain numpy, one row at a time. Nothing here imports attnaudit:
 the point is to have a second, deliberately naive implementation to compare against.
 
@@ -14,7 +14,7 @@ Conventions (the reference's reading of the definitions):
 * Entropy metrics (entropy, entropy_norm, effective_keys, kl_to_uniform, max_weight) are
   defined only for finite rows with at least one eligible key; entropy_norm also needs
   ``n_valid >= 2``. A negative eligible weight leaves the entropy family undefined here
-  (``ln`` of a negative number; METRICS.md does not say), but not ``max_weight``.
+  (``ln`` of a negative number; docs/metrics.md does not say), but not ``max_weight``.
   ``n_valid`` is defined for every row (it depends on the mask only).
 * ``masked_mass`` / ``masked_rows`` are defined where the masked mass is finite (a NaN or
   inf on an *ineligible* key leaves it undefined; one on an eligible key does not matter).
@@ -72,7 +72,7 @@ def row_metrics(w: Sequence[float], eligible: Sequence[bool],
     if finite and n_valid >= 1:
         kept = [x for x, e in zip(w, eligible, strict=True) if e]
         out["max_weight"] = max(kept)
-        if min(kept) >= 0:  # a negative weight has no entropy (METRICS.md is silent)
+        if min(kept) >= 0:  # a negative weight has no entropy (docs/metrics.md is silent)
             h = 0.0
             for x in kept:
                 h -= x * math.log(x + EPS)

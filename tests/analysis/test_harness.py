@@ -1,7 +1,7 @@
 """One harness for every streaming analyser: streaming, sharding, invariances, bad input.
 
 Every analyser in ``CASES`` is checked against the independent numpy reference in
-``references.py`` (written from METRICS.md, no attnaudit code), on random attention batches:
+``references.py`` (written from docs/metrics.md, no attnaudit code), on random attention batches:
 
 * one-shot update == update over batch slices == merge of per-slice shards (in any order,
   into a fresh analyser or into a shard) == update over a permuted batch == reference.
