@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from attnaudit.interventions.draws import eligible_draws
 from attnaudit.interventions.outputs import flip, jsd, median, tvd
 from attnaudit.interventions.runner import (
     DEFAULT_CHUNK,
@@ -60,9 +61,9 @@ class _PermutationEdit:
             if len(self._cache) > _CACHE_ROWS:
                 self._cache.clear()
             ref, ex, st = self.ref, int(self.rows.example[row]), int(self.rows.step[row])
-            gen = row_generator(ref, ex, st, _SALT)
-            noise = torch.rand(self.n, ref.n_site_heads, ref.eligible.shape[-1], generator=gen)
-            self._cache[row] = eligible_permutation(ref.eligible[ex, st], noise)
+            gen, eligible = row_generator(ref, ex, st, _SALT), ref.eligible[ex, st]
+            noise = eligible_draws(torch.rand, gen, (self.n, ref.n_site_heads), eligible)
+            self._cache[row] = eligible_permutation(eligible, noise)
         return self._cache[row]
 
     def __call__(self, site: str, old: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
