@@ -11,7 +11,7 @@ from torch import nn
 
 import attnaudit
 from attnaudit.capturing import sdpa, softmax
-from examples.date.data import BOS
+from tests.date_reference import hand_written_greedy
 
 # The README's rule: a key is masked when its score is at or below -1e4.
 AT_THRESHOLD, ABOVE_THRESHOLD = -1e4, -9999.0
@@ -61,30 +61,10 @@ def test_masking_threshold_is_at_or_below_minus_1e4(model_class, fill, masked):
     assert torch.equal(key_mask, expected[:, None, None, :].expand_as(key_mask))
 
 
-def hand_written_greedy(model, src: torch.Tensor, lengths: torch.Tensor,
-                        steps: int) -> torch.Tensor:
-    """The date model's greedy decoder written out from its parameters; its own argmax
-    feeds the next step. Returns the weights of every step (B, steps, n)."""
-    memory, valid, (h, c) = model.encode(src, lengths)
-    keys = memory @ model.key_proj.weight.T
-    prev = torch.full((src.shape[0],), BOS)
-    weights = []
-    for _ in range(steps):
-        scores = (torch.tanh(keys + (h @ model.query_proj.weight.T)[:, None])
-                  @ model.score_vec.weight.T).squeeze(-1).masked_fill(~valid, float("-inf"))
-        w = torch.exp(scores - scores.max(-1, keepdim=True).values)
-        w = w / w.sum(-1, keepdim=True)
-        context = (w[:, :, None] * memory).sum(1)
-        h, c = model.decoder(torch.cat([model.tgt_embed(prev), context], -1), (h, c))
-        prev = model.out(torch.cat([h, context], -1)).argmax(-1)
-        weights.append(w)
-    return torch.stack(weights, 1)
-
-
 def test_decoder_steps_stack_in_call_order(date_model, date_batch):
     src, lengths, _ = date_batch
     with torch.no_grad():
-        expected = hand_written_greedy(date_model, src, lengths, 11)
+        expected, _ = hand_written_greedy(date_model, src, lengths, 11)
         with attnaudit.capture(date_model) as cap:
             date_model.greedy(src, lengths)
     rec = cap.records["attend"]
