@@ -11,7 +11,7 @@ from torch import nn
 
 import attnaudit
 from attnaudit.capturing import sdpa, softmax
-from tests.date_reference import hand_written_greedy
+from tests.date_reference import hand_written_decode
 
 # The README's rule: a key is masked when its score is at or below -1e4.
 AT_THRESHOLD, ABOVE_THRESHOLD = -1e4, -9999.0
@@ -64,7 +64,7 @@ def test_masking_threshold_is_at_or_below_minus_1e4(model_class, fill, masked):
 def test_decoder_steps_stack_in_call_order(date_model, date_batch):
     src, lengths, _ = date_batch
     with torch.no_grad():
-        expected, _ = hand_written_greedy(date_model, src, lengths, 11)
+        expected, _, _ = hand_written_decode(date_model, src, lengths)
         with attnaudit.capture(date_model) as cap:
             date_model.greedy(src, lengths)
     rec = cap.records["attend"]

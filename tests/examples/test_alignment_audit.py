@@ -16,7 +16,7 @@ import torch
 from examples import alignment_audit
 from examples.alignment_audit import MEAN_HEAD, audit_date, format_headline
 from examples.date.data import YEAR_CHARS, encode_sources, year_span
-from tests.date_reference import hand_written_greedy
+from tests.date_reference import hand_written_decode
 
 BART_SOURCES = 100  # region metrics on the first 100 audit sources keep the test short
 METRICS = ["region_mass", "top_weight_hit", "entropy_norm", "max_weight"]
@@ -40,7 +40,7 @@ def test_date_numbers_match_a_hand_written_decoder(date_audit, date_splits, date
     src_vocab, tgt_vocab = date_vocabs
     sources = [s for s, _ in date_splits.unambiguous("valid", 400)]
     src, lengths = encode_sources(src_vocab, sources)
-    weights, _ = hand_written_greedy(date_model, src, lengths)
+    weights, _, _ = hand_written_decode(date_model, src, lengths)
     first = weights[:, :YEAR_CHARS].double()  # (400, 4, n)
     year = torch.zeros(len(sources), first.shape[-1], dtype=torch.bool)
     for row, source in enumerate(sources):
@@ -50,7 +50,7 @@ def test_date_numbers_match_a_hand_written_decoder(date_audit, date_splits, date
     hit = year.gather(-1, first.argmax(-1, keepdim=True)).double().mean().item()
     test = date_splits.unambiguous("test")
     src, lengths = encode_sources(src_vocab, [s for s, _ in test])
-    _, emitted = hand_written_greedy(date_model, src, lengths)
+    _, _, emitted = hand_written_decode(date_model, src, lengths)
     exact = sum(tgt_vocab.decode(ids) == iso
                 for ids, (_, iso) in zip(emitted.tolist(), test, strict=True)) / len(test)
     measured = {"region_mass": mass, "top_weight_hit": hit, "exact_match": exact}
