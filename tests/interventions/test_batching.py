@@ -21,7 +21,7 @@ from attnaudit.interventions.suite import run_suite
 from attnaudit.interventions.values import value_replacement
 from tests.gate.toy_targets import make_target as gate_toy
 from tests.interventions.test_full_suite import canonical
-from tests.interventions.toys import mixed_target, one_thread
+from tests.interventions.toys import mixed_target
 
 PROTOCOLS: dict[str, Callable[..., pd.DataFrame]] = {
     "permutation": lambda t, r, **kw: permutation_test(t, r, n_permutations=8, **kw),
@@ -38,8 +38,7 @@ def test_one_sequence_per_forward_pass_changes_nothing(protocol):
     target = mixed_target()
     ref = reference(target, next(iter(target.batches())))
     run = PROTOCOLS[protocol]
-    with one_thread():
-        chunked, single = run(target, ref), run(target, ref, chunk_size=1)
+    chunked, single = run(target, ref), run(target, ref, chunk_size=1)
     assert len(chunked) > 0
     pd.testing.assert_frame_equal(chunked, single, check_exact=True)
 
@@ -48,11 +47,10 @@ def test_leave_one_out_and_attributions_one_sequence_at_a_time():
     target = gate_toy("correct")
     batch = next(target.iter_batches())
     emitted = target.greedy(batch)
-    with one_thread():
-        loo = leave_one_out(target, batch, emitted), leave_one_out(target, batch, emitted,
-                                                                   chunk_size=1)
-        found = [attribute(target, batch, emitted, n_steps=8, internal_batch_size=size)
-                 for size in (512, 1)]
+    loo = leave_one_out(target, batch, emitted), leave_one_out(target, batch, emitted,
+                                                               chunk_size=1)
+    found = [attribute(target, batch, emitted, n_steps=8, internal_batch_size=size)
+             for size in (512, 1)]
     assert torch.equal(*loo) and loo[0].gt(0).any()
     for method, scores in found[0].token_scores.items():
         torch.testing.assert_close(scores, found[1].token_scores[method], rtol=1e-5, atol=1e-7)
@@ -63,10 +61,9 @@ def test_leave_one_out_and_attributions_one_sequence_at_a_time():
 def test_date_model_tables_do_not_depend_on_the_example_batch_size():
     from examples.date.target import make_target
 
-    with one_thread():
-        runs = [run_suite(make_target(limit=5, batch_size=size), quick=True, progress=False,
-                          n_permutations=6, cumulative_examples=5)
-                for size in (5, 2)]
+    runs = [run_suite(make_target(limit=5, batch_size=size), quick=True, progress=False,
+                      n_permutations=6, cumulative_examples=5)
+            for size in (5, 2)]
     widths = [int(b.source_ids.shape[1]) for b in make_target(limit=5, batch_size=2).batches()]
     assert len(set(widths)) > 1  # batches really are padded differently
     for name, table in runs[0].tables.items():

@@ -22,7 +22,6 @@ from scipy.stats import kendalltau
 
 from attnaudit.interventions.suite import run_suite
 from tests.gate.toy_targets import BOS, EOS, PAD, ToySeq2Seq, make_target
-from tests.interventions.toys import one_thread
 
 N_EXAMPLES = 3
 ID_COLUMNS = ["method_a", "method_b", "order", "draw", "example", "step", "candidate",
@@ -37,10 +36,9 @@ def canonical(frame: pd.DataFrame) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def runs():
-    with one_thread():
-        return {size: run_suite(make_target("correct", batch_size=size), limit=N_EXAMPLES,
-                                progress=False)
-                for size in (N_EXAMPLES, 1)}
+    return {size: run_suite(make_target("correct", batch_size=size), limit=N_EXAMPLES,
+                            progress=False)
+            for size in (N_EXAMPLES, 1)}
 
 
 def test_full_suite_runs_adversarial_search_and_integrated_gradients(runs):

@@ -9,9 +9,6 @@ so no attention edit can change the output. ``seen``, when a list, receives the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 from torch import nn
 
@@ -106,14 +103,3 @@ def mixed_target(batch_size: int | None = None) -> Seq2SeqTarget:
     model = ToyPointer(MIXED_SCORES, MIXED_VALUES).eval()
     return toy_target(model, MIXED_SOURCES, batch_size=batch_size)
 
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """Run toy-sized work on one thread: its tensors are tiny, and on a busy machine a second
-    thread only adds synchronisation (results are the same)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
