@@ -9,6 +9,17 @@ from examples.date.data import encode_sources, make_splits, vocabularies
 from examples.date.model import DateAttentionModel, load_model
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_intra_op_thread():
+    """The suite's models are small, and its machine is two cores shared with other jobs:
+    there a second intra-op thread mostly waits (the suite ran several times slower with
+    two threads than with one on a loaded machine). Results do not depend on it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def date_splits():
     return make_splits()

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attnaudit.interventions.draws import eligible_draws
 from attnaudit.interventions.outputs import flip, jsd, tvd
 from attnaudit.interventions.runner import (
     DEFAULT_CHUNK,
@@ -175,9 +176,10 @@ def removal_orders(target: Seq2SeqTarget, ref: Reference, rows: Rows, *,
     grads = weight_gradients(target, ref, rows, chunk_size=chunk_size)
     alpha = stacked_rows(ref, rows).float()
     scores = {"attention": attention}
-    noise = torch.stack([torch.rand(random_draws, attention.shape[-1],
-                                    generator=row_generator(ref, int(e), int(s), _SALT_ORDER))
-                         for e, s in zip(rows.example, rows.step, strict=True)])
+    eligible = ref.eligible[rows.example, rows.step]
+    noise = torch.stack([eligible_draws(torch.rand, row_generator(ref, int(e), int(s), _SALT_ORDER),
+                                        (random_draws,), eligible[i])
+                         for i, (e, s) in enumerate(zip(rows.example, rows.step, strict=True))])
     for d in range(random_draws):
         scores[f"random_{d + 1}"] = noise[:, d]
     scores["gradient"] = grads.sum(1)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from attnaudit.interventions.draws import eligible_draws
 from attnaudit.interventions.outputs import jsd, tvd
 from attnaudit.interventions.runner import (
     DEFAULT_CHUNK,
@@ -111,9 +112,9 @@ def _search_chunk(target: Seq2SeqTarget, ref: Reference, rows: Rows, k: int, ste
     original = stacked_rows(ref, rows).float()  # (N, S*H, n)
     n_valid = eligible.sum(-1).clamp_min(1).float()
     noise = torch.stack([
-        torch.randn(k, ref.n_site_heads, eligible.shape[-1],
-                    generator=row_generator(ref, int(e), int(s), _SALT))
-        for e, s in zip(rows.example, rows.step, strict=True)])
+        eligible_draws(torch.randn, row_generator(ref, int(e), int(s), _SALT),
+                       (k, ref.n_site_heads), eligible[i])
+        for i, (e, s) in enumerate(zip(rows.example, rows.step, strict=True))])
     theta = (-torch.log(n_valid)[:, None, None, None] + INIT_SCALE * noise).requires_grad_(True)
     optimiser = torch.optim.Adam([theta], lr=lr, amsgrad=True)
     before = row_probs(ref, rows).repeat_interleave(k, 0)

@@ -2,7 +2,10 @@
 
 Every function takes probability tensors ``p`` and ``q`` of shape ``(..., V)`` (the last
 axis is the output vocabulary) and returns one value per leading index, shape ``(...)``.
-Natural logarithms; distributions are smoothed with ``EPS`` before a log.
+Natural logarithms; distributions are smoothed with ``EPS`` before a log. JSD is computed
+in float32 or wider whatever the input dtype (in float16 the smoothing would round to 0 and
+a probability of exactly 0 would give NaN). ``median`` is the usual median: for an even
+count, the mean of the two middle values (``torch.median`` returns the lower one).
 """
 
 from __future__ import annotations
@@ -31,8 +34,13 @@ def _kl(p: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 
 def jsd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Jensen-Shannon divergence 1/2 KL(p||m) + 1/2 KL(q||m), m = (p + q) / 2; in [0, ln 2]."""
+    """Jensen-Shannon divergence 1/2 KL(p||m) + 1/2 KL(q||m), m = (p + q) / 2; in [0, ln 2].
+
+    Computed in float32, or in the inputs' dtype when wider (float64).
+    """
     _check(p, q)
+    wide = torch.promote_types(torch.promote_types(p.dtype, q.dtype), torch.float32)
+    p, q = p.to(wide), q.to(wide)
     m = 0.5 * (p + q)
     return (0.5 * _kl(p, m) + 0.5 * _kl(q, m)).clamp_min(0.0)
 
@@ -41,3 +49,13 @@ def flip(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Bool: the argmax of the output distribution changed."""
     _check(p, q)
     return p.argmax(-1) != q.argmax(-1)
+
+
+def median(x: torch.Tensor) -> torch.Tensor:
+    """Median over the last axis, (..., R) -> (...): the middle value for an odd count R,
+    the mean of the two middle values for an even count."""
+    if x.shape[-1] == 0:
+        raise ValueError("median of an empty axis")
+    ordered = x.sort(-1).values
+    n = ordered.shape[-1]
+    return 0.5 * (ordered[..., (n - 1) // 2] + ordered[..., n // 2])

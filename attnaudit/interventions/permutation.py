@@ -3,7 +3,8 @@
 For every (example, step) row, ``n_permutations`` seeded permutations of the weights among
 eligible keys (padding and special keys stay in place), each site and head permuted
 independently, at every selected site at once; per row the median TVD / JSD over
-permutations and the share of permutations that flip the argmax.
+permutations (for an even count, the mean of the two middle values) and the share of
+permutations that flip the argmax.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from attnaudit.interventions.outputs import flip, jsd, tvd
+from attnaudit.interventions.draws import eligible_draws
+from attnaudit.interventions.outputs import flip, jsd, median, tvd
 from attnaudit.interventions.runner import (
     DEFAULT_CHUNK,
     Reference,
@@ -59,9 +61,9 @@ class _PermutationEdit:
             if len(self._cache) > _CACHE_ROWS:
                 self._cache.clear()
             ref, ex, st = self.ref, int(self.rows.example[row]), int(self.rows.step[row])
-            gen = row_generator(ref, ex, st, _SALT)
-            noise = torch.rand(self.n, ref.n_site_heads, ref.eligible.shape[-1], generator=gen)
-            self._cache[row] = eligible_permutation(ref.eligible[ex, st], noise)
+            gen, eligible = row_generator(ref, ex, st, _SALT), ref.eligible[ex, st]
+            noise = eligible_draws(torch.rand, gen, (self.n, ref.n_site_heads), eligible)
+            self._cache[row] = eligible_permutation(eligible, noise)
         return self._cache[row]
 
     def __call__(self, site: str, old: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -95,8 +97,8 @@ def permutation_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = 
     before = row_probs(ref, rows)[:, None, :].expand_as(after)
     return pd.DataFrame({
         **row_columns(ref, rows),
-        "perm_median_tvd": tvd(before, after).median(-1).values.numpy(),
-        "perm_median_jsd": jsd(before, after).median(-1).values.numpy(),
+        "perm_median_tvd": median(tvd(before, after)).numpy(),
+        "perm_median_jsd": median(jsd(before, after)).numpy(),
         "perm_flip_rate": flip(before, after).float().mean(-1).numpy(),
     })
 

@@ -7,7 +7,9 @@ embedding of the decoder input token, so teacher forcing the greedy output repro
 - "correct": masked scores filled with -inf before the softmax;
 - "after_softmax": the mask multiplies the softmax output, not renormalised (capture sees
   the softmax output, which has mass on padding);
-- "zero_fill": masked scores filled with 0 instead of -inf.
+- "zero_fill": masked scores filled with 0 instead of -inf;
+- "wrong_axis": the softmax normalises over the query axis, so rows over the keys do not sum
+  to one (use sources without padding: a padded key column would be all -inf).
 
 With "correct" masking, a source that is all padding has no eligible key: softmax over
 all -inf gives NaN.
@@ -25,6 +27,7 @@ from attnaudit.target import Batch, Seq2SeqTarget
 PAD, BOS, EOS = 0, 1, 2
 VOCAB, DIM, STEPS = 8, 6, 4
 SOURCES = ([3, 4, 5, 6, 7], [5, 3], [7, 7, 6], [4], [6, 5, 4, 3])
+UNPADDED_SOURCES = ([3, 4, 5], [5, 3, 6], [7, 7, 6], [4, 4, 3])
 
 
 class ToySeq2Seq(nn.Module):
@@ -46,6 +49,8 @@ class ToySeq2Seq(nn.Module):
             weights = torch.softmax(scores, dim=-1) * allowed
         elif self.masking == "zero_fill":
             weights = torch.softmax(scores.masked_fill(~allowed, 0.0), dim=-1)
+        elif self.masking == "wrong_axis":
+            weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=1)
         else:
             weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
         return weights @ keys
@@ -115,6 +120,10 @@ def after_softmax() -> Seq2SeqTarget:
 
 def zero_fill() -> Seq2SeqTarget:
     return make_target("zero_fill")
+
+
+def wrong_axis() -> Seq2SeqTarget:
+    return make_target("wrong_axis", UNPADDED_SOURCES)
 
 
 def nan_on_empty_source() -> Seq2SeqTarget:

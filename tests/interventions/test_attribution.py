@@ -275,7 +275,9 @@ def test_date_model_matches_its_rewritten_forward() -> None:
     model = target.model
     emitted = target.greedy(batch)
     before = model_fingerprint(model)
-    result = attribute(target, batch, emitted, ("input_x_gradient", "integrated_gradients"))
+    # 8 integration points: completeness (scores - delta = gap) holds for any number
+    result = attribute(target, batch, emitted, ("input_x_gradient", "integrated_gradients"),
+                       n_steps=8)
     assert_unchanged(model, before)
     src, lengths = batch.source_ids, batch.inputs["lengths"]
     with torch.no_grad():
@@ -302,7 +304,7 @@ def test_date_transformer_attributes_at_the_encoder_embedding_only() -> None:
     from examples.date_transformer.target import make_target
 
     target = make_target()
-    batch = next(target.iter_batches(limit=100)).select([0, 5])
+    batch = next(target.iter_batches(limit=100)).select([5])
     model = target.model
     emitted = target.greedy(batch)
     before = model_fingerprint(model)

@@ -3,7 +3,8 @@
 ToyPointer: one additive-free cross-attention read per decoder step. Source token ids pick a
 fixed score and a fixed value vector; the context is ``weights @ values`` and the logits are
 ``context @ readout + step bias``. With ``ignore=True`` the logits do not read the context,
-so no attention edit can change the output.
+so no attention edit can change the output. ``seen``, when a list, receives the weights
+(B, n) each ``attend`` call actually reads: after an edit, the edited ones.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class ToyPointer(nn.Module):
         self.values = nn.Parameter(torch.tensor(values))
         self.readout = nn.Parameter(torch.eye(VOCAB_TGT) * readout_scale)
         self.ignore = ignore
+        self.seen: list[torch.Tensor] | None = None
 
     def attend(self, src: torch.Tensor) -> torch.Tensor:
         """(B, n) -> context (B, VOCAB_TGT)."""
@@ -32,6 +34,8 @@ class ToyPointer(nn.Module):
         scores = self.scores[src] + 0.0 * emb.sum(-1)
         scores = scores.masked_fill(src == PAD, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
+        if self.seen is not None:
+            self.seen.append(weights.detach().clone())
         return torch.bmm(weights[:, None, :], self.values[src]).squeeze(1)
 
     def forward(self, src: torch.Tensor, steps: int) -> torch.Tensor:
@@ -43,12 +47,17 @@ class ToyPointer(nn.Module):
         return torch.stack(out, dim=1)
 
 
-def toy_target(model: ToyPointer, sources: list[list[int]], steps: int = 3) -> Seq2SeqTarget:
-    n = max(len(s) for s in sources)
-    src = torch.tensor([s + [PAD] * (n - len(s)) for s in sources])
+def toy_target(model: ToyPointer, sources: list[list[int]], steps: int = 3,
+               batch_size: int | None = None) -> Seq2SeqTarget:
+    """Batches of ``batch_size`` sources (default all), each padded to its own longest."""
+    size = batch_size or len(sources)
 
     def batches():
-        yield Batch(src, src != PAD, [str(s) for s in sources])
+        for at in range(0, len(sources), size):
+            chunk = sources[at : at + size]
+            n = max(len(s) for s in chunk)
+            src = torch.tensor([s + [PAD] * (n - len(s)) for s in chunk])
+            yield Batch(src, src != PAD, [str(s) for s in chunk])
 
     def greedy(batch: Batch) -> torch.Tensor:
         with torch.no_grad():
@@ -80,3 +89,17 @@ def toy_probs(values: torch.Tensor, src: list[int], weights: torch.Tensor,
     """Independent output of ToyPointer for given weights over ``src`` (no padding)."""
     context = weights @ values[torch.tensor(src)]
     return torch.softmax(context + 0.1 * step, -1)
+
+
+# Orders disagree: token 2 has a low score but the value that carries class 0, so removing
+# keys by attention and by gradient flips the output after different numbers of keys.
+MIXED_SCORES = [0.0, 2.0, 0.5, 1.0, 1.2, 0.8]
+MIXED_VALUES = [[0, 0, 0], [1.0, 0, 0.3], [4.0, 0, 0], [0, 1.6, 0], [0, 1.2, 0.5],
+                [0.2, 0.5, 1.5]]
+MIXED_SOURCES = [[1, 2, 3, 4], [2, 1, 5, 3, 4], [5, 4, 1], [3, 2, 5, 1]]
+
+
+def mixed_target(batch_size: int | None = None) -> Seq2SeqTarget:
+    model = ToyPointer(MIXED_SCORES, MIXED_VALUES).eval()
+    return toy_target(model, MIXED_SOURCES, batch_size=batch_size)
+

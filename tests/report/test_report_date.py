@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -15,9 +16,10 @@ import attnaudit.target
 from attnaudit.checklist import ITEM_KEYS, STATUSES
 from attnaudit.cli import main
 from attnaudit.target import load_target
-from examples.date.data import make_splits
+from examples.date.data import BOS, YEAR_CHARS, encode_sources, make_splits, vocabularies, year_span
 from examples.date.model import load_model
 from tests.conftest import assert_unchanged, model_fingerprint
+from tests.date_reference import hand_written_decode
 
 LIMIT = 12
 
@@ -127,3 +129,88 @@ def test_bad_limit_is_a_usage_error(tmp_path, capsys):
     assert main(["report", "--limit", "0", "--out", str(tmp_path)]) == 2
     assert "--limit must be a positive number" in capsys.readouterr().err
     assert not (tmp_path / "index.html").exists()
+
+
+# What the quick report on the first LIMIT sources says: every checklist item and verdict.
+QUICK_STATUSES = {"qkv": "pass", "scoring": "pass", "eligibility": "pass", "masks": "pass",
+                  "positions": "not recorded", "distributions": "pass", "performance": "pass",
+                  "interventions": "pass"}
+QUICK_VERDICTS = {"verdict-validity": "pass", "verdict-explanation": "pass"}
+
+
+def test_checklist_statuses_and_verdicts_are_pinned(date_report):
+    page = read_page(date_report / "index.html")
+    assert page.sections == QUICK_STATUSES
+    assert page.verdicts == QUICK_VERDICTS
+    verdicts = pd.read_csv(date_report / "verdicts.csv")
+    assert dict(zip("verdict-" + verdicts["verdict"], verdicts["status"], strict=True)) == \
+        QUICK_VERDICTS
+
+
+@pytest.fixture(scope="module")
+def hand_written(date_report):
+    """The report's sources through the hand-written decoder: weights (B, T, n), output
+    probabilities (B, T, V), emitted ids (B, T), encoder states (B, n, d) and real keys."""
+    src_vocab, _ = vocabularies(make_splits())
+    texts = [s for s, _ in make_splits().unambiguous("valid", LIMIT)]
+    src, lengths = encode_sources(src_vocab, texts)
+    model = load_model()
+    weights, probs, emitted = hand_written_decode(model, src, lengths)
+    with torch.no_grad():
+        memory, valid, _ = model.encode(src, lengths)
+    return texts, model, src, lengths, weights, probs, emitted, memory, valid
+
+
+def test_region_and_entropy_tables_match_the_hand_written_decoder(date_report, hand_written):
+    texts, _, _, _, weights, _, _, _, valid = hand_written
+    w = weights.double()
+    year = torch.zeros(valid.shape, dtype=torch.bool)
+    for row, text in enumerate(texts):
+        year[row, list(year_span(text))] = True
+    regions = pd.read_csv(date_report / "regions.csv")
+    mass = regions[(regions["metric"] == "region_mass") & (regions["site"] == "attend:cross")]
+    mass = mass.set_index("step")
+    expected = (w[:, :YEAR_CHARS] * year[:, None, :]).sum(-1)  # (B, 4)
+    assert list(mass.index) == list(range(YEAR_CHARS))
+    np.testing.assert_allclose(mass["sum"], expected.sum(0).numpy(), atol=1e-5)
+    np.testing.assert_allclose(mass["n"], [LIMIT] * YEAR_CHARS)
+    entropy = -(w * torch.log(w + 1e-10)).sum(-1)  # padding has weight 0
+    shape = pd.read_csv(date_report / "distribution_metrics.csv").set_index("metric")
+    assert shape.loc["entropy", "n"] == entropy.numel()
+    assert shape.loc["entropy", "mean"] == pytest.approx(entropy.mean().item(), abs=1e-5)
+    max_weight = pd.read_csv(date_report / "site_summary.csv")["max_weight_mean"].item()
+    assert max_weight == pytest.approx(w.amax(-1).mean().item(), abs=1e-6)
+
+
+def test_value_controls_match_edited_encoder_states(date_report, hand_written):
+    """METRICS.md's value replacement done on the values themselves — the encoder state at
+    the top-weighted key zeroed, or replaced by the mean of the real keys' states — in the
+    hand-written decoder, teacher-forced on its own greedy output."""
+    _, model, src, lengths, weights, probs, emitted, memory, valid = hand_written
+    rows = pd.read_csv(date_report / "rows.csv").set_index(["example", "step"])
+    controls = pd.read_csv(date_report / "value_controls.csv").set_index("control")
+    tgt_in = torch.cat([torch.full_like(emitted[:, :1], BOS), emitted[:, :-1]], 1)
+    top = weights.masked_fill(~valid[:, None, :], -1.0).argmax(-1)  # (B, T)
+    mean_state = (memory * valid[..., None]).sum(1) / valid.sum(-1, keepdim=True)
+    batch = torch.arange(len(src))
+    for control in ("zero", "mean"):
+        changes = []
+        for step in range(emitted.shape[1]):
+            def read(t, w, mem, step=step, control=control):
+                values = mem.clone()
+                if t == step:
+                    at = top[:, step]
+                    values[batch, at] = 0.0 if control == "zero" else mean_state
+                return (w[:, :, None] * values).sum(1)
+
+            _, after, _ = hand_written_decode(model, src, lengths, tgt_in, read=read)
+            change = 0.5 * (after[:, step] - probs[:, step]).abs().sum(-1)
+            flips = after[:, step].argmax(-1) != probs[:, step].argmax(-1)
+            for b in range(len(src)):
+                got = rows.loc[(b, step)]
+                assert got[f"value_{control}_tvd"] == pytest.approx(float(change[b]), abs=1e-5)
+                assert bool(got[f"value_{control}_flip"]) == bool(flips[b])
+            changes.append(change)
+        assert controls.loc[control, "tvd_mean"] == pytest.approx(
+            torch.cat(changes).mean().item(), abs=1e-6)
+        assert controls.loc[control, "n"] == LIMIT * emitted.shape[1]

@@ -1,0 +1,262 @@
+"""Do the tests notice a wrong number? Plant plausible bugs one at a time and see.
+
+Copies the checkout (tracked and untracked, non-ignored files) to a scratch directory,
+runs the targeted tests there once unchanged (they must pass), then for each mutation
+replaces one line of source, runs only the tests that should catch it (sequentially, with a
+timeout) and restores the line. A mutation is *caught* when those tests fail. The checkout
+itself is never modified.
+
+    python benchmarks/mutation_check.py                 # every mutation
+    python benchmarks/mutation_check.py --list          # their names and what they plant
+    python benchmarks/mutation_check.py median_lower jsd_dtype
+
+Exit status 0 when every selected mutation is caught, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 900
+
+PINNED = "tests/interventions/test_pinned_interventions.py"
+DEFINITIONS = "tests/interventions/test_definitions.py"
+FULL_SUITE = "tests/interventions/test_full_suite.py"
+BATCHING = "tests/interventions/test_batching.py"
+CAPTURE_PINS = "tests/capture/test_pinned_numbers.py"
+ROW_SUM_GATE = "tests/gate/test_row_sum_gate.py"
+REPORT = "tests/report/test_report_date.py"
+ALIGNMENT = "tests/examples/test_alignment_audit.py::test_date_numbers_match_a_hand_written_decoder"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """Replace ``old`` (which must occur exactly once in ``path``) by ``new``."""
+
+    name: str
+    planted: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS = (
+    Mutation("median_lower", "median of an even count: the lower middle value",
+             "attnaudit/interventions/outputs.py",
+             "return 0.5 * (ordered[..., (n - 1) // 2] + ordered[..., n // 2])",
+             "return ordered[..., (n - 1) // 2]", (DEFINITIONS, PINNED)),
+    Mutation("jsd_dtype", "JSD computed in the inputs' dtype (float16 smoothing rounds to 0)",
+             "attnaudit/interventions/outputs.py",
+             "wide = torch.promote_types(torch.promote_types(p.dtype, q.dtype), torch.float32)",
+             "wide = torch.promote_types(p.dtype, q.dtype)", (DEFINITIONS,)),
+    Mutation("jsd_log_base", "JSD in bits: log2 instead of the natural log",
+             "attnaudit/interventions/outputs.py",
+             "return (p * (torch.log(p + EPS) - torch.log(m + EPS))).sum(-1)",
+             "return (p * (torch.log2(p + EPS) - torch.log2(m + EPS))).sum(-1)",
+             (DEFINITIONS,)),
+    Mutation("entropy_log_base", "attention entropy in bits: log2 instead of the natural log",
+             "attnaudit/analysis/entropy.py",
+             "entropy = -(w * torch.log(w.clamp_min(0.0) + EPS)).sum(-1)",
+             "entropy = -(w * torch.log2(w.clamp_min(0.0) + EPS)).sum(-1)",
+             (REPORT + "::test_region_and_entropy_tables_match_the_hand_written_decoder",)),
+    Mutation("tvd_no_half", "TVD without the factor 1/2",
+             "attnaudit/interventions/outputs.py",
+             "return 0.5 * (p - q).abs().sum(-1)", "return (p - q).abs().sum(-1)",
+             (PINNED + "::test_value_replacement_reads_zero_and_the_mean_of_eligible_values",)),
+    Mutation("mask_threshold", "masked when the score is below -1e4, not at or below",
+             "attnaudit/capturing/layout.py",
+             "return ~(scores <= MASKED_SCORE)", "return ~(scores < MASKED_SCORE)",
+             (CAPTURE_PINS,)),
+    Mutation("uniform_axis", "uniform share normalised over the wrong axis",
+             "attnaudit/interventions/ablation.py",
+             "share = eligible.to(old.dtype) / eligible.sum(-1, keepdim=True).clamp_min(1)",
+             "share = eligible.to(old.dtype) / eligible.sum(0, keepdim=True).clamp_min(1)",
+             (PINNED + "::test_uniform_and_single_zeroing_match_hand_edited_weights",)),
+    Mutation("sdpa_mask_dropped", "SDPA path: the bool mask is not applied to the scores",
+             "attnaudit/capturing/sdpa.py",
+             'scores = scores.masked_fill_(~allowed, float("-inf"))', "pass",
+             ("tests/capture/test_sdpa_path.py",)),
+    Mutation("value_mean_padding", "value replacement: mean taken over every key, padding too",
+             "attnaudit/interventions/values.py",
+             "share = eligible[:, None, :].to(old.dtype) / eligible.sum(-1)[:, None, None]"
+             ".clamp_min(1)",
+             "share = torch.ones_like(eligible[:, None, :], dtype=old.dtype) / "
+             "eligible.shape[-1]",
+             (PINNED + "::test_value_replacement_reads_zero_and_the_mean_of_eligible_values",)),
+    Mutation("value_zero_renormalised", "value zero renormalises the row (a weight edit, not "
+             "a value edit)", "attnaudit/interventions/values.py",
+             "return old.scatter(-1, top[:, None, None].expand(-1, old.shape[1], 1), 0.0)",
+             "new = old.scatter(-1, top[:, None, None].expand(-1, old.shape[1], 1), 0.0)\n"
+             "    return new / new.sum(-1, keepdim=True)",
+             (PINNED + "::test_value_replacement_reads_zero_and_the_mean_of_eligible_values",)),
+    Mutation("permutation_padding", "permutation shuffles padding and special keys too",
+             "attnaudit/interventions/permutation.py",
+             "self._cache[row] = eligible_permutation(eligible, noise)",
+             "self._cache[row] = eligible_permutation(torch.ones_like(eligible), "
+             "torch.rand(noise.shape, generator=gen))",
+             (PINNED + "::test_permutation_medians_from_the_weights_the_model_read",)),
+    Mutation("gradient_order_sign", "gradient removal order reversed (sign)",
+             "attnaudit/interventions/ablation.py",
+             'scores["gradient"] = grads.sum(1)', 'scores["gradient"] = -grads.sum(1)',
+             (PINNED + "::test_cumulative_removal_in_every_order",)),
+    Mutation("weight_gradient_of_log", "weight gradients of log p instead of p",
+             "attnaudit/interventions/ablation.py",
+             "chosen = probs[torch.arange(len(idx)), predicted[idx]]",
+             "chosen = probs[torch.arange(len(idx)), predicted[idx]].log()",
+             (PINNED + "::test_weight_gradients_match_autograd_on_the_hand_written_forward",)),
+    Mutation("cumulative_off_by_one", "cumulative removal: one key too many in frac_mass",
+             "attnaudit/interventions/ablation.py",
+             "removed = (rank[:, o] < k[:, None]) & eligible",
+             "removed = (rank[:, o] <= k[:, None]) & eligible",
+             (PINNED + "::test_cumulative_removal_in_every_order",)),
+    Mutation("adversarial_sign", "adversarial loss rewards staying close (sign of the JSD)",
+             "attnaudit/interventions/adversarial.py",
+             "loss = (-away + penalty * torch.relu(change - eps)).sum(-1) - _pairwise_jsd(a)",
+             "loss = (away + penalty * torch.relu(change - eps)).sum(-1) - _pairwise_jsd(a)",
+             (PINNED + "::test_adversarial_search_moves_away_within_the_constraint",)),
+    Mutation("adversarial_penalty_sign", "adversarial penalty pushes the output TVD above eps",
+             "attnaudit/interventions/adversarial.py",
+             "loss = (-away + penalty * torch.relu(change - eps)).sum(-1) - _pairwise_jsd(a)",
+             "loss = (-away + penalty * torch.relu(eps - change)).sum(-1) - _pairwise_jsd(a)",
+             (PINNED + "::test_adversarial_search_moves_away_within_the_constraint",)),
+    Mutation("adversarial_constraint", "eps-max JSD over candidates above eps",
+             "attnaudit/interventions/adversarial.py",
+             "within = tvd_final <= eps", "within = tvd_final >= eps",
+             (PINNED + "::test_adversarial_candidates_checked_where_the_model_reads_them",)),
+    Mutation("seed_local_example", "row seeds from the batch-local example index",
+             "attnaudit/interventions/runner.py",
+             "(ref.first_example + example) * 0x85EBCA77", "example * 0x85EBCA77",
+             (FULL_SUITE + "::test_tables_do_not_depend_on_the_example_batch_size",)),
+    Mutation("draws_padded_width", "random draws over the padded key width",
+             "attnaudit/interventions/draws.py",
+             "out[..., eligible] = sample(*lead, int(eligible.sum()), generator=generator)",
+             "out[..., eligible] = sample(*lead, eligible.shape[-1], generator=generator)"
+             "[..., eligible]",
+             (FULL_SUITE + "::test_tables_do_not_depend_on_the_example_batch_size",)),
+    Mutation("ig_zero_baseline", "integrated gradients from a zero baseline, not the pad "
+             "embedding", "attnaudit/interventions/attribution.py",
+             "baseline = module(torch.full_like(batch.source_ids, pad_id))",
+             "baseline = torch.zeros_like(seen[0])",
+             (FULL_SUITE + "::test_integrated_gradients_and_agreement_against_independent_"
+              "references",)),
+    Mutation("stacking_order", "calls stacked newest first",
+             "attnaudit/record.py", "self.calls.append(call)", "self.calls.insert(0, call)",
+             (CAPTURE_PINS + "::test_decoder_steps_stack_in_call_order",)),
+    Mutation("flex_allowed", "flex attention backend let through",
+             "attnaudit/capturing/hf.py", 'CAPTURABLE_BACKENDS = ("eager", "sdpa")',
+             'CAPTURABLE_BACKENDS = ("eager", "sdpa", "flex_attention")',
+             (CAPTURE_PINS + "::test_flex_backend_is_refused_on_a_hugging_face_model",)),
+    Mutation("gate_ignores_row_sum", "the gate does not fail on row sums",
+             "attnaudit/findings.py",
+             'site, "row_sum", int(s.row_sum_rows), total,', 'site, "row_sum", 0, total,',
+             (ROW_SUM_GATE,)),
+    Mutation("row_sum_tolerance_fixed", "--row-sum-tolerance is ignored",
+             "attnaudit/gate.py", "row_sum_tolerance=args.row_sum_tolerance)",
+             "row_sum_tolerance=1e-3)", (ROW_SUM_GATE,)),
+    Mutation("top_weight_hit_axis", "top-weight hit: argmax over the query axis",
+             "attnaudit/analysis/regions.py",
+             'top = safe.masked_fill(~eligible, float("-inf")).argmax(-1, keepdim=True)',
+             'top = safe.masked_fill(~eligible, float("-inf")).argmax(-2, keepdim=True)',
+             (ALIGNMENT,)),
+    Mutation("year_rows", "region mass over the first three rows, not four",
+             "examples/date/target.py",
+             'Expectation("source year", year_keys, rows=YEAR_CHARS)',
+             'Expectation("source year", year_keys, rows=YEAR_CHARS - 1)', (ALIGNMENT,)),
+    Mutation("explanation_cut", "explanation verdict: the permutation cut-off moved",
+             "attnaudit/checklist/explanation.py", "if insensitive < 0.5 and top_matters",
+             "if insensitive < 0.05 and top_matters",
+             (REPORT + "::test_checklist_statuses_and_verdicts_are_pinned",)),
+)
+
+
+def scratch_copy(dest: Path) -> None:
+    """Tracked and untracked, non-ignored files of the checkout, copied under ``dest``."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=ROOT, capture_output=True, check=True)
+    for name in listed.stdout.decode().split("\0"):
+        source = ROOT / name
+        if name and source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+
+
+def run_tests(root: Path, tests: tuple[str, ...], timeout: float) -> tuple[str, float]:
+    """Run ``tests`` in ``root`` with this interpreter: ("pass" | "fail" | "timeout", s)."""
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+               "-o", "addopts=", *tests]
+    started = time.perf_counter()
+    try:
+        result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True,
+                                timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return "timeout", time.perf_counter() - started
+    if result.returncode not in (0, 1):
+        tail = (result.stdout + result.stderr)[-2000:]
+        return f"error (pytest exit {result.returncode}): {tail}", time.perf_counter() - started
+    return ("pass" if result.returncode == 0 else "fail"), time.perf_counter() - started
+
+
+def plant(root: Path, mutation: Mutation) -> str:
+    """Apply ``mutation`` in ``root``; return the original text to restore."""
+    path = root / mutation.path
+    text = path.read_text(encoding="utf-8")
+    if text.count(mutation.old) != 1:
+        raise SystemExit(f"{mutation.name}: expected one occurrence of {mutation.old!r} in "
+                         f"{mutation.path}, found {text.count(mutation.old)}; update the list")
+    path.write_text(text.replace(mutation.old, mutation.new), encoding="utf-8")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="mutations to plant (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S,
+                        help="seconds per test run (default %(default)s)")
+    args = parser.parse_args(argv)
+    if args.list:
+        for m in MUTATIONS:
+            print(f"{m.name:26} {m.path}: {m.planted}")
+        return 0
+    unknown = set(args.names) - {m.name for m in MUTATIONS}
+    if unknown:
+        parser.error(f"unknown mutations: {sorted(unknown)}")
+    chosen = [m for m in MUTATIONS if not args.names or m.name in args.names]
+    with tempfile.TemporaryDirectory(prefix="attnaudit-mutants-") as scratch:
+        root = Path(scratch)
+        scratch_copy(root)
+        targeted = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+        status, seconds = run_tests(root, targeted, args.timeout)
+        print(f"unmutated: targeted tests {status} ({seconds:.0f} s)", flush=True)
+        if status != "pass":
+            return 1
+        caught = 0
+        for m in chosen:
+            original = plant(root, m)
+            try:
+                status, seconds = run_tests(root, m.tests, args.timeout)
+            finally:
+                (root / m.path).write_text(original, encoding="utf-8")
+            verdict = "caught" if status in ("fail", "timeout") else "MISSED"
+            if status.startswith("error"):
+                verdict = "ERROR"
+            caught += verdict == "caught"
+            print(f"{verdict:7} {m.name:26} {m.planted} ({status}, {seconds:.0f} s)"[:400],
+                  flush=True)
+    print(f"\n{caught} of {len(chosen)} planted bugs caught")
+    return 0 if caught == len(chosen) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
