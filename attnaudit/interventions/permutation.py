@@ -11,15 +11,12 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from attnaudit.interventions.outputs import flip, jsd, tvd
 from attnaudit.interventions.runner import (
-    DEFAULT_CHUNK,
     Reference,
     Rows,
     progress_bar,
     row_columns,
     row_generator,
-    row_probs,
     run_items,
     site_head_rows,
 )
@@ -72,7 +69,7 @@ class _PermutationEdit:
 
 
 def permutation_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
-                     n_permutations: int = N_PERMUTATIONS, chunk_size: int = DEFAULT_CHUNK,
+                     n_permutations: int = N_PERMUTATIONS, chunk_size: int | None = None,
                      progress: bool = False) -> pd.DataFrame:
     """Per row: ``perm_median_tvd``, ``perm_median_jsd``, ``perm_flip_rate``, ``max_attention``.
 
@@ -90,14 +87,14 @@ def permutation_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = 
     # run_items sorts items stably by step, so a row's permutations stay together and its
     # draws are made once, then served from the edit's cache (every site, next chunk).
     with progress_bar(len(example), "permutation", progress) as bar:
-        after = run_items(target, ref, example, step, edit, chunk_size=chunk_size, progress=bar)
-    after = after.reshape(n_rows, n_permutations, -1)
-    before = row_probs(ref, rows)[:, None, :].expand_as(after)
+        change = run_items(target, ref, example, step, edit, chunk_size=chunk_size,
+                           progress=bar)
+    per_row = (n_rows, n_permutations)
     return pd.DataFrame({
         **row_columns(ref, rows),
-        "perm_median_tvd": tvd(before, after).median(-1).values.numpy(),
-        "perm_median_jsd": jsd(before, after).median(-1).values.numpy(),
-        "perm_flip_rate": flip(before, after).float().mean(-1).numpy(),
+        "perm_median_tvd": change.tvd.reshape(per_row).median(-1).values.numpy(),
+        "perm_median_jsd": change.jsd.reshape(per_row).median(-1).values.numpy(),
+        "perm_flip_rate": change.flip.reshape(per_row).float().mean(-1).numpy(),
     })
 
 

@@ -86,13 +86,16 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
               heads: Sequence[int] | None = None,
               n_permutations: int | None = None,
               cumulative_examples: int = CUMULATIVE_EXAMPLES,
-              adversarial_examples: int = ADVERSARIAL_EXAMPLES) -> InterventionSuite:
+              adversarial_examples: int = ADVERSARIAL_EXAMPLES,
+              max_memory: int | str | None = None) -> InterventionSuite:
     """Run every intervention, attribution and agreement statistic on ``target``'s data.
 
     quick skips the adversarial search and integrated gradients and draws
     ``QUICK_PERMUTATIONS`` permutations per row instead of 100 (unless ``n_permutations``
     is given). limit: first N examples. sites: edited sites (default every cross-attention
-    site); heads: edit only these heads at each edited site (default all).
+    site); heads: edit only these heads at each edited site (default all). max_memory: the
+    budget of one chunk of edited sequences (bytes or "2GiB"). Batches are processed one at
+    a time and only per-row tables are kept, so memory does not grow with the data.
     """
     if n_permutations is None:
         n_permutations = QUICK_PERMUTATIONS if quick else N_PERMUTATIONS
@@ -108,7 +111,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     first = 0
     ref = None
     for batch in batches:
-        ref = reference(target, batch, sites=sites, heads=heads, first_example=first)
+        ref = reference(target, batch, sites=sites, heads=heads, first_example=first,
+                        max_memory=max_memory)
         _run_batch(target, ref, batch, parts, methods, n_permutations, cumulative_set,
                    adversarial_set, progress)
         first += len(batch)
@@ -132,6 +136,9 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         "adversarial_eps": EPS_SEQ2SEQ,
         "attribution_methods": list(methods),
         "quick": quick,
+        "edited_items": "one cached decoder step" if ref.states is not None
+                        else "decoder prefix re-run",
+        "max_memory_bytes": ref.budget.max_memory,
     })
 
 
@@ -161,7 +168,7 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
         _per_batch(parts, "adversarial_candidates", per_candidate)
     found = attribute(target, batch, ref.emitted, methods, progress=progress)
     loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
-                        progress=progress)
+                        max_memory=ref.budget.max_memory, progress=progress)
     importances = {"attention": ref.attention, **found.importance, "loo": loo}
     rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
     rows_agree["example"] += ref.first_example
