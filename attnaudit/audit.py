@@ -57,12 +57,13 @@ from attnaudit.analysis import (
     layer_of,
     masking,
     mean_over_heads,
-    numerics,
 )
+from attnaudit.analysis.numerics import row_sum_tolerance
 from attnaudit.analysis.scores import ScoreAnalyser
 from attnaudit.findings import (
     CAPTURED_RULE,
     Finding,
+    describe_tolerance,
     site_findings,
     summarise_sites,
 )
@@ -70,7 +71,7 @@ from attnaudit.record import AttentionRecord, Site
 from attnaudit.target import Batch, Seq2SeqTarget, TargetError
 
 DEFAULT_MAX_MASKED_MASS = masking.DEFAULT_TOLERANCE
-DEFAULT_ROW_SUM_TOLERANCE = numerics.SUM_TOLERANCE
+DEFAULT_ROW_SUM_TOLERANCE = None  # the dtype rule of numerics.row_sum_tolerance
 
 
 DECLARED_RULES = {
@@ -127,7 +128,9 @@ class ValidityAudit:
         site_summary: one row per site (see :func:`summarise_sites`).
         performance: one row per batch (see :func:`run_validity_audit`).
         example: the first example's attention maps, when kept.
-        max_masked_mass, row_sum_tolerance: the tolerances rows were counted at.
+        max_masked_mass, row_sum_tolerance: the tolerances rows were counted at; a
+            row_sum_tolerance of None means each site's dtype rule (the sites table's
+            ``row_sum_tolerance`` column).
     """
 
     target: str
@@ -140,7 +143,7 @@ class ValidityAudit:
     performance: pd.DataFrame
     example: ExampleMaps | None
     max_masked_mass: float = DEFAULT_MAX_MASKED_MASS
-    row_sum_tolerance: float = DEFAULT_ROW_SUM_TOLERANCE
+    row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE
 
     def findings(self, max_masked_mass: float | None = None,
                  row_sum_tolerance: float | None = None) -> list[Finding]:
@@ -153,11 +156,12 @@ class ValidityAudit:
                                   ("row_sum_tolerance", row_sum_tolerance,
                                    self.row_sum_tolerance)):
             if given is not None and given != used:
-                raise ValueError(f"rows were counted at {name}={used:g}; run "
-                                 f"run_validity_audit(..., {name}={given:g}) for another "
+                raise ValueError(f"rows were counted at {name}={describe_tolerance(used)}; "
+                                 f"run run_validity_audit(..., {name}={given:g}) for another "
                                  "tolerance")
         return site_findings(self.site_summary, self.sites, self.max_masked_mass,
-                             self.row_sum_tolerance)
+                             dict(zip(self.sites["site"], self.sites["row_sum_tolerance"],
+                                      strict=True)))
 
     @property
     def healthy(self) -> bool:
@@ -176,23 +180,30 @@ class ValidityAnalysers:
     """
 
     def __init__(self, max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
-                 row_sum_tolerance: float = DEFAULT_ROW_SUM_TOLERANCE) -> None:
+                 row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE) -> None:
         self.max_masked_mass = max_masked_mass
         self.row_sum_tolerance = row_sum_tolerance
         self.row_analysers = [EntropyAnalyser(), MaskingAnalyser(max_masked_mass),
                               NumericsAnalyser(row_sum_tolerance)]
         self.scores = ScoreAnalyser()
+        # site -> the largest row-sum tolerance its rows were counted at
+        self.site_row_sum_tolerance: dict[str, float] = {}
 
     def update(self, record: AttentionRecord, *, eligible: torch.Tensor | None = None,
                rows: torch.Tensor | None = None) -> None:
         data = declared_rows(record, eligible)
+        used = (row_sum_tolerance(data.dtype, data.weights.shape[-1])
+                if self.row_sum_tolerance is None else self.row_sum_tolerance)
+        known = self.site_row_sum_tolerance.get(data.site, used)
+        self.site_row_sum_tolerance[data.site] = max(known, used)
         scores = record.scores
         # a stacked record keeps only its last call's values: usable when there is one call
         values = record.values if len(record.calls) == 1 else None
         batch, _, queries, _ = data.weights.shape
         for examples, start, stop in row_groups(data.site, rows, batch, queries):
             part = Rows(data.site, data.kind, data.weights[examples, :, start:stop],
-                        data.eligible[examples, :, start:stop], data.step_offset + start)
+                        data.eligible[examples, :, start:stop], data.step_offset + start,
+                        data.dtype)
             for analyser in self.row_analysers:
                 analyser.update(part)
             self.scores.update(
@@ -289,7 +300,7 @@ def declared_rows(record: AttentionRecord, declared: torch.Tensor | None) -> Row
     if declared is None or captured is None:
         return data
     eligible = data.eligible & captured.to(data.eligible.device)
-    return Rows(data.site, data.kind, data.weights, eligible, data.step_offset)
+    return Rows(data.site, data.kind, data.weights, eligible, data.step_offset, data.dtype)
 
 
 @dataclass
@@ -303,6 +314,7 @@ class _SiteInfo:
     scores_available: bool = True
     values_available: bool = True
     key_mask_shape: str = ""
+    weights_dtype: str = ""
     rules: set[str] = field(default_factory=set)
     roles: set[str] = field(default_factory=set)
 
@@ -313,10 +325,11 @@ class _SiteInfo:
         self.values_available &= record.values is not None
         mask = record.key_mask
         self.key_mask_shape = "none" if mask is None else str(tuple(mask.shape))
+        self.weights_dtype = str(record.weights.dtype).removeprefix("torch.")
         self.roles.add(role)
         self.rules.add(DECLARED_RULES.get(role, CAPTURED_RULE))
 
-    def row(self) -> dict[str, Any]:
+    def row(self, row_sum_tolerance: float) -> dict[str, Any]:
         site = self.record_site
         return {
             "site": site.name, "kind": site.kind, "role": "/".join(sorted(self.roles)),
@@ -325,13 +338,16 @@ class _SiteInfo:
             "scores_available": self.scores_available,
             "values_available": self.values_available,
             "key_mask_shape": self.key_mask_shape,
+            "weights_dtype": self.weights_dtype,
+            "row_sum_tolerance": row_sum_tolerance,
             "eligibility": "; ".join(sorted(self.rules)),
             "scores_materialised_by_capture": site.mechanism in MATERIALISED_BY_CAPTURE,
         }
 
 
 SITE_COLUMNS = ["site", "kind", "role", "mechanism", "module", "layer", "heads", "queries",
-                "keys", "scores_available", "values_available", "key_mask_shape", "eligibility",
+                "keys", "scores_available", "values_available", "key_mask_shape",
+                "weights_dtype", "row_sum_tolerance", "eligibility",
                 "scores_materialised_by_capture"]
 PERFORMANCE_COLUMNS = ["batch", "examples", "source_tokens", "target_tokens", "greedy_s",
                        "plain_s", "captured_s", "capture_overhead", "tokens_per_s_plain",
@@ -343,7 +359,8 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                        progress: bool = True, keep_example: bool = True,
                        regions: bool = True, timing: bool = True,
                        max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
-                       row_sum_tolerance: float = DEFAULT_ROW_SUM_TOLERANCE) -> ValidityAudit:
+                       row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE
+                       ) -> ValidityAudit:
     """Audit every attention site of ``target`` over its data (see the module docstring).
 
     Args:
@@ -354,7 +371,9 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         regions: measure the target's expectations (region_mass, top_weight_hit).
         timing: also time the teacher-forced forward without capture, and peak memory;
             without it the performance table has greedy and captured times only.
-        max_masked_mass, row_sum_tolerance: the tolerances failing rows are counted at.
+        max_masked_mass, row_sum_tolerance: the tolerances failing rows are counted at;
+            row_sum_tolerance None: per site from the weights' dtype and key count
+            (:func:`attnaudit.analysis.numerics.row_sum_tolerance`).
 
     The performance table has one row per batch: examples; real source tokens and
     emitted steps up to EOS; seconds for greedy decoding and for the teacher-forced
@@ -423,7 +442,9 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     if examples == 0:
         raise TargetError(f"target {target.name!r} yielded no examples to audit")
     metrics = analysers.metrics()
-    sites = pd.DataFrame([info.row() for info in infos.values()], columns=SITE_COLUMNS)
+    tolerances = analysers.site_row_sum_tolerance
+    sites = pd.DataFrame([info.row(tolerances[name]) for name, info in infos.items()],
+                         columns=SITE_COLUMNS)
     sites["layer"] = sites["layer"].astype("Int64")
     return ValidityAudit(
         target=target.name,

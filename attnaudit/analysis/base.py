@@ -24,7 +24,8 @@ from attnaudit.record import AttentionRecord
 class Rows:
     """One batch of attention rows, validated and in float64.
 
-    weights: (batch, heads, queries, keys). eligible: bool, same shape.
+    weights: (batch, heads, queries, keys). eligible: bool, same shape. dtype: the weights'
+    dtype as the model produced them (None: unknown), which sets numeric tolerances.
     """
 
     site: str
@@ -32,6 +33,7 @@ class Rows:
     weights: torch.Tensor
     eligible: torch.Tensor
     step_offset: int = 0
+    dtype: torch.dtype | None = None
 
     @classmethod
     def of(cls, record: AttentionRecord | Rows, eligible: torch.Tensor | None = None) -> Rows:
@@ -49,13 +51,15 @@ class Rows:
                 and record.eligible.dtype == torch.bool
                 and record.eligible.shape == weights.shape):
             return record  # nothing to convert or check
+        produced = record.dtype if isinstance(record, Rows) else weights.dtype
         weights = weights.detach().to(torch.float64)
         if isinstance(record, Rows):
             mask = record.eligible if eligible is None else eligible
             return cls(record.site, record.kind, weights,
-                       _eligibility(record.site, weights, mask), record.step_offset)
+                       _eligibility(record.site, weights, mask), record.step_offset, produced)
         mask = record.key_mask if eligible is None else eligible
-        return cls(record.name, record.kind, weights, _eligibility(record.name, weights, mask))
+        return cls(record.name, record.kind, weights, _eligibility(record.name, weights, mask),
+                   dtype=produced)
 
     @cached_property
     def n_valid(self) -> torch.Tensor:

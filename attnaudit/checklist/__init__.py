@@ -48,7 +48,7 @@ from attnaudit.checklist.items import (
     missing_item,
     worst,
 )
-from attnaudit.findings import Finding, findings_frame
+from attnaudit.findings import Finding, describe_tolerance, findings_frame
 
 
 def parameter_table(model: nn.Module, site_modules: Mapping[str, str]) -> pd.DataFrame:
@@ -217,9 +217,9 @@ def _scoring(model: nn.Module, audit: Any, findings: Sequence[Any]) -> ItemResul
         "Normalisation axis and row sums checked at every site; score function and scale "
         "are read from the mechanism only.",
         measured=["Each row's sum over the key axis was compared with 1 (row_sum_error, "
-                  f"tolerance {audit.row_sum_tolerance:g}); an (example, head) whose rows do "
-                  "not sum to one while its columns do is flagged as a softmax over the wrong "
-                  "axis.",
+                  f"tolerance {describe_tolerance(audit.row_sum_tolerance)}); an (example, "
+                  "head) whose rows do not sum to one while its columns do is flagged as a "
+                  "softmax over the wrong axis.",
                   "Pre-softmax scores were captured where the mechanism exposes them and "
                   "their range over eligible keys recorded."],
         observations=observations + _finding_lines(checks),

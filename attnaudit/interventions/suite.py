@@ -30,13 +30,14 @@ from attnaudit.interventions.adversarial import EPS_SEQ2SEQ, adversarial_search
 from attnaudit.interventions.agreement import agreement, beside_reference, summarise_agreement
 from attnaudit.interventions.attribution import METHODS, attribute
 from attnaudit.interventions.loo import leave_one_out
+from attnaudit.interventions.memory import parse_memory
 from attnaudit.interventions.permutation import (
     N_PERMUTATIONS,
     SMALL_TVD,
     permutation_summary,
     permutation_test,
 )
-from attnaudit.interventions.runner import Reference, Rows, reference
+from attnaudit.interventions.runner import InterventionError, Reference, Rows, reference
 from attnaudit.interventions.values import value_replacement
 from attnaudit.target import Batch, Seq2SeqTarget
 
@@ -248,12 +249,22 @@ def intervene_command(args: argparse.Namespace) -> int:
 
     target = load_cli_target(args)
     suite = run_suite(target, quick=args.quick, limit=args.limit, progress=True,
-                      sites=args.site, heads=args.head)
+                      sites=args.site, heads=args.head, max_memory=memory_option(args))
     print_suite(suite)
     if args.out:
         paths = suite.write_csv(args.out)
         print(f"\nwrote {len(paths)} tables to {args.out}")
     return 0
+
+
+def memory_option(args: argparse.Namespace) -> int | None:
+    """``--max-memory`` in bytes (None when not given); a clear error when unreadable."""
+    if args.max_memory is None:
+        return None
+    try:
+        return parse_memory(args.max_memory)
+    except ValueError as exc:
+        raise InterventionError(f"--max-memory: {exc}") from exc
 
 
 def print_suite(suite: InterventionSuite) -> None:

@@ -7,7 +7,8 @@ embedding of the decoder input token, so teacher forcing the greedy output repro
 - "correct": masked scores filled with -inf before the softmax;
 - "after_softmax": the mask multiplies the softmax output, not renormalised (capture sees
   the softmax output, which has mass on padding);
-- "zero_fill": masked scores filled with 0 instead of -inf.
+- "zero_fill": masked scores filled with 0 instead of -inf;
+- "wrong_axis": the softmax runs over the query axis, padding zeroed afterwards.
 
 With "correct" masking, a source that is all padding has no eligible key: softmax over
 all -inf gives NaN.
@@ -44,6 +45,8 @@ class ToySeq2Seq(nn.Module):
         allowed = valid[:, None, :]
         if self.masking == "after_softmax":
             weights = torch.softmax(scores, dim=-1) * allowed
+        elif self.masking == "wrong_axis":
+            weights = torch.softmax(scores, dim=1) * allowed
         elif self.masking == "zero_fill":
             weights = torch.softmax(scores.masked_fill(~allowed, 0.0), dim=-1)
         else:
@@ -52,12 +55,12 @@ class ToySeq2Seq(nn.Module):
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """src (B, n), decoder inputs (B, T) -> logits (B, T, V)."""
-        queries = self.tgt_embed(tgt_in)
+        queries = self.tgt_embed(tgt_in.to(self.tgt_embed.weight.device))
         return self.out(self.attend(queries, self.src_embed(src), src != PAD) + queries)
 
     @torch.no_grad()
     def greedy(self, src: torch.Tensor) -> torch.Tensor:
-        tgt_in = torch.full((src.shape[0], 1), BOS)
+        tgt_in = torch.full((src.shape[0], 1), BOS, device=src.device)
         for _ in range(STEPS):
             step = self(src, tgt_in)[:, -1].argmax(-1)
             tgt_in = torch.cat([tgt_in, step[:, None]], dim=1)
