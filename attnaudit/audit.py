@@ -128,6 +128,7 @@ class ValidityAudit:
         site_summary: one row per site (see :func:`summarise_sites`).
         performance: one row per batch (see :func:`run_validity_audit`).
         example: the first example's attention maps, when kept.
+        truncation: how the target truncated its sources ("" when it does not say).
         max_masked_mass, row_sum_tolerance: the tolerances rows were counted at; a
             row_sum_tolerance of None means each site's dtype rule (the sites table's
             ``row_sum_tolerance`` column).
@@ -142,6 +143,7 @@ class ValidityAudit:
     site_summary: pd.DataFrame
     performance: pd.DataFrame
     example: ExampleMaps | None
+    truncation: str = ""
     max_masked_mass: float = DEFAULT_MAX_MASKED_MASS
     row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE
 
@@ -456,6 +458,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         site_summary=summarise_sites(metrics, list(infos)),
         performance=pd.DataFrame(performance, columns=PERFORMANCE_COLUMNS),
         example=example,
+        truncation=target.truncation,
         max_masked_mass=max_masked_mass,
         row_sum_tolerance=row_sum_tolerance,
     )

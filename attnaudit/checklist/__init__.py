@@ -303,6 +303,9 @@ def _positions(model: nn.Module, audit: Any) -> ItemResult:
         longest = int(audit.sites["keys"].max())
         observations.append(f"The model's config allows {limit} positions; the longest "
                             f"captured key axis was {longest}.")
+    truncation = getattr(audit, "truncation", "")
+    if truncation:
+        observations.append(f"Source truncation: {truncation}.")
     return ItemResult(
         ITEM_BY_KEY["positions"], NOT_RECORDED,
         "Position conventions, truncation and cache policy are not measured automatically; "
@@ -311,9 +314,9 @@ def _positions(model: nn.Module, audit: Any) -> ItemResult:
                   "one forward pass (for Hugging Face targets without the key/value cache); "
                   "captured query rows are emitted steps, keys are source positions."],
         observations=observations,
-        not_recorded=["How source and target positions are numbered, whether inputs were "
-                      "truncated by a tokenizer, and whether a cache changes the computation "
-                      "are not inspected."],
+        not_recorded=["How source and target positions are numbered"
+                      + ("" if truncation else ", whether inputs were truncated by a tokenizer")
+                      + " and whether a cache changes the computation are not inspected."],
     )
 
 
