@@ -182,12 +182,15 @@ class ValidityAnalysers:
     """
 
     def __init__(self, max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
-                 row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE) -> None:
+                 row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE, *,
+                 checks_only: bool = False) -> None:
         self.max_masked_mass = max_masked_mass
         self.row_sum_tolerance = row_sum_tolerance
-        self.row_analysers = [EntropyAnalyser(), MaskingAnalyser(max_masked_mass),
+        self.row_analysers = [MaskingAnalyser(max_masked_mass),
                               NumericsAnalyser(row_sum_tolerance)]
-        self.scores = ScoreAnalyser()
+        if not checks_only:
+            self.row_analysers.insert(0, EntropyAnalyser())
+        self.scores = None if checks_only else ScoreAnalyser()
         # site -> the largest row-sum tolerance its rows were counted at
         self.site_row_sum_tolerance: dict[str, float] = {}
 
@@ -208,12 +211,14 @@ class ValidityAnalysers:
                         data.dtype)
             for analyser in self.row_analysers:
                 analyser.update(part)
+            if self.scores is None:
+                continue
             self.scores.update(
                 part, scores=None if scores is None else scores[examples, :, start:stop],
                 values=None if values is None else values[examples % values.shape[0]])
 
     def metrics(self) -> pd.DataFrame:
-        frames = [a.compute() for a in (*self.row_analysers, self.scores)]
+        frames = [a.compute() for a in (*self.row_analysers, self.scores) if a is not None]
         frames = [f for f in frames if not f.empty]
         if not frames:
             return self.row_analysers[0].compute()
@@ -361,8 +366,8 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                        progress: bool = True, keep_example: bool = True,
                        regions: bool = True, timing: bool = True,
                        max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
-                       row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE
-                       ) -> ValidityAudit:
+                       row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
+                       checks_only: bool = False) -> ValidityAudit:
     """Audit every attention site of ``target`` over its data (see the module docstring).
 
     Args:
@@ -376,6 +381,9 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         max_masked_mass, row_sum_tolerance: the tolerances failing rows are counted at;
             row_sum_tolerance None: per site from the weights' dtype and key count
             (:func:`attnaudit.analysis.numerics.row_sum_tolerance`).
+        checks_only: only what the gate judges: capture without scores and values, the
+            masking and numerics analysers only (no entropy, no score ranges), so the
+            audit costs little more than the greedy decode and one teacher-forced pass.
 
     The performance table has one row per batch: examples; real source tokens and
     emitted steps up to EOS; seconds for greedy decoding and for the teacher-forced
@@ -394,7 +402,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or limit < 1):
         raise ValueError(f"limit must be a positive number of examples, got {limit!r}")
-    analysers = ValidityAnalysers(max_masked_mass, row_sum_tolerance)
+    analysers = ValidityAnalysers(max_masked_mass, row_sum_tolerance, checks_only=checks_only)
     expectation_analysers = {e.name: RegionAnalyser()
                              for e in (target.expectations if regions else ())}
     infos: dict[str, _SiteInfo] = {}
@@ -409,7 +417,8 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         with torch.no_grad():  # alternate which runs first, so warm-up favours neither
             if timing and index % 2 == 0:
                 plain_s, plain_peak = _plain_forward(target, batch, emitted)
-            cap, captured_s, captured_peak = _captured_forward(target, batch, emitted)
+            cap, captured_s, captured_peak = _captured_forward(target, batch, emitted,
+                                                               keep=not checks_only)
             if timing and index % 2 == 1:
                 plain_s, plain_peak = _plain_forward(target, batch, emitted)
         n_source, n_target = batch.source_ids.shape[1], emitted.shape[1]
@@ -515,12 +524,13 @@ def _plain_forward(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor
     return seconds, memory.peak_mib
 
 
-def _captured_forward(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor
-                      ) -> tuple[attnaudit.Capture, float, float]:
+def _captured_forward(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
+                      keep: bool) -> tuple[attnaudit.Capture, float, float]:
+    """The teacher-forced pass under capture; ``keep``: scores and values too."""
     with PeakMemory(target.model) as memory:
         start = time.perf_counter()
-        with attnaudit.capture(target.model, target.sites, kinds=target.kinds, scores=True,
-                               values=True) as cap:
+        with attnaudit.capture(target.model, target.sites, kinds=target.kinds, scores=keep,
+                               values=keep) as cap:
             _teacher_forced(target, batch, emitted)
         seconds = time.perf_counter() - start
     return cap, seconds, memory.peak_mib

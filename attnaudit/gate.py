@@ -41,7 +41,7 @@ def check_command(args: argparse.Namespace) -> int:
     print("attnaudit check: loading the target", file=sys.stderr, flush=True)
     target = load_cli_target(args)
     audit = run_validity_audit(target, limit=args.limit, progress=True, keep_example=False,
-                               regions=False, timing=False,
+                               regions=False, timing=False, checks_only=True,
                                max_masked_mass=args.max_masked_mass,
                                row_sum_tolerance=args.row_sum_tolerance)
     findings = audit.findings()
