@@ -1,6 +1,7 @@
 """A model at real size: opus-mt-en-de's dimensions, audited as a user would, in one run.
 
     python benchmarks/real_size.py [--sources 16] [--batch-size 8] [--steps 16]
+                                   [--rounds 3] [--cumulative-examples 50]
 
 Builds a Marian model with the dimensions of Helsinki-NLP/opus-mt-en-de (6 + 6 layers,
 d_model 512, 8 heads, FFN 2048, vocabulary 58,101, about 74 M parameters) from a config
@@ -9,7 +10,8 @@ locally; nothing is downloaded. Saved to a temporary directory and loaded with
 ``attnaudit.from_hf`` like any checkpoint. Sources are seeded random word sequences;
 greedy decoding runs ``--steps`` steps (a random model rarely emits end-of-sequence).
 
-Prints, measured side by side in this run:
+Prints, measured side by side in this run (medians of ``--rounds`` rounds that alternate
+which of a compared pair runs first):
 
 1. the model's own work on the N sources: greedy decoding + one teacher-forced pass;
 2. ``attnaudit check``'s time (``run_validity_audit`` as the gate calls it) as a ratio of
@@ -18,7 +20,9 @@ Prints, measured side by side in this run:
    item as a ratio of one KV-cached decoder step per sequence, timed on the same chunk
    shape without capture (target <= 2); the same ratio for the date LSTM;
 4. peak RSS of the whole ``--quick`` suite (``run_suite``) at N and at 4N sources, each in
-   a fresh process (targets: <= 4 GB, ratio <= 1.2).
+   a fresh process (targets: <= 4 GB, ratio <= 1.2). On a small machine
+   ``--cumulative-examples`` shortens the run (the cumulative removal test is the longest
+   part; memory does not depend on it).
 
 The machine may be shared: only the side-by-side ratios are meaningful.
 """
@@ -28,11 +32,13 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.audit import run_validity_audit
 from attnaudit.interventions.permutation import permutation_test
-from attnaudit.interventions.runner import reference
-from attnaudit.interventions.suite import QUICK_PERMUTATIONS, run_suite
+from attnaudit.interventions.runner import Reference, Rows, reference
+from attnaudit.interventions.suite import CUMULATIVE_EXAMPLES, QUICK_PERMUTATIONS, run_suite
 from attnaudit.target import Seq2SeqTarget, from_hf, select_state
 
 VOCAB = 58_101
@@ -108,29 +114,58 @@ def check_time(target: Seq2SeqTarget, limit: int) -> float:
 def per_item_ratio(target: Seq2SeqTarget, limit: int) -> tuple[float, float, int]:
     """(seconds per permutation item, seconds per cached decoder step per sequence, items).
 
-    The step is timed on the chunk shape the permutation test runs: every row of a step,
-    repeated once per permutation, from the reference's cached state, without capture."""
-    refs, first = [], 0
-    for batch in target.iter_batches(limit):
-        refs.append(reference(target, batch, first_example=first))
-        first += len(batch)
-    items, start = 0, time.perf_counter()
-    for ref in refs:
-        permutation_test(target, ref, n_permutations=QUICK_PERMUTATIONS)
-        items += len(ref.rows()) * QUICK_PERMUTATIONS
-    per_item = (time.perf_counter() - start) / items
-    sequences, start = 0, time.perf_counter()
+    Step by step, the permutation test on that step's rows and, beside it (which runs first
+    alternates), the same number of sequences' cached decoder step without capture: the
+    shape of the permutation test's chunk, from the reference's cached state."""
     assert target.decode_step is not None
-    with torch.no_grad():
-        for ref in refs:
-            rows = ref.rows()
-            for step in torch.unique(rows.step).tolist():
-                example = rows.example[rows.step == step].repeat_interleave(QUICK_PERMUTATIONS)
-                target.decode_step(ref.batch.select(example), select_state(ref.encoded, example),
-                                   select_state(ref.states, example), ref.emitted[example],
-                                   step)
-                sequences += len(example)
-    return per_item, (time.perf_counter() - start) / sequences, items
+    permuting = stepping = 0.0
+    items = 0
+    first = 0
+    for batch in target.iter_batches(limit):
+        ref = reference(target, batch, first_example=first)
+        first += len(batch)
+        rows = ref.rows()
+        for turn, step in enumerate(torch.unique(rows.step).tolist()):
+            at_step = rows.select((rows.step == step).nonzero().squeeze(1))
+            example = at_step.example.repeat_interleave(QUICK_PERMUTATIONS)
+
+            def permute(at_step: Rows = at_step, ref: Reference = ref) -> float:
+                start = time.perf_counter()
+                permutation_test(target, ref, at_step, n_permutations=QUICK_PERMUTATIONS)
+                return time.perf_counter() - start
+
+            def one_step(example: torch.Tensor = example, ref: Reference = ref,
+                         step: int = step) -> float:
+                start = time.perf_counter()
+                with torch.no_grad():
+                    target.decode_step(ref.batch.select(example),
+                                       select_state(ref.encoded, example),
+                                       select_state(ref.states, example),
+                                       ref.emitted[example], step)
+                return time.perf_counter() - start
+
+            if turn % 2:
+                stepping += one_step()
+                permuting += permute()
+            else:
+                permuting += permute()
+                stepping += one_step()
+            items += len(example)
+    return permuting / items, stepping / items, items
+
+
+def alternating(first: Callable[[], float], second: Callable[[], float], rounds: int
+                ) -> tuple[float, float]:
+    """Medians of ``rounds`` timings of each, alternating which runs first."""
+    a, b = [], []
+    for r in range(rounds):
+        if r % 2:
+            b.append(second())
+            a.append(first())
+        else:
+            a.append(first())
+            b.append(second())
+    return statistics.median(a), statistics.median(b)
 
 
 def suite_peak_rss(directory: Path, data: Path, sources: int, args: argparse.Namespace
@@ -138,14 +173,16 @@ def suite_peak_rss(directory: Path, data: Path, sources: int, args: argparse.Nam
     """Peak RSS in GiB of a fresh process running the --quick suite on ``sources``."""
     command = [sys.executable, __file__, "--suite-child", str(sources), "--checkpoint",
                str(directory), "--data", str(data), "--batch-size", str(args.batch_size),
-               "--steps", str(args.steps)]
+               "--steps", str(args.steps), "--cumulative-examples",
+               str(args.cumulative_examples)]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return float(done.stdout.strip().splitlines()[-1]) / 2**20
 
 
 def suite_child(args: argparse.Namespace) -> None:
     target = load(Path(args.checkpoint), Path(args.data), args)
-    run_suite(target, quick=True, limit=args.suite_child, progress=False)
+    run_suite(target, quick=True, limit=args.suite_child, progress=False,
+              cumulative_examples=args.cumulative_examples)
     status = Path("/proc/self/status").read_text().splitlines()
     print(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
 
@@ -155,6 +192,11 @@ def main() -> None:
     parser.add_argument("--sources", type=int, default=16, help="N (the suite also runs 4N)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=16, help="greedy decoding steps")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="timing rounds, alternating which of a pair runs first")
+    parser.add_argument("--cumulative-examples", type=int, default=CUMULATIVE_EXAMPLES,
+                        help="examples the suite's cumulative removal test covers (default "
+                             "%(default)s, the suite's own; fewer keeps the run short)")
     parser.add_argument("--suite-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -173,8 +215,8 @@ def main() -> None:
               f"{os.getloadavg()[0]:.2f}; Marian {params:.1f} M parameters, vocabulary "
               f"{VOCAB:,}; N = {n} sources, batch {args.batch_size}, {args.steps} steps")
         own_work(target, args.batch_size)  # warm-up
-        own = own_work(target, n)
-        gate = check_time(target, n)
+        own, gate = alternating(lambda: own_work(target, n), lambda: check_time(target, n),
+                                args.rounds)
         print(f"model's own work (greedy + teacher-forced): {own:.2f} s")
         print(f"check: {gate:.2f} s, ratio {gate / own:.2f} (target <= 1.2)")
         per_item, per_step, items = per_item_ratio(target, n)
