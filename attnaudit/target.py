@@ -287,14 +287,12 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
     sources, references = _read_pairs(data)  # before the (slow) model load
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, local_files_only=True,
-                                                      attn_implementation="sdpa",
-                                                      dtype=dtype).eval()
+                                                      attn_implementation="sdpa").eval()
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise TargetError(f"cannot load a seq2seq model and tokenizer from {model_dir}: "
                           f"{exc}") from exc
-    if device is not None:
-        model.to(device)
+    model.to(device=device, dtype=dtype)
     config = model.config
     start = config.decoder_start_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.pad_token_id
