@@ -57,12 +57,13 @@ from attnaudit.analysis import (
     layer_of,
     masking,
     mean_over_heads,
-    numerics,
 )
+from attnaudit.analysis.numerics import row_sum_tolerance
 from attnaudit.analysis.scores import ScoreAnalyser
 from attnaudit.findings import (
     CAPTURED_RULE,
     Finding,
+    describe_tolerance,
     site_findings,
     summarise_sites,
 )
@@ -70,7 +71,7 @@ from attnaudit.record import AttentionRecord, Site
 from attnaudit.target import Batch, Seq2SeqTarget, TargetError
 
 DEFAULT_MAX_MASKED_MASS = masking.DEFAULT_TOLERANCE
-DEFAULT_ROW_SUM_TOLERANCE = numerics.SUM_TOLERANCE
+DEFAULT_ROW_SUM_TOLERANCE = None  # the dtype rule of numerics.row_sum_tolerance
 
 
 DECLARED_RULES = {
@@ -127,7 +128,10 @@ class ValidityAudit:
         site_summary: one row per site (see :func:`summarise_sites`).
         performance: one row per batch (see :func:`run_validity_audit`).
         example: the first example's attention maps, when kept.
-        max_masked_mass, row_sum_tolerance: the tolerances rows were counted at.
+        truncation: how the target truncated its sources ("" when it does not say).
+        max_masked_mass, row_sum_tolerance: the tolerances rows were counted at; a
+            row_sum_tolerance of None means each site's dtype rule (the sites table's
+            ``row_sum_tolerance`` column).
     """
 
     target: str
@@ -139,8 +143,9 @@ class ValidityAudit:
     site_summary: pd.DataFrame
     performance: pd.DataFrame
     example: ExampleMaps | None
+    truncation: str = ""
     max_masked_mass: float = DEFAULT_MAX_MASKED_MASS
-    row_sum_tolerance: float = DEFAULT_ROW_SUM_TOLERANCE
+    row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE
 
     def findings(self, max_masked_mass: float | None = None,
                  row_sum_tolerance: float | None = None) -> list[Finding]:
@@ -153,11 +158,12 @@ class ValidityAudit:
                                   ("row_sum_tolerance", row_sum_tolerance,
                                    self.row_sum_tolerance)):
             if given is not None and given != used:
-                raise ValueError(f"rows were counted at {name}={used:g}; run "
-                                 f"run_validity_audit(..., {name}={given:g}) for another "
+                raise ValueError(f"rows were counted at {name}={describe_tolerance(used)}; "
+                                 f"run run_validity_audit(..., {name}={given:g}) for another "
                                  "tolerance")
         return site_findings(self.site_summary, self.sites, self.max_masked_mass,
-                             self.row_sum_tolerance)
+                             dict(zip(self.sites["site"], self.sites["row_sum_tolerance"],
+                                      strict=True)))
 
     @property
     def healthy(self) -> bool:
@@ -176,16 +182,25 @@ class ValidityAnalysers:
     """
 
     def __init__(self, max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
-                 row_sum_tolerance: float = DEFAULT_ROW_SUM_TOLERANCE) -> None:
+                 row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE, *,
+                 checks_only: bool = False) -> None:
         self.max_masked_mass = max_masked_mass
         self.row_sum_tolerance = row_sum_tolerance
-        self.row_analysers = [EntropyAnalyser(), MaskingAnalyser(max_masked_mass),
+        self.row_analysers = [MaskingAnalyser(max_masked_mass),
                               NumericsAnalyser(row_sum_tolerance)]
-        self.scores = ScoreAnalyser()
+        if not checks_only:
+            self.row_analysers.insert(0, EntropyAnalyser())
+        self.scores = None if checks_only else ScoreAnalyser()
+        # site -> the largest row-sum tolerance its rows were counted at
+        self.site_row_sum_tolerance: dict[str, float] = {}
 
     def update(self, record: AttentionRecord, *, eligible: torch.Tensor | None = None,
                rows: torch.Tensor | None = None) -> None:
         data = declared_rows(record, eligible)
+        used = (row_sum_tolerance(data.dtype, data.weights.shape[-1])
+                if self.row_sum_tolerance is None else self.row_sum_tolerance)
+        known = self.site_row_sum_tolerance.get(data.site, used)
+        self.site_row_sum_tolerance[data.site] = max(known, used)
         scores = record.scores
         # a stacked record keeps only its last call's values: usable when there is one call
         values = record.values if len(record.calls) == 1 else None
@@ -196,12 +211,14 @@ class ValidityAnalysers:
                            step_offset=data.step_offset + start)
             for analyser in self.row_analysers:
                 analyser.update(part)
+            if self.scores is None:
+                continue
             self.scores.update(
                 part, scores=None if scores is None else scores[examples, :, start:stop],
                 values=None if values is None else values[examples % values.shape[0]])
 
     def metrics(self) -> pd.DataFrame:
-        frames = [a.compute() for a in (*self.row_analysers, self.scores)]
+        frames = [a.compute() for a in (*self.row_analysers, self.scores) if a is not None]
         frames = [f for f in frames if not f.empty]
         if not frames:
             return self.row_analysers[0].compute()
@@ -303,6 +320,7 @@ class _SiteInfo:
     scores_available: bool = True
     values_available: bool = True
     key_mask_shape: str = ""
+    weights_dtype: str = ""
     rules: set[str] = field(default_factory=set)
     roles: set[str] = field(default_factory=set)
 
@@ -313,10 +331,11 @@ class _SiteInfo:
         self.values_available &= record.values is not None
         mask = record.key_mask
         self.key_mask_shape = "none" if mask is None else str(tuple(mask.shape))
+        self.weights_dtype = str(record.weights.dtype).removeprefix("torch.")
         self.roles.add(role)
         self.rules.add(DECLARED_RULES.get(role, CAPTURED_RULE))
 
-    def row(self) -> dict[str, Any]:
+    def row(self, row_sum_tolerance: float) -> dict[str, Any]:
         site = self.record_site
         return {
             "site": site.name, "kind": site.kind, "role": "/".join(sorted(self.roles)),
@@ -326,6 +345,8 @@ class _SiteInfo:
             "scores_available": self.scores_available,
             "values_available": self.values_available,
             "key_mask_shape": self.key_mask_shape,
+            "weights_dtype": self.weights_dtype,
+            "row_sum_tolerance": row_sum_tolerance,
             "eligibility": "; ".join(sorted(self.rules)),
             "scores_materialised_by_capture": site.mechanism in MATERIALISED_BY_CAPTURE,
         }
@@ -333,7 +354,8 @@ class _SiteInfo:
 
 SITE_COLUMNS = ["site", "kind", "role", "mechanism", "module", "layer", "layout", "layout_source",
                 "heads", "queries", "keys", "scores_available", "values_available",
-                "key_mask_shape", "eligibility", "scores_materialised_by_capture"]
+                "key_mask_shape", "weights_dtype", "row_sum_tolerance", "eligibility",
+                "scores_materialised_by_capture"]
 PERFORMANCE_COLUMNS = ["batch", "examples", "source_tokens", "target_tokens", "greedy_s",
                        "plain_s", "captured_s", "capture_overhead", "tokens_per_s_plain",
                        "tokens_per_s_captured", "plain_peak_mib", "captured_peak_mib",
@@ -344,7 +366,8 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                        progress: bool = True, keep_example: bool = True,
                        regions: bool = True, timing: bool = True,
                        max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
-                       row_sum_tolerance: float = DEFAULT_ROW_SUM_TOLERANCE) -> ValidityAudit:
+                       row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
+                       checks_only: bool = False) -> ValidityAudit:
     """Audit every attention site of ``target`` over its data (see the module docstring).
 
     Args:
@@ -355,7 +378,12 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         regions: measure the target's expectations (region_mass, top_weight_hit).
         timing: also time the teacher-forced forward without capture, and peak memory;
             without it the performance table has greedy and captured times only.
-        max_masked_mass, row_sum_tolerance: the tolerances failing rows are counted at.
+        max_masked_mass, row_sum_tolerance: the tolerances failing rows are counted at;
+            row_sum_tolerance None: per site from the weights' dtype and key count
+            (:func:`attnaudit.analysis.numerics.row_sum_tolerance`).
+        checks_only: only what the gate judges: capture without scores and values, the
+            masking and numerics analysers only (no entropy, no score ranges), so the
+            audit costs little more than the greedy decode and one teacher-forced pass.
 
     The performance table has one row per batch: examples; real source tokens and
     emitted steps up to EOS; seconds for greedy decoding and for the teacher-forced
@@ -374,7 +402,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or limit < 1):
         raise ValueError(f"limit must be a positive number of examples, got {limit!r}")
-    analysers = ValidityAnalysers(max_masked_mass, row_sum_tolerance)
+    analysers = ValidityAnalysers(max_masked_mass, row_sum_tolerance, checks_only=checks_only)
     expectation_analysers = {e.name: RegionAnalyser()
                              for e in (target.expectations if regions else ())}
     infos: dict[str, _SiteInfo] = {}
@@ -389,7 +417,8 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         with torch.no_grad():  # alternate which runs first, so warm-up favours neither
             if timing and index % 2 == 0:
                 plain_s, plain_peak = _plain_forward(target, batch, emitted)
-            cap, captured_s, captured_peak = _captured_forward(target, batch, emitted)
+            cap, captured_s, captured_peak = _captured_forward(target, batch, emitted,
+                                                               keep=not checks_only)
             if timing and index % 2 == 1:
                 plain_s, plain_peak = _plain_forward(target, batch, emitted)
         n_source, n_target = batch.source_ids.shape[1], emitted.shape[1]
@@ -424,7 +453,9 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     if examples == 0:
         raise TargetError(f"target {target.name!r} yielded no examples to audit")
     metrics = analysers.metrics()
-    sites = pd.DataFrame([info.row() for info in infos.values()], columns=SITE_COLUMNS)
+    tolerances = analysers.site_row_sum_tolerance
+    sites = pd.DataFrame([info.row(tolerances[name]) for name, info in infos.items()],
+                         columns=SITE_COLUMNS)
     sites["layer"] = sites["layer"].astype("Int64")
     return ValidityAudit(
         target=target.name,
@@ -436,6 +467,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         site_summary=summarise_sites(metrics, list(infos)),
         performance=pd.DataFrame(performance, columns=PERFORMANCE_COLUMNS),
         example=example,
+        truncation=target.truncation,
         max_masked_mass=max_masked_mass,
         row_sum_tolerance=row_sum_tolerance,
     )
@@ -492,12 +524,13 @@ def _plain_forward(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor
     return seconds, memory.peak_mib
 
 
-def _captured_forward(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor
-                      ) -> tuple[attnaudit.Capture, float, float]:
+def _captured_forward(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
+                      keep: bool) -> tuple[attnaudit.Capture, float, float]:
+    """The teacher-forced pass under capture; ``keep``: scores and values too."""
     with PeakMemory(target.model) as memory:
         start = time.perf_counter()
-        with attnaudit.capture(target.model, target.sites, kinds=target.kinds, scores=True,
-                               values=True) as cap:
+        with attnaudit.capture(target.model, target.sites, kinds=target.kinds, scores=keep,
+                               values=keep) as cap:
             _teacher_forced(target, batch, emitted)
         seconds = time.perf_counter() - start
     return cap, seconds, memory.peak_mib

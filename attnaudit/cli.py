@@ -27,19 +27,29 @@ def _demo(_: argparse.Namespace) -> int:
     return 0
 
 
+HF_ONLY = ("batch_size", "max_new_tokens", "max_source_tokens")
+
+
 def load_cli_target(args: argparse.Namespace) -> attnaudit.target.Seq2SeqTarget:
-    """The target named on the command line: TARGET, ``--hf DIR --data TSV``, or the date model."""
-    from attnaudit.target import TargetError, from_hf, load_target
+    """The target named on the command line: TARGET, ``--hf DIR --data TSV``, or the date
+    model; on ``--device`` in ``--dtype``."""
+    from attnaudit.target import TargetError, from_hf, load_target, place
 
     if args.hf is not None:
         if args.target is not None:
             raise TargetError("give either TARGET or --hf DIR, not both")
         if args.data is None:
             raise TargetError("--hf DIR needs --data FILE.tsv (source[<TAB>target] lines)")
-        return from_hf(args.hf, args.data)
+        given = {name: getattr(args, name) for name in HF_ONLY
+                 if getattr(args, name) is not None}
+        return from_hf(args.hf, args.data, device=args.device, dtype=args.dtype, **given)
     if args.data is not None:
         raise TargetError("--data goes with --hf DIR")
-    return load_target(args.target)
+    for name in HF_ONLY:
+        if getattr(args, name) is not None:
+            raise TargetError(f"--{name.replace('_', '-')} goes with --hf DIR; a TARGET "
+                              "factory batches and decodes its own way")
+    return place(load_target(args.target), device=args.device, dtype=args.dtype)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -68,6 +78,24 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", metavar="FILE.tsv",
                         help="with --hf: source[<TAB>target] lines to audit")
     parser.add_argument("--limit", type=int, metavar="N", help="audit only the first N examples")
+    parser.add_argument("--device", metavar="DEV",
+                        help="run the model on DEV: cpu, cuda, cuda:N, mps (default: where "
+                             "the target puts it)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                        help="cast the model's floating parameters to this dtype")
+    parser.add_argument("--batch-size", type=int, metavar="N",
+                        help="with --hf: examples per batch (default 100)")
+    parser.add_argument("--max-new-tokens", type=int, metavar="N",
+                        help="with --hf: greedy decoding limit (default 64)")
+    parser.add_argument("--max-source-tokens", type=int, metavar="N",
+                        help="with --hf: truncate longer sources (default: the model's "
+                             "position limit), with a warning")
+
+
+def _add_memory_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-memory", metavar="SIZE",
+                        help="memory budget of one chunk of edited sequences, e.g. 2GiB, "
+                             "512MB (default 1GiB)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--max-masked-mass", type=float, default=DEFAULT_MAX_MASKED_MASS,
                        help="largest tolerated weight on an ineligible key (default %(default)g)")
     check.add_argument("--row-sum-tolerance", type=float, default=DEFAULT_ROW_SUM_TOLERANCE,
-                       help="largest tolerated |row sum - 1| (default %(default)g)")
+                       help="largest tolerated |row sum - 1| (default: from the weights' "
+                            "dtype and key count, 1e-3 for float32; see the README)")
     check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
     check.set_defaults(run=_check)
@@ -102,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "cross-attention site)")
     intervene.add_argument("--head", action="append", type=int, metavar="N",
                            help="edit only this head at each edited site (repeatable)")
+    _add_memory_argument(intervene)
     intervene.set_defaults(run=_intervene)
 
     report = commands.add_parser("report", help="write an HTML/CSV audit report")
@@ -109,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", required=True, metavar="DIR", help="output directory")
     report.add_argument("--quick", action="store_true",
                         help="skip the adversarial search and integrated gradients")
+    _add_memory_argument(report)
     report.set_defaults(run=_report)
     return parser
 

@@ -9,7 +9,7 @@ worst value. :func:`summarise_sites` folds the audit's metrics table into one ro
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import pandas as pd
@@ -41,6 +41,11 @@ def findings_frame(findings: Sequence[Finding]) -> pd.DataFrame:
     """Findings as a tidy table: site, check, status, rows, detail, value."""
     columns = list(Finding.__dataclass_fields__)
     return pd.DataFrame([asdict(f) for f in findings], columns=columns)
+
+
+def describe_tolerance(tolerance: float | None) -> str:
+    """A tolerance for a message: its value, or that the dtype rule sets it per site."""
+    return "by dtype and key count" if tolerance is None else f"{tolerance:g}"
 
 
 def failing_sites(findings: Iterable[Finding]) -> list[str]:
@@ -149,10 +154,13 @@ def _tolerance_finding(site: str, check: str, bad: int, total: int, largest: flo
 
 
 def site_findings(site_summary: pd.DataFrame, sites: pd.DataFrame | None,
-                  max_masked_mass: float, row_sum_tolerance: float) -> list[Finding]:
+                  max_masked_mass: float,
+                  row_sum_tolerance: float | Mapping[str, float]) -> list[Finding]:
     """The gate checks (non_finite, masked_mass, row_sum, all_masked_nan: pass/fail), the
     warning on negative weights, the softmax-axis check (pass/fail) and the eligibility
     warning, per site, in that order.
+
+    row_sum_tolerance: one value, or per site (the dtype rule gives each its own).
 
     ``sites`` (the sites table) tells which sites had no declared key rule; None skips the
     eligibility check.
@@ -172,7 +180,8 @@ def site_findings(site_summary: pd.DataFrame, sites: pd.DataFrame | None,
             max_masked_mass, "put more than {tol:g} on ineligible keys", "masked mass"))
         findings.append(_tolerance_finding(
             site, "row_sum", int(s.row_sum_rows), total, s.row_sum_error_max,
-            row_sum_tolerance, "have |sum - 1| above {tol:g}", "|row sum - 1|"))
+            row_sum_tolerance if isinstance(row_sum_tolerance, float | int)
+            else row_sum_tolerance[site], "have |sum - 1| above {tol:g}", "|row sum - 1|"))
         bad = int(s.all_masked_nan)
         findings.append(Finding(
             site, "all_masked_nan", "fail" if bad else "pass", bad,

@@ -1,8 +1,9 @@
 """``attnaudit check``: the CI gate over the validity audit's findings.
 
 Exit status: 0 when every site passes; 1 when any site has non-finite weights, masked mass
-above ``--max-masked-mass``, a row-sum error above ``--row-sum-tolerance`` or NaN on rows
-whose keys are all masked; 2 for usage and loading errors (raised as
+above ``--max-masked-mass``, a row-sum error above ``--row-sum-tolerance`` (default: from
+the weights' dtype and key count, see :func:`attnaudit.analysis.numerics.row_sum_tolerance`)
+or NaN on rows whose keys are all masked; 2 for usage and loading errors (raised as
 :class:`~attnaudit.errors.AttnauditError`, turned into 2 by :func:`attnaudit.cli.main`).
 stdout carries the result (a short summary, or JSON with ``--json``); progress goes to
 stderr. ``--junit FILE`` also writes JUnit XML: one testcase per site x check.
@@ -40,7 +41,7 @@ def check_command(args: argparse.Namespace) -> int:
     print("attnaudit check: loading the target", file=sys.stderr, flush=True)
     target = load_cli_target(args)
     audit = run_validity_audit(target, limit=args.limit, progress=True, keep_example=False,
-                               regions=False, timing=False,
+                               regions=False, timing=False, checks_only=True,
                                max_masked_mass=args.max_masked_mass,
                                row_sum_tolerance=args.row_sum_tolerance)
     findings = audit.findings()
@@ -60,7 +61,7 @@ def _check_options(args: argparse.Namespace) -> None:
         raise GateError(f"--limit must be at least 1, got {args.limit}")
     for option, value in (("--max-masked-mass", args.max_masked_mass),
                           ("--row-sum-tolerance", args.row_sum_tolerance)):
-        if not math.isfinite(value) or value < 0:
+        if value is not None and (not math.isfinite(value) or value < 0):
             raise GateError(f"{option} must be a finite number >= 0, got {value}")
 
 
@@ -69,7 +70,7 @@ def summary_text(audit: ValidityAudit, findings: list[Finding]) -> str:
     sites = list(audit.site_summary["site"])
     lines = [f"attnaudit check: {audit.target}: {audit.examples} examples, {len(sites)} "
              f"attention site(s), masked mass tolerance {audit.max_masked_mass:g}, row-sum "
-             f"tolerance {audit.row_sum_tolerance:g}"]
+             f"tolerance {_row_sum_tolerances(audit)}"]
     for f in findings:
         if f.status != "pass":
             lines.append(f"{f.status.upper():4}  {f.site}  {f.check}: {f.detail}")
@@ -84,6 +85,15 @@ def summary_text(audit: ValidityAudit, findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
+def _row_sum_tolerances(audit: ValidityAudit) -> str:
+    """The row-sum tolerance as given, or the per-dtype values the rule chose."""
+    if audit.row_sum_tolerance is not None:
+        return f"{audit.row_sum_tolerance:g}"
+    chosen = audit.sites.groupby("weights_dtype")["row_sum_tolerance"].max()
+    return "by dtype (" + ", ".join(f"{dtype} up to {tol:.3g}"
+                                    for dtype, tol in chosen.items()) + ")"
+
+
 def check_result(audit: ValidityAudit, findings: list[Finding], status: int) -> dict[str, Any]:
     """The machine-readable result (``--json``): plain JSON types, no NaN."""
     failing_checks: dict[str, list[str]] = {}
@@ -92,7 +102,8 @@ def check_result(audit: ValidityAudit, findings: list[Finding], status: int) -> 
             failing_checks.setdefault(f.site, []).append(f.check)
     sites = [{
         "site": row.site, "kind": row.kind, "role": row.role, "mechanism": row.mechanism,
-        "eligibility": row.eligibility,
+        "eligibility": row.eligibility, "weights_dtype": row.weights_dtype,
+        "row_sum_tolerance": float(row.row_sum_tolerance),
         "scores_materialised_by_capture": bool(row.scores_materialised_by_capture),
         "status": "fail" if row.site in failing_checks else "pass",
         "failing_checks": failing_checks.get(row.site, []),

@@ -14,7 +14,12 @@ audited without changing its code:
   (attributions hook that call only, so an embedding shared with the decoder is safe);
 - optionally ``encode(batch)`` and ``decode(batch, encoded, emitted)``, the two halves of
   ``teacher_forced``: interventions that edit only decoder-side attention then encode each
-  example once and re-run only the decoder for its many edited copies.
+  example once and re-run only the decoder for its many edited copies;
+- optionally, with those, ``decode_states(batch, encoded, emitted)`` and
+  ``decode_step(batch, encoded, states, emitted, step)``: the decoder's state before every
+  step from one unedited teacher-forced pass (a KV cache, a recurrent state), and one
+  decoder step from it. An edited copy of step ``t`` then runs one step instead of the
+  prefix ``0..t``. :func:`from_hf` provides both from the model's KV cache.
 
 Cross-attention keys are source positions: key ``j`` of a cross-attention row is
 ``batch.source_ids[:, j]``. Build a target from parts, with :func:`from_hf` for a local
@@ -25,7 +30,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -73,6 +80,13 @@ class Batch:
             None if self.references is None else [self.references[i] for i in picks],
             {k: _take(v, index, len(self)) for k, v in self.inputs.items()},
         )
+
+    def to(self, device: torch.device) -> Batch:
+        """The batch with every tensor on ``device``."""
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                 for k, v in self.inputs.items()}
+        return Batch(self.source_ids.to(device), self.source_mask.to(device), self.texts,
+                     self.references, moved)
 
     def repeat(self, times: int) -> Batch:
         """Each example ``times`` times in a row: (B, ...) -> (B * times, ...)."""
@@ -124,6 +138,14 @@ class Seq2SeqTarget:
             each with the batch on its first axis.
         decode: optional, (batch, encoder state, emitted (B, T)) -> logits (B, T, V), equal
             to ``teacher_forced(batch, emitted)`` when the state comes from ``encode(batch)``.
+        decode_states: optional, (batch, encoder state, emitted (B, T)) -> the decoder state
+            before every step 0..T-1, from one teacher-forced pass: a tensor, or a
+            tuple/list/dict of them, each with the batch on its first axis.
+        decode_step: optional, (batch, encoder state, decoder states, emitted (B, T),
+            step t) -> logits (B, V) at step t, run from the state before t; equal to
+            ``decode(batch, encoded, emitted)[:, t]``. Used only with ``decode_states``.
+        device: where the model runs; batches are moved there (None: as yielded).
+        truncation: one sentence on how sources were truncated, for the report.
     """
 
     name: str
@@ -143,6 +165,10 @@ class Seq2SeqTarget:
     description: str = ""
     encode: Callable[[Batch], Any] | None = None
     decode: Callable[[Batch, Any, torch.Tensor], torch.Tensor] | None = None
+    decode_states: Callable[[Batch, Any, torch.Tensor], Any] | None = None
+    decode_step: Callable[[Batch, Any, Any, torch.Tensor, int], torch.Tensor] | None = None
+    device: torch.device | None = None
+    truncation: str = ""
 
     def step_mask(self, emitted: torch.Tensor) -> torch.Tensor:
         """Bool (B, T): steps up to and including the first ``eos_id``."""
@@ -162,6 +188,8 @@ class Seq2SeqTarget:
             raise ValueError(f"limit must be >= 0 examples, got {limit}")
         seen = 0
         for batch in self.batches():
+            if self.device is not None:
+                batch = batch.to(self.device)
             if limit is not None and seen + len(batch) > limit:
                 batch = batch.select(torch.arange(limit - seen))
             if len(batch):
@@ -188,9 +216,45 @@ def select_state(state: Any, index: torch.Tensor) -> Any:
     return state
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device | None:
+    """``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``, ``"meta"`` -> a torch.device (None
+    stays None); a clear :class:`TargetError` for anything else."""
+    if device is None or isinstance(device, torch.device):
+        return device
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise TargetError(f"unknown device {device!r}: use cpu, cuda, cuda:N, mps or "
+                          "meta") from exc
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """``"float32"``, ``"bfloat16"``, ``"float16"`` (or the torch dtype) -> torch dtype."""
+    if dtype is None or dtype in DTYPES.values():
+        return dtype  # type: ignore[return-value]
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise TargetError(f"unsupported dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+
+
+def place(target: Seq2SeqTarget, device: str | torch.device | None = None,
+          dtype: str | torch.dtype | None = None) -> Seq2SeqTarget:
+    """``target`` with its model moved to ``device`` and cast to the floating ``dtype`` (in
+    place: the model is the target's own) and its batches following the model's device."""
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    if device is None and dtype is None:
+        return target
+    target.model.to(device=device, dtype=dtype)
+    return target.with_options(device=device) if device is not None else target
+
+
 def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
             batch_size: int = 100, max_new_tokens: int = 64,
-            name: str | None = None) -> Seq2SeqTarget:
+            max_source_tokens: int | None = None, device: str | torch.device | None = None,
+            dtype: str | torch.dtype | None = None, name: str | None = None) -> Seq2SeqTarget:
     """A target from a local Hugging Face seq2seq checkpoint and its tokenizer.
 
     Args:
@@ -198,12 +262,27 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
         data: a TSV file of ``source[<TAB>target]`` lines, or a list of source strings.
         batch_size: examples per batch.
         max_new_tokens: generation limit for greedy decoding.
+        max_source_tokens: truncate longer sources (default: the model's position limit,
+            ``max_position_embeddings``, when its config has one). Truncation warns with the
+            number of sources cut and is recorded in ``target.truncation``.
+        device: where the model runs (``cpu``, ``cuda``, ``cuda:N``, ``mps``; default: the
+            CPU). dtype: ``float32``, ``bfloat16`` or ``float16`` (default: the checkpoint's).
         name: the label in reports (default: the model directory as given).
+
+    Interventions get ``encode``/``decode`` and, from the model's key/value cache,
+    ``decode_states``/``decode_step``: an edited copy of step ``t`` runs one cached decoder
+    step.
     """
     try:
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
     except ImportError as exc:
         raise TargetError("--hf needs transformers: pip install 'attnaudit[hf]'") from exc
+    for option, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens),
+                          ("max_source_tokens", max_source_tokens)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise TargetError(f"{option} must be a positive integer, got {value!r}")
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise TargetError(f"Hugging Face model directory not found: {model_dir}")
@@ -220,19 +299,26 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
         check_backends(list(model.named_modules()))
     except CaptureError as exc:
         raise TargetError(f"{model_dir}: {exc}") from None
+    model.to(device=device, dtype=dtype)
     config = model.config
     start = config.decoder_start_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.pad_token_id
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     if start is None or pad is None or eos is None:
         raise TargetError(f"{model_dir}: config needs decoder_start_token_id, pad and eos ids")
+    limit, truncation = _source_limit(tokenizer, config, sources, max_source_tokens)
+    where = next(model.parameters()).device
+    # transformers 5 renamed past_key_values to cache
+    cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
+                 else "past_key_values")
 
     def batches() -> Iterator[Batch]:
         for at in range(0, len(sources), batch_size):
             texts = sources[at : at + batch_size]
-            enc = tokenizer(texts, padding=True, return_tensors="pt")
-            yield Batch(enc["input_ids"], enc["attention_mask"].bool(), texts,
-                        None if references is None else references[at : at + batch_size])
+            enc = tokenizer(texts, padding=True, truncation=limit is not None,
+                            max_length=limit, return_tensors="pt")
+            yield Batch(enc["input_ids"].to(where), enc["attention_mask"].bool().to(where),
+                        texts, None if references is None else references[at : at + batch_size])
 
     @torch.no_grad()
     def greedy(batch: Batch) -> torch.Tensor:
@@ -246,13 +332,40 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
         return model.get_encoder()(input_ids=batch.source_ids,
                                    attention_mask=batch.source_mask.long())
 
-    def decode(batch: Batch, encoded: Any, emitted: torch.Tensor) -> torch.Tensor:
-        start_col = torch.full_like(emitted[:, :1], start)
-        decoder_ids = torch.cat([start_col, emitted[:, :-1]], dim=1)
+    def decoder_inputs(emitted: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.full_like(emitted[:, :1], start), emitted[:, :-1]], dim=1)
+
+    def run_decoder(batch: Batch, encoded: Any, decoder_ids: torch.Tensor,
+                    **cache: Any) -> Any:
         # source ids too: some models (FSMT) build the decoder's causal mask only from them
         return model(input_ids=batch.source_ids, encoder_outputs=encoded,
-                     attention_mask=batch.source_mask.long(),
-                     decoder_input_ids=decoder_ids, use_cache=False).logits
+                     attention_mask=batch.source_mask.long(), decoder_input_ids=decoder_ids,
+                     **cache)
+
+    def decode(batch: Batch, encoded: Any, emitted: torch.Tensor) -> torch.Tensor:
+        return run_decoder(batch, encoded, decoder_inputs(emitted), use_cache=False).logits
+
+    def decode_states(batch: Batch, encoded: Any, emitted: torch.Tensor
+                      ) -> dict[str, tuple[torch.Tensor, ...]]:
+        """The KV cache of one teacher-forced pass: self-attention keys and values
+        (B, H, T, d) per layer (position t = step t), cross-attention ones (B, H, n, d)."""
+        out = run_decoder(batch, encoded, decoder_inputs(emitted), use_cache=True)
+        cache = getattr(out, cache_arg)
+        return {"self": _cache_tensors(cache.self_attention_cache),
+                "cross": _cache_tensors(cache.cross_attention_cache)}
+
+    def decode_step(batch: Batch, encoded: Any, states: dict[str, tuple[torch.Tensor, ...]],
+                    emitted: torch.Tensor, step: int) -> torch.Tensor:
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        prefix = [(k[:, :, :step], v[:, :, :step])
+                  for k, v in zip(states["self"][::2], states["self"][1::2], strict=True)]
+        cross = list(zip(states["cross"][::2], states["cross"][1::2], strict=True))
+        cache = EncoderDecoderCache(DynamicCache(prefix if step else None),
+                                    DynamicCache(cross))
+        previous = decoder_inputs(emitted)[:, step : step + 1]
+        return run_decoder(batch, encoded, previous, use_cache=True,
+                           **{cache_arg: cache}).logits[:, -1]
 
     def teacher_forced(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
         return decode(batch, encode(batch), emitted)
@@ -277,6 +390,10 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
         description=f"{type(model).__name__} from {model_dir} ({len(sources)} sources)",
         encode=encode,
         decode=decode,
+        decode_states=decode_states,
+        decode_step=decode_step,
+        device=where,
+        truncation=truncation,
     )
 
 
@@ -289,6 +406,33 @@ def _source_embedding(model: nn.Module) -> nn.Module:
     except (AttributeError, NotImplementedError):
         embed = getattr(encoder, "embed_tokens", None)
         return embed if isinstance(embed, nn.Module) else model.get_input_embeddings()
+
+
+def _cache_tensors(cache: Any) -> tuple[torch.Tensor, ...]:
+    """A Hugging Face DynamicCache as keys and values per layer: (k0, v0, k1, v1, ...)."""
+    if hasattr(cache, "layers"):
+        return tuple(t for layer in cache.layers for t in (layer.keys, layer.values))
+    return tuple(t for pair in zip(cache.key_cache, cache.value_cache, strict=True)
+                 for t in pair)
+
+
+def _source_limit(tokenizer: Any, config: Any, sources: list[str],
+                  max_source_tokens: int | None) -> tuple[int | None, str]:
+    """The source token limit (the smaller of ``max_source_tokens`` and the model's position
+    limit) and a sentence on what truncation did; warns when sources are cut."""
+    limits = [x for x in (max_source_tokens, getattr(config, "max_position_embeddings", None))
+              if isinstance(x, int)]
+    if not limits:
+        return None, "sources were not truncated (no token limit known)"
+    limit = min(limits)
+    lengths = [len(ids) for ids in tokenizer(sources)["input_ids"]]
+    cut = sum(n > limit for n in lengths)
+    if not cut:
+        return limit, f"no source was truncated (limit {limit} tokens; longest {max(lengths)})"
+    what = (f"{cut} of {len(sources)} sources were longer than {limit} tokens and were "
+            f"truncated to {limit} (longest {max(lengths)})")
+    warnings.warn(f"attnaudit: {what}", stacklevel=3)
+    return limit, what
 
 
 def _read_pairs(data: str | Path | Sequence[str]) -> tuple[list[str], list[str] | None]:

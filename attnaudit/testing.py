@@ -28,7 +28,7 @@ def assert_attention_healthy(model: nn.Module, run: Callable[[], Any], *,
                              kinds: Mapping[str, str] | None = None,
                              eligible: Mapping[str, torch.Tensor] | None = None,
                              max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
-                             row_sum_tolerance: float = DEFAULT_ROW_SUM_TOLERANCE
+                             row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE
                              ) -> list[Finding]:
     """Run ``run()`` under capture and assert every site passes the gate's checks.
 
@@ -41,7 +41,8 @@ def assert_attention_healthy(model: nn.Module, run: Callable[[], Any], *,
             example, (B, Q, K) or (B, H, Q, K). Without one, a site is checked against the
             key mask capture read off the model, which cannot reveal a mask applied after
             the softmax or masked scores filled with 0.
-        max_masked_mass, row_sum_tolerance: the gate's tolerances.
+        max_masked_mass, row_sum_tolerance: the gate's tolerances (row_sum_tolerance None:
+            from each site's weight dtype and key count, as the gate does).
 
     Returns:
         every finding (passes and warnings included) when no check fails.
@@ -62,7 +63,7 @@ def assert_attention_healthy(model: nn.Module, run: Callable[[], Any], *,
         rule = declared.get(name, declared.get(name.split(":", 1)[0]))
         analysers.update(record, eligible=rule)
     summary = summarise_sites(analysers.metrics(), list(cap.records))
-    findings = site_findings(summary, None, max_masked_mass, row_sum_tolerance)
+    findings = site_findings(summary, None, max_masked_mass, analysers.site_row_sum_tolerance)
     failures = [f for f in findings if f.status == "fail"]
     if failures:
         sites_failing = failing_sites(failures)

@@ -24,10 +24,11 @@ from attnaudit.record import AttentionRecord
 class Rows:
     """One batch of attention rows, validated and in float64.
 
-    weights: (batch, heads, queries, keys). eligible: bool, same shape. keys_before_queries:
-    the model's softmax normalised an axis that comes before a query axis in its own tensor
-    (``Site.layout`` such as ``"b k q"``), which is how a softmax over the wrong axis of
-    ``(B, Q, K)`` scores looks.
+    weights: (batch, heads, queries, keys). eligible: bool, same shape. dtype: the weights'
+    dtype as the model produced them (None: unknown), which sets numeric tolerances.
+    keys_before_queries: the model's softmax normalised an axis that comes before a query
+    axis in its own tensor (``Site.layout`` such as ``"b k q"``), which is how a softmax over
+    the wrong axis of ``(B, Q, K)`` scores looks.
     """
 
     site: str
@@ -35,6 +36,7 @@ class Rows:
     weights: torch.Tensor
     eligible: torch.Tensor
     step_offset: int = 0
+    dtype: torch.dtype | None = None
     keys_before_queries: bool = False
 
     @classmethod
@@ -53,17 +55,18 @@ class Rows:
                 and record.eligible.dtype == torch.bool
                 and record.eligible.shape == weights.shape):
             return record  # nothing to convert or check
+        produced = record.dtype if isinstance(record, Rows) else weights.dtype
         weights = weights.detach().to(torch.float64)
         if isinstance(record, Rows):
             mask = record.eligible if eligible is None else eligible
             return cls(record.site, record.kind, weights,
-                       _eligibility(record.site, weights, mask), record.step_offset,
+                       _eligibility(record.site, weights, mask), record.step_offset, produced,
                        record.keys_before_queries)
         mask = record.key_mask if eligible is None else eligible
         layout = record.site.layout.split()
         reversed_axes = "k" in layout and "q" in layout[layout.index("k"):]
         return cls(record.name, record.kind, weights, _eligibility(record.name, weights, mask),
-                   keys_before_queries=reversed_axes)
+                   dtype=produced, keys_before_queries=reversed_axes)
 
     @cached_property
     def n_valid(self) -> torch.Tensor:

@@ -12,18 +12,40 @@ such rows sum to one however wrong the axis was).
 row_sum_rows / non_finite_rows / negative_rows: 1 for a row whose row_sum_error exceeds
 ``tolerance`` / that holds a NaN-or-inf / a negative weight; their ``sum`` counts such rows
 (what a CI gate fails on).
+
 Rows without an eligible key or with non-finite weights are not judged, nor are key
 columns that no query may attend (padding).
+
+With ``tolerance=None`` (what the validity audit and the gate use) the row-sum tolerance
+follows from the dtype the model produced the weights in and the number of keys K
+(:func:`row_sum_tolerance`): ``max(1e-3, u * (1 + ceil(log2 K)))`` with
+``u = finfo(dtype).eps / 2`` the unit roundoff. Storing each weight rounds it by at most
+``u`` relative, at most ``u`` on a sum of weights that sum to one; a softmax that
+normalises in that dtype adds one rounding per level of a pairwise sum, ``ceil(log2 K)``
+levels. float32: 1e-3 (the floor); bfloat16 (u = 2^-8), K = 40: 0.027; float16
+(u = 2^-11), K = 40: 0.0034. Masked mass keeps one tolerance in every dtype: a correct
+mask gives masked keys exactly zero weight in any precision (the exponential underflows).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from attnaudit.analysis.base import Analyser, Rows
 from attnaudit.analysis.stats import MetricSpec
 
-SUM_TOLERANCE = 1e-3
+SUM_TOLERANCE = 1e-3  # the floor of the row-sum tolerance: float32 and wider dtypes
+
+
+def row_sum_tolerance(dtype: torch.dtype | None, keys: int) -> float:
+    """The default |row sum - 1| tolerance for weights of ``dtype`` over ``keys`` keys (see
+    the module docstring); None (unknown) counts as float32."""
+    unit = torch.finfo(dtype if dtype is not None and dtype.is_floating_point
+                       else torch.float32).eps / 2
+    return max(SUM_TOLERANCE, unit * (1 + math.ceil(math.log2(max(keys, 1)))))
+
 
 
 class NumericsAnalyser(Analyser):
@@ -41,14 +63,17 @@ class NumericsAnalyser(Analyser):
         MetricSpec("negative_rows", 0.0, 1.0),
     )
 
-    def __init__(self, tolerance: float = SUM_TOLERANCE, per_example: bool = False) -> None:
+    def __init__(self, tolerance: float | None = SUM_TOLERANCE,
+                 per_example: bool = False) -> None:
         """tolerance: largest |row sum - 1| (and column sum, for the wrong-axis check)
-        counted as summing to one."""
+        counted as summing to one; None: :func:`row_sum_tolerance` of the rows' dtype."""
         super().__init__(per_example)
         self.tolerance = tolerance
 
     def rows_metrics(self, rows: Rows):
         w = rows.weights
+        tolerance = (row_sum_tolerance(rows.dtype, w.shape[-1]) if self.tolerance is None
+                     else self.tolerance)
         finite = torch.isfinite(w)
         row_finite = rows.finite
         has_keys = rows.n_valid > 0
@@ -59,11 +84,11 @@ class NumericsAnalyser(Analyser):
         nan_row = ~row_finite
         zero_row = row_finite & (w == 0).all(-1)
         uniform_row = row_finite & ((w - 1.0 / max(n_keys, 1)).abs() <= 1e-6).all(-1)
-        rows_bad = (row_sum_error > self.tolerance) | ~judged
+        rows_bad = (row_sum_error > tolerance) | ~judged
         # A key no query may attend (padding) is no column of the distribution: its sum is
         # not judged, so padding keys neither veto nor support the flag.
         used = rows.eligible.any(-2)  # (B, H, K)
-        cols_ok = (((w.sum(-2) - 1).abs() <= self.tolerance) | ~used).all(-1)  # (B, H)
+        cols_ok = (((w.sum(-2) - 1).abs() <= tolerance) | ~used).all(-1)  # (B, H)
         suspect = (rows_bad.all(-1) & judged.any(-1) & cols_ok & (w.shape[2] > 1)) \
             | rows.keys_before_queries
         suspect = suspect[..., None].expand_as(rows_bad)
@@ -79,7 +104,7 @@ class NumericsAnalyser(Analyser):
             "all_masked_zeros": (zero_row.to(f64), all_masked),
             "all_masked_uniform": (uniform_row.to(f64), all_masked),
             "softmax_axis_suspect": (suspect.to(f64), None),
-            "row_sum_rows": ((row_sum_error > self.tolerance).to(f64), judged),
+            "row_sum_rows": ((row_sum_error > tolerance).to(f64), judged),
             "non_finite_rows": ((non_finite > 0).to(f64), None),
             "negative_rows": ((negative > 0).to(f64), None),
         }

@@ -134,38 +134,43 @@ class RowStats:
 
     def frame(self) -> pd.DataFrame:
         """Tidy summary: one row per site x head x step x metric with its count ``n``."""
-        rows = []
-        for (site, metric), c in self.cells.items():
-            spec = self.specs[metric]
-            heads, steps = np.nonzero(c.n)
-            for h, t in zip(heads.tolist(), steps.tolist(), strict=True):
-                n = c.n[h, t]
-                row = {"site": site, "kind": self.kinds.get(site), "layer": layer_of(site),
-                       "head": h, "step": t, "metric": metric, "n": int(n),
-                       "mean": c.total[h, t] / n, "sum": c.total[h, t],
-                       "min": c.minimum[h, t], "max": c.maximum[h, t]}
-                row.update(_quantiles(c.hist[h, t], spec, c.minimum[h, t], c.maximum[h, t]))
-                rows.append(row)
         columns = ["site", "kind", "layer", "head", "step", "metric", "n", "mean", "sum", "min",
                    "max", *(f"q{round(q * 100)}" for q in QUANTILES)]
-        frame = pd.DataFrame(rows, columns=columns)
+        parts = []
+        for (site, metric), c in self.cells.items():
+            heads, steps = np.nonzero(c.n)
+            if not len(heads):
+                continue
+            n, total = c.n[heads, steps], c.total[heads, steps]
+            low, high = c.minimum[heads, steps], c.maximum[heads, steps]
+            parts.append(pd.DataFrame({
+                "site": site, "kind": self.kinds.get(site), "layer": layer_of(site),
+                "head": heads, "step": steps, "metric": metric, "n": n.astype(np.int64),
+                "mean": total / n, "sum": total, "min": low, "max": high,
+                **_quantiles(c.hist[heads, steps], self.specs[metric], low, high)},
+                columns=columns))
+        frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
         frame["layer"] = frame["layer"].astype("Int64")
         return frame.sort_values(["site", "metric", "head", "step"], ignore_index=True)
 
 
-def _quantiles(hist: np.ndarray, spec: MetricSpec, low: float, high: float) -> dict[str, float]:
-    """Quantiles read off the histogram, linear within a bin, clipped to the exact [min, max].
+def _quantiles(hist: np.ndarray, spec: MetricSpec, low: np.ndarray, high: np.ndarray
+               ) -> dict[str, np.ndarray]:
+    """Quantiles of m cells read off their histograms (m, HIST_BINS), linear within a bin,
+    clipped to each cell's exact [min, max] (m,).
 
     Resolution is (hi - lo) / HIST_BINS of the metric's range; values outside the range
     fall in the edge bins (their min/max stay exact).
     """
-    cum = np.cumsum(hist)
+    cum = np.cumsum(hist, axis=1)
     width = (spec.hi - spec.lo) / HIST_BINS
+    cells = np.arange(hist.shape[0])
     out = {}
     for q in QUANTILES:
-        target = q * cum[-1]
-        b = int(np.searchsorted(cum, target, side="left"))
-        below = cum[b - 1] if b > 0 else 0.0
-        frac = (target - below) / hist[b] if hist[b] > 0 else 0.0
-        out[f"q{round(q * 100)}"] = float(np.clip(spec.lo + (b + frac) * width, low, high))
+        target = q * cum[:, -1]
+        b = np.minimum((cum < target[:, None]).sum(1), hist.shape[1] - 1)  # searchsorted left
+        below = np.where(b > 0, cum[cells, np.maximum(b - 1, 0)], 0.0)
+        in_bin = hist[cells, b]
+        frac = np.where(in_bin > 0, (target - below) / np.where(in_bin > 0, in_bin, 1.0), 0.0)
+        out[f"q{round(q * 100)}"] = np.clip(spec.lo + (b + frac) * width, low, high)
     return out

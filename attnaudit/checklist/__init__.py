@@ -48,7 +48,7 @@ from attnaudit.checklist.items import (
     missing_item,
     worst,
 )
-from attnaudit.findings import Finding, findings_frame
+from attnaudit.findings import Finding, describe_tolerance, findings_frame
 
 
 def parameter_table(model: nn.Module, site_modules: Mapping[str, str]) -> pd.DataFrame:
@@ -222,9 +222,9 @@ def _scoring(model: nn.Module, audit: Any, findings: Sequence[Any]) -> ItemResul
         "Normalisation axis and row sums checked at every site; score function and scale "
         "are read from the mechanism only.",
         measured=["Each row's sum over the key axis was compared with 1 (row_sum_error, "
-                  f"tolerance {audit.row_sum_tolerance:g}); an (example, head) whose rows do "
-                  "not sum to one while its columns do is flagged as a softmax over the wrong "
-                  "axis.",
+                  f"tolerance {describe_tolerance(audit.row_sum_tolerance)}); an (example, "
+                  "head) whose rows do not sum to one while its columns do is flagged as a "
+                  "softmax over the wrong axis.",
                   "Pre-softmax scores were captured where the mechanism exposes them and "
                   "their range over eligible keys recorded."],
         observations=observations + _finding_lines(checks),
@@ -308,6 +308,9 @@ def _positions(model: nn.Module, audit: Any) -> ItemResult:
         longest = int(audit.sites["keys"].max())
         observations.append(f"The model's config allows {limit} positions; the longest "
                             f"captured key axis was {longest}.")
+    truncation = getattr(audit, "truncation", "")
+    if truncation:
+        observations.append(f"Source truncation: {truncation}.")
     return ItemResult(
         ITEM_BY_KEY["positions"], NOT_RECORDED,
         "Position conventions, truncation and cache policy are not measured automatically; "
@@ -316,9 +319,9 @@ def _positions(model: nn.Module, audit: Any) -> ItemResult:
                   "one forward pass (for Hugging Face targets without the key/value cache); "
                   "captured query rows are emitted steps, keys are source positions."],
         observations=observations,
-        not_recorded=["How source and target positions are numbered, whether inputs were "
-                      "truncated by a tokenizer, and whether a cache changes the computation "
-                      "are not inspected."],
+        not_recorded=["How source and target positions are numbered"
+                      + ("" if truncation else ", whether inputs were truncated by a tokenizer")
+                      + " and whether a cache changes the computation are not inspected."],
     )
 
 

@@ -21,6 +21,7 @@ from attnaudit.interventions.outputs import flip, jsd, tvd
 from attnaudit.interventions.permutation import permutation_summary, permutation_test
 from attnaudit.interventions.runner import (
     InterventionError,
+    OutputChange,
     Reference,
     Rows,
     edited_probs,
@@ -35,6 +36,7 @@ __all__ = [
     "Attributions",
     "InterventionError",
     "InterventionSuite",
+    "OutputChange",
     "Reference",
     "Rows",
     "adversarial_search",

@@ -14,18 +14,17 @@ import pandas as pd
 import torch
 
 from attnaudit.interventions.draws import eligible_draws
-from attnaudit.interventions.outputs import flip, jsd, tvd
 from attnaudit.interventions.runner import (
-    DEFAULT_CHUNK,
     ItemEdit,
+    OutputChange,
     Reference,
     Rows,
     edited_probs,
+    item_chunks,
     key_level_top,
     progress_bar,
     row_columns,
     row_generator,
-    row_probs,
     run_items,
     spread_over_eligible,
     stacked_rows,
@@ -56,22 +55,20 @@ def remove_keys(old: torch.Tensor, remove: torch.Tensor, eligible: torch.Tensor)
     return torch.where(mass > 0, kept / mass.clamp_min(torch.finfo(old.dtype).tiny), fallback)
 
 
-def _compare(prefix: str, before: torch.Tensor, after: torch.Tensor) -> dict[str, object]:
-    return {f"{prefix}_tvd": tvd(before, after).numpy(),
-            f"{prefix}_jsd": jsd(before, after).numpy(),
-            f"{prefix}_flip": flip(before, after).numpy()}
+def _columns(prefix: str, change: OutputChange) -> dict[str, object]:
+    return {f"{prefix}_tvd": change.tvd.numpy(), f"{prefix}_jsd": change.jsd.numpy(),
+            f"{prefix}_flip": change.flip.numpy()}
 
 
 def uniform_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
-                 chunk_size: int = DEFAULT_CHUNK, progress: bool = False) -> pd.DataFrame:
+                 chunk_size: int | None = None, progress: bool = False) -> pd.DataFrame:
     """Per row: ``uniform_tvd``, ``uniform_jsd``, ``uniform_flip`` (weights = 1/n_valid)."""
     rows = ref.rows() if rows is None else rows
     edit = ItemEdit(uniform_rows, ref.eligible[rows.example, rows.step])
     with progress_bar(len(rows), "uniform", progress) as bar:
-        after = run_items(target, ref, rows.example, rows.step, edit, chunk_size=chunk_size,
-                          progress=bar)
-    return pd.DataFrame({**row_columns(ref, rows),
-                         **_compare("uniform", row_probs(ref, rows), after)})
+        change = run_items(target, ref, rows.example, rows.step, edit, chunk_size=chunk_size,
+                           progress=bar)
+    return pd.DataFrame({**row_columns(ref, rows), **_columns("uniform", change)})
 
 
 def random_other_key(ref: Reference, rows: Rows, top: torch.Tensor) -> torch.Tensor:
@@ -90,7 +87,7 @@ def random_other_key(ref: Reference, rows: Rows, top: torch.Tensor) -> torch.Ten
 
 
 def zeroing_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
-                 chunk_size: int = DEFAULT_CHUNK, progress: bool = False) -> pd.DataFrame:
+                 chunk_size: int | None = None, progress: bool = False) -> pd.DataFrame:
     """Single zeroing test: the top key vs a random non-top eligible key, per row.
 
     Columns: zero_top_{tvd,jsd,flip}, zero_random_{tvd,jsd,flip}, zero_weight_difference
@@ -109,16 +106,15 @@ def zeroing_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None
     eligible = ref.eligible[rows.example, rows.step].repeat_interleave(2, 0)
     edit = ItemEdit(remove_keys, remove, eligible)
     with progress_bar(2 * n_rows, "zeroing", progress) as bar:
-        after = run_items(target, ref, rows.example.repeat_interleave(2),
-                          rows.step.repeat_interleave(2), edit, chunk_size=chunk_size,
-                          progress=bar).reshape(n_rows, 2, -1)
-    before = row_probs(ref, rows)
+        change = run_items(target, ref, rows.example.repeat_interleave(2),
+                           rows.step.repeat_interleave(2), edit, chunk_size=chunk_size,
+                           progress=bar)
     attention = ref.attention[rows.example, rows.step]
     index = torch.arange(n_rows)
     return pd.DataFrame({
         **row_columns(ref, rows),
-        **_compare("zero_top", before, after[:, 0]),
-        **_compare("zero_random", before, after[:, 1]),
+        **_columns("zero_top", change.select(slice(0, None, 2))),
+        **_columns("zero_random", change.select(slice(1, None, 2))),
         "zero_weight_difference": (attention[index, top] - attention[index, other]).numpy(),
     })
 
@@ -133,15 +129,13 @@ def zeroing_flip_table(per_row: pd.DataFrame) -> pd.DataFrame:
 
 
 def weight_gradients(target: Seq2SeqTarget, ref: Reference, rows: Rows, *,
-                     chunk_size: int = DEFAULT_CHUNK) -> torch.Tensor:
+                     chunk_size: int | None = None) -> torch.Tensor:
     """d p(yhat_t) / d alpha: (N, S*H, n), the gradient of the predicted token's probability
     at step t with respect to each selected site's weights at step t (model unchanged)."""
     grads = torch.zeros(len(rows), ref.n_site_heads, ref.eligible.shape[-1])
     offsets, heads = ref.head_offsets, ref.heads
     predicted = ref.predicted[rows.example, rows.step]
-    order = torch.argsort(rows.step, stable=True)
-    for at in range(0, len(rows), chunk_size):
-        idx = order[at : at + chunk_size]
+    for idx in item_chunks(ref, rows.step, chunk_size, grad=True):
         leaves: list[tuple[str, torch.Tensor, torch.Tensor]] = []
 
         def as_leaf(site: str, old: torch.Tensor, items: torch.Tensor,
@@ -166,7 +160,7 @@ def weight_gradients(target: Seq2SeqTarget, ref: Reference, rows: Rows, *,
 
 def removal_orders(target: Seq2SeqTarget, ref: Reference, rows: Rows, *,
                    random_draws: int = RANDOM_DRAWS,
-                   chunk_size: int = DEFAULT_CHUNK) -> dict[str, torch.Tensor]:
+                   chunk_size: int | None = None) -> dict[str, torch.Tensor]:
     """Order name -> key scores (N, n); keys are removed from the highest score down.
 
     Names: attention, random_1..random_D, gradient, attention_x_gradient (key-level scores
@@ -188,7 +182,7 @@ def removal_orders(target: Seq2SeqTarget, ref: Reference, rows: Rows, *,
 
 
 def cumulative_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
-                    random_draws: int = RANDOM_DRAWS, chunk_size: int = DEFAULT_CHUNK,
+                    random_draws: int = RANDOM_DRAWS, chunk_size: int | None = None,
                     progress: bool = False) -> pd.DataFrame:
     """Remove keys in each order until the argmax flips (at most n_valid - 1 keys).
 
@@ -207,7 +201,6 @@ def cumulative_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = N
     n_rows, n_orders = len(rows), len(names)
     flipped_at = torch.zeros(n_rows, n_orders, dtype=torch.long)
     tried = torch.zeros(n_rows, n_orders, dtype=torch.long)
-    before = row_probs(ref, rows)
     never = torch.iinfo(torch.long).max
     with progress_bar(0, "cumulative", progress) as bar:
         while True:
@@ -221,10 +214,10 @@ def cumulative_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = N
             k = tried[row, order][pair] + _offsets_within(counts) + 1
             remove = (rank[item_row, order[pair]] < k[:, None]) & eligible[item_row]
             bar.total += len(k)
-            after = run_items(target, ref, rows.example[item_row], rows.step[item_row],
-                              ItemEdit(remove_keys, remove, eligible[item_row]),
-                              chunk_size=chunk_size, progress=bar)
-            hit_k = torch.where(flip(before[item_row], after), k, never)
+            change = run_items(target, ref, rows.example[item_row], rows.step[item_row],
+                               ItemEdit(remove_keys, remove, eligible[item_row]),
+                               chunk_size=chunk_size, progress=bar)
+            hit_k = torch.where(change.flip, k, never)
             first = torch.full((len(row),), never).scatter_reduce(0, pair, hit_k, "amin")
             flipped_at[row, order] = torch.where(first == never, 0, first)
             tried[row, order] += counts

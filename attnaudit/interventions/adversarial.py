@@ -22,14 +22,12 @@ import torch
 from attnaudit.interventions.draws import eligible_draws
 from attnaudit.interventions.outputs import jsd, tvd
 from attnaudit.interventions.runner import (
-    DEFAULT_CHUNK,
     Reference,
     Rows,
     edited_probs,
     progress_bar,
     row_columns,
     row_generator,
-    row_probs,
     site_head_rows,
     spread_over_eligible,
     stacked_rows,
@@ -71,13 +69,19 @@ def _pairwise_jsd(a: torch.Tensor) -> torch.Tensor:
 def adversarial_search(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
                        candidates: int = CANDIDATES, steps: int = STEPS,
                        learning_rate: float = LEARNING_RATE, penalty: float = PENALTY,
-                       eps: float = EPS_SEQ2SEQ, chunk_size: int = DEFAULT_CHUNK,
+                       eps: float = EPS_SEQ2SEQ, chunk_size: int | None = None,
                        progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per row: eps_max_jsd, n_within_eps (candidates with output TVD <= eps), min_tvd; and
-    per final candidate: jsd_to_original, output_tvd."""
+    per final candidate: jsd_to_original, output_tvd.
+
+    chunk_size: candidate sequences per forward and backward pass (default: from the
+    reference's memory budget)."""
     if candidates < 1 or steps < 0 or eps < 0:
         raise ValueError("adversarial_search needs candidates >= 1, steps >= 0, eps >= 0")
     rows = ref.rows() if rows is None else rows
+    if chunk_size is None:
+        longest = int(rows.step.max()) if len(rows) else 0
+        chunk_size = ref.budget.sequences(ref.positions(longest), grad=True)
     per_chunk = max(1, chunk_size // candidates)
     parts = []
     with progress_bar(len(rows) * candidates * steps, "adversarial", progress) as bar:
@@ -117,7 +121,7 @@ def _search_chunk(target: Seq2SeqTarget, ref: Reference, rows: Rows, k: int, ste
         for i, (e, s) in enumerate(zip(rows.example, rows.step, strict=True))])
     theta = (-torch.log(n_valid)[:, None, None, None] + INIT_SCALE * noise).requires_grad_(True)
     optimiser = torch.optim.Adam([theta], lr=lr, amsgrad=True)
-    before = row_probs(ref, rows).repeat_interleave(k, 0)
+    before = ref.probs[rows.example, rows.step].repeat_interleave(k, 0)
     example, step = rows.example.repeat_interleave(k), rows.step.repeat_interleave(k)
     items = torch.arange(n_rows * k)
 

@@ -10,8 +10,9 @@ pad token as an ordinary token). The decoder is teacher-forced on the unmodified
 greedy output, and the importance of key ``j`` at step ``t`` is
 ``tvd(p(. | y_<t, x), p(. | y_<t, x with x_j replaced))`` over the whole vocabulary.
 
-Every eligible (example, key) replacement is one folded sequence; one forward pass serves
-``chunk_size`` of them and gives every step at once.
+Every eligible (example, key) replacement is one folded sequence; one forward pass serves a
+chunk of them (as many as the memory budget allows, since every step's distribution is
+compared) and gives every step at once.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from dataclasses import replace
 import torch
 
 from attnaudit.interventions.attribution import resolve_pad_id
+from attnaudit.interventions.memory import ChunkBudget, encoder_bytes
 from attnaudit.interventions.outputs import tvd
-from attnaudit.interventions.runner import DEFAULT_CHUNK, InterventionError, progress_bar
+from attnaudit.interventions.runner import InterventionError, progress_bar
 from attnaudit.target import Batch, Seq2SeqTarget
 
 
@@ -46,8 +48,8 @@ def replacement_id(target: Seq2SeqTarget, batch: Batch, replace_with: str | int,
 
 def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                   replace_with: str | int = "pad", *, pad_id: int | None = None,
-                  chunk_size: int = DEFAULT_CHUNK, reference_probs: torch.Tensor | None = None,
-                  progress: bool = False) -> torch.Tensor:
+                  chunk_size: int | None = None, reference_probs: torch.Tensor | None = None,
+                  max_memory: int | str | None = None, progress: bool = False) -> torch.Tensor:
     """Leave-one-out importance (B, T, n) in TVD units, [0, 1].
 
     Args:
@@ -55,9 +57,11 @@ def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         batch: B sources. emitted: (B, T) long, the model's greedy output.
         replace_with: ``"pad"`` or a token id put in place of each left-out token.
         pad_id: the pad token for ``"pad"``; by default found as :func:`resolve_pad_id` does.
-        chunk_size: folded sequences per forward pass.
+        chunk_size: folded sequences per forward pass (default: from ``max_memory``).
         reference_probs: (B, T, V) teacher-forced probabilities of the unmodified batch,
             when the caller already has them.
+        max_memory: the budget of one chunk (bytes or "2GiB"; default
+            :data:`~attnaudit.interventions.memory.DEFAULT_MAX_MEMORY`).
         progress: show a progress bar over the replaced sequences.
 
     Returns 0 for keys that are not eligible (``target.explain_keys``) and for steps after the
@@ -66,7 +70,7 @@ def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
     if emitted.ndim != 2 or emitted.shape[0] != len(batch) or emitted.dtype != torch.long:
         raise ValueError(f"emitted must be long ids (B={len(batch)}, T), got "
                          f"{emitted.dtype} {tuple(emitted.shape)}")
-    if chunk_size < 1:
+    if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     token = replacement_id(target, batch, replace_with, pad_id)
     with torch.no_grad():
@@ -76,8 +80,16 @@ def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         if reference_probs.shape[:2] != (n_examples, n_steps):
             raise InterventionError(f"reference_probs has shape {tuple(reference_probs.shape)}, "
                                     f"expected ({n_examples}, {n_steps}, V)")
-        example, key = target.explain_keys(batch).nonzero(as_tuple=True)
-        importance = torch.zeros(n_examples, n_steps, batch.source_ids.shape[1])
+        reference_probs = reference_probs.float().cpu()
+        example, key = target.explain_keys(batch).cpu().nonzero(as_tuple=True)
+        n_keys = batch.source_ids.shape[1]
+        if chunk_size is None:
+            budget = ChunkBudget.of(target.model, vocab=int(reference_probs.shape[-1]),
+                                    keys=n_keys, site_heads=0,
+                                    state_bytes=encoder_bytes(target.model, n_keys),
+                                    max_memory=max_memory)
+            chunk_size = budget.sequences(n_steps, compared=n_steps)
+        importance = torch.zeros(n_examples, n_steps, n_keys)
         with progress_bar(len(example), "leave-one-out", progress) as bar:
             for at in range(0, len(example), chunk_size):
                 rows, keys = example[at : at + chunk_size], key[at : at + chunk_size]
@@ -85,7 +97,7 @@ def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                 ids = folded.source_ids.clone()
                 ids[torch.arange(len(rows)), keys] = token
                 logits = target.teacher_forced(replace(folded, source_ids=ids), emitted[rows])
-                probs = torch.softmax(logits.float(), -1)
-                importance[rows, :, keys] = tvd(probs, reference_probs[rows].float())
+                probs = torch.softmax(logits.float(), -1).cpu()
+                importance[rows, :, keys] = tvd(probs, reference_probs[rows])
                 bar.update(len(rows))
-    return importance * target.step_mask(emitted)[:, :, None]
+    return importance * target.step_mask(emitted).cpu()[:, :, None]

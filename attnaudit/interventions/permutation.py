@@ -13,15 +13,13 @@ import pandas as pd
 import torch
 
 from attnaudit.interventions.draws import eligible_draws
-from attnaudit.interventions.outputs import flip, jsd, median, tvd
+from attnaudit.interventions.outputs import median
 from attnaudit.interventions.runner import (
-    DEFAULT_CHUNK,
     Reference,
     Rows,
     progress_bar,
     row_columns,
     row_generator,
-    row_probs,
     run_items,
     site_head_rows,
 )
@@ -74,7 +72,7 @@ class _PermutationEdit:
 
 
 def permutation_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
-                     n_permutations: int = N_PERMUTATIONS, chunk_size: int = DEFAULT_CHUNK,
+                     n_permutations: int = N_PERMUTATIONS, chunk_size: int | None = None,
                      progress: bool = False) -> pd.DataFrame:
     """Per row: ``perm_median_tvd``, ``perm_median_jsd``, ``perm_flip_rate``, ``max_attention``.
 
@@ -92,14 +90,14 @@ def permutation_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = 
     # run_items sorts items stably by step, so a row's permutations stay together and its
     # draws are made once, then served from the edit's cache (every site, next chunk).
     with progress_bar(len(example), "permutation", progress) as bar:
-        after = run_items(target, ref, example, step, edit, chunk_size=chunk_size, progress=bar)
-    after = after.reshape(n_rows, n_permutations, -1)
-    before = row_probs(ref, rows)[:, None, :].expand_as(after)
+        change = run_items(target, ref, example, step, edit, chunk_size=chunk_size,
+                           progress=bar)
+    per_row = (n_rows, n_permutations)
     return pd.DataFrame({
         **row_columns(ref, rows),
-        "perm_median_tvd": median(tvd(before, after)).numpy(),
-        "perm_median_jsd": median(jsd(before, after)).numpy(),
-        "perm_flip_rate": flip(before, after).float().mean(-1).numpy(),
+        "perm_median_tvd": median(change.tvd.reshape(per_row)).numpy(),
+        "perm_median_jsd": median(change.jsd.reshape(per_row)).numpy(),
+        "perm_flip_rate": change.flip.reshape(per_row).float().mean(-1).numpy(),
     })
 
 

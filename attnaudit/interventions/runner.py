@@ -7,10 +7,18 @@ site — and compare ``p(. | y_<t, x)`` at step ``t`` before and after.
 An *item* is one edited re-run of one ``(example, step)`` row: permutation ``r`` of a row,
 candidate ``k``, removal of ``k`` keys... Items are folded into the batch dimension
 (examples repeated with :meth:`Batch.select`), so one forward pass serves many
-interventions; items are sorted by step and the emitted ids cut after the last step a chunk
-needs, so a step-2 item does not pay for the steps after it. When the target exposes
-``encode``/``decode`` and no edited site is called while encoding, each example is encoded
-once, in the reference run, and edited re-runs only run the decoder.
+interventions. How an item runs depends on what the target offers:
+
+- *one cached step* (``encode`` + ``decode_states`` + ``decode_step``): the edit at step
+  ``t`` changes nothing before ``t``, so the item starts from the reference run's unedited
+  decoder state before ``t`` (a KV cache, a recurrent state) and runs one decoder step;
+- *decoder re-run* (``encode`` + ``decode``): the decoder re-runs the prefix ``0..t`` from
+  the example's cached encoder state;
+- *full re-run* (``teacher_forced`` only, or an edited site inside the encoder).
+
+Only the edited step's output distribution is kept, compared with the reference's at once
+(:class:`OutputChange`); chunk sizes come from a memory budget (:mod:`.memory`), so the peak
+memory depends on the budget, not on the vocabulary or the number of examples.
 
 Key-level view: cross-attention keys are source positions, shared by every selected site and
 head. ``Reference.attention`` is the mean over the selected sites and their heads; the
@@ -20,7 +28,7 @@ chosen keys at every selected site and head.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,13 +37,13 @@ from tqdm.auto import tqdm
 
 from attnaudit.capturing.recorder import capture
 from attnaudit.errors import AttnauditError
+from attnaudit.interventions.memory import ChunkBudget, encoder_bytes, tensor_bytes
+from attnaudit.interventions.outputs import flip, jsd, tvd
 from attnaudit.record import AttentionRecord, Site
 from attnaudit.target import Batch, Seq2SeqTarget, select_state
 
 # (site name, rows (m, H, n) at the edited step, item ids (m,)) -> new rows (m, H, n).
 RowEdit = Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]
-
-DEFAULT_CHUNK = 4096  # folded sequences per forward pass: bounds memory, keeps BLAS busy
 
 
 class InterventionError(AttnauditError, ValueError):
@@ -44,18 +52,21 @@ class InterventionError(AttnauditError, ValueError):
 
 @dataclass
 class Reference:
-    """The unedited run of one batch.
+    """The unedited run of one batch; every tensor on the CPU, statistics in float32.
 
     batch: the B examples. emitted: greedy ids (B, T). steps: bool (B, T), steps up to and
     including the first end-of-sequence. probs: teacher-forced output probabilities
-    (B, T, V). sites: the edited site names. weights: site -> reference weights
-    (B, H, T, n), query row t = step t. eligible: bool (B, T, n), keys an intervention may
-    move — eligible at every selected site and not a special token. first_example: index
-    of the batch's first example in the audit data (seeds depend on it, not on batching).
-    seed: the target's seed. encoded: the encoder state from ``target.encode`` when edited
-    re-runs may reuse it, else None. head_index: the model's indices of the edited heads
-    (the same at every edited site), or None for all heads; ``weights`` then holds only
-    those heads, and the other heads run unedited.
+    (B, T, V) float32. sites: the edited site names. weights: site -> reference weights
+    (B, H, T, n) float32, query row t = step t. eligible: bool (B, T, n), keys an
+    intervention may move — eligible at every selected site and not a special token.
+    first_example: index of the batch's first example in the audit data (seeds depend on
+    it, not on batching). seed: the target's seed. encoded: the encoder state from
+    ``target.encode`` when edited re-runs may reuse it, else None. head_index: the model's
+    indices of the edited heads (the same at every edited site), or None for all heads;
+    ``weights`` then holds only those heads, and the other heads run unedited. states: the
+    unedited decoder state before every step (``target.decode_states``) when edited items
+    run one cached decoder step, else None. budget: sets how many edited sequences one
+    forward pass folds.
     """
 
     batch: Batch
@@ -67,8 +78,10 @@ class Reference:
     eligible: torch.Tensor
     first_example: int
     seed: int
+    budget: ChunkBudget
     encoded: Any = None
     head_index: tuple[int, ...] | None = None
+    states: Any = None
 
     @property
     def heads(self) -> dict[str, int]:
@@ -104,6 +117,11 @@ class Reference:
         example, step = valid.nonzero(as_tuple=True)
         return Rows(example, step)
 
+    def positions(self, step: int) -> int:
+        """Decoder positions an edited item at ``step`` runs: 1 from a cached state, else
+        the prefix 0..step."""
+        return 1 if self.states is not None else step + 1
+
 
 @dataclass(frozen=True)
 class Rows:
@@ -117,6 +135,21 @@ class Rows:
 
     def select(self, index: torch.Tensor) -> Rows:
         return Rows(self.example[index], self.step[index])
+
+
+@dataclass(frozen=True)
+class OutputChange:
+    """Per edited item, its step's output distribution against the reference's.
+
+    tvd, jsd: (M,) float32. flip: (M,) bool, the argmax changed.
+    """
+
+    tvd: torch.Tensor
+    jsd: torch.Tensor
+    flip: torch.Tensor
+
+    def select(self, index: torch.Tensor | slice) -> OutputChange:
+        return OutputChange(self.tvd[index], self.jsd[index], self.flip[index])
 
 
 def select_sites(records: dict[str, AttentionRecord], sites: Sequence[str] | None,
@@ -141,11 +174,16 @@ def select_sites(records: dict[str, AttentionRecord], sites: Sequence[str] | Non
 
 def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | None = None,
               heads: Sequence[int] | None = None, kind: str = "cross",
-              first_example: int = 0) -> Reference:
+              first_example: int = 0, incremental: bool = True,
+              max_memory: int | str | None = None) -> Reference:
     """Greedy output, teacher-forced probabilities and reference weights for ``batch``.
 
     sites: the sites to edit (default every site of ``kind``); heads: edit only these
-    heads at each of them (default all).
+    heads at each of them (default all). incremental: let edited items run one cached
+    decoder step when the target offers ``decode_states``/``decode_step`` (False: re-run
+    the prefix, the reference path the cached one is tested against). max_memory: the
+    budget of one chunk of edited sequences (bytes or "2GiB"; default
+    :data:`~attnaudit.interventions.memory.DEFAULT_MAX_MEMORY`).
     """
     encoded, in_encoder = None, set()
     with torch.no_grad():
@@ -157,12 +195,17 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
                 logits = target.decode(batch, encoded, emitted)
             else:
                 logits = target.teacher_forced(batch, emitted)
-    names = select_sites(cap.records, sites, kind)
-    if in_encoder.intersection(names):
-        encoded = None  # an edit there changes the encoder output: re-encode every copy
+        names = select_sites(cap.records, sites, kind)
+        if in_encoder.intersection(names):
+            encoded = None  # an edit there changes the encoder output: re-encode every copy
+        states = None
+        if (incremental and encoded is not None and target.decode_states is not None
+                and target.decode_step is not None):
+            states = target.decode_states(batch, encoded, emitted)
     n_examples, n_steps = emitted.shape
     n_keys = batch.source_ids.shape[1]
-    weights, eligible = {}, target.explain_keys(batch)[:, None, :].expand(-1, n_steps, -1)
+    weights = {}
+    eligible = target.explain_keys(batch).cpu()[:, None, :].expand(-1, n_steps, -1)
     for name in names:
         rec = cap.records[name]
         w = rec.weights
@@ -173,19 +216,37 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
                 f"{n_keys}). Only cross-attention sites run in teacher forcing qualify.")
         mask = rec.key_mask
         # A key mask may have one head or all of them (scores masked per head).
-        mask = None if mask is None else mask.expand(w.shape)
+        mask = None if mask is None else mask.expand(w.shape).cpu()
         if heads is not None:
             _check_heads(name, heads, int(w.shape[1]))
             w = w[:, list(heads)]
             mask = None if mask is None else mask[:, list(heads)]
-        weights[name] = w
+        weights[name] = w.float().cpu()
         if mask is not None:
             eligible = eligible & mask.all(1)
-    return Reference(batch=batch, emitted=emitted, steps=target.step_mask(emitted),
-                     probs=torch.softmax(logits.float(), -1), sites=names, weights=weights,
+    probs = torch.softmax(logits.float(), -1).cpu()
+    del logits, cap
+    budget = _budget(target, encoded, states, n_examples, n_keys,
+                     vocab=int(probs.shape[-1]),
+                     site_heads=sum(int(w.shape[1]) for w in weights.values()),
+                     max_memory=max_memory)
+    return Reference(batch=batch, emitted=emitted, steps=target.step_mask(emitted).cpu(),
+                     probs=probs, sites=names, weights=weights,
                      eligible=eligible.contiguous(), first_example=first_example,
-                     seed=target.seed, encoded=encoded,
-                     head_index=None if heads is None else tuple(heads))
+                     seed=target.seed, budget=budget, encoded=encoded,
+                     head_index=None if heads is None else tuple(heads), states=states)
+
+
+def _budget(target: Seq2SeqTarget, encoded: Any, states: Any, n_examples: int, n_keys: int,
+            *, vocab: int, site_heads: int, max_memory: int | str | None) -> ChunkBudget:
+    """The chunk budget: each edited sequence copies its example's cached states, or, without
+    them, re-runs the encoder over the source."""
+    if encoded is not None:
+        state_bytes = (tensor_bytes(encoded) + tensor_bytes(states)) // max(n_examples, 1)
+    else:
+        state_bytes = encoder_bytes(target.model, n_keys)
+    return ChunkBudget.of(target.model, vocab=vocab, keys=n_keys, site_heads=site_heads,
+                          state_bytes=state_bytes, max_memory=max_memory)
 
 
 def _check_heads(site: str, heads: Sequence[int], n_heads: int) -> None:
@@ -194,60 +255,131 @@ def _check_heads(site: str, heads: Sequence[int], n_heads: int) -> None:
                                 f"{site!r}, which has {n_heads} head(s)")
 
 
+def _row_editor(ref: Reference, query_row: torch.Tensor, row_edit: RowEdit,
+                items: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """A capture edit applying ``row_edit`` at each sequence's query row ``query_row`` (m,)
+    of the run (the step in a re-run, 0 in a one-step run). ``row_edit`` sees float32 CPU
+    rows; what it returns goes back in the model's dtype and device."""
+
+    def edit(site: Site, weights: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        query = query_row - site.query_offset
+        hit = ((query >= 0) & (query < weights.shape[2])).nonzero().squeeze(1)
+        if hit.numel() == 0:
+            return weights
+        at, rows_at = hit.to(weights.device), query[hit].to(weights.device)
+        old = weights[at, :, rows_at, :]  # (m, H, n)
+        chosen = slice(None) if ref.head_index is None else list(ref.head_index)
+        edited = row_edit(site.name, old[:, chosen].float().cpu(), items[hit])
+        rows = old.clone()
+        rows[:, chosen] = edited.to(device=weights.device, dtype=weights.dtype)
+        new = weights.clone()
+        new[at, :, rows_at, :] = rows
+        return new
+
+    return edit
+
+
 def edited_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
                  step: torch.Tensor, row_edit: RowEdit, items: torch.Tensor) -> torch.Tensor:
-    """Output probabilities (m, V) at each item's own step, with ``row_edit`` applied there.
+    """Output probabilities (m, V) float32 on the CPU at each item's own step, with
+    ``row_edit`` applied there.
 
     example, step, items: (m,) long. Runs under the caller's grad mode, so gradients flow
     to whatever ``row_edit`` returns.
     """
+    if ref.states is None:
+        return _rerun_probs(target, ref, example, step, row_edit, items)
+    parts, where = [], []
+    for s in torch.unique(step).tolist():
+        at = (step == s).nonzero().squeeze(1)
+        parts.append(_one_step_probs(target, ref, example[at], s, row_edit, items[at]))
+        where.append(at)
+    return torch.cat(parts)[torch.argsort(torch.cat(where))]
+
+
+def _rerun_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
+                 step: torch.Tensor, row_edit: RowEdit, items: torch.Tensor) -> torch.Tensor:
     batch = ref.batch.select(example)
     emitted = ref.emitted[example, : int(step.max()) + 1]
-
-    def edit(site: Site, weights: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-        query = step - site.query_offset
-        hit = ((query >= 0) & (query < weights.shape[2])).nonzero().squeeze(1)
-        if hit.numel() == 0:
-            return weights
-        old = weights[hit, :, query[hit], :]  # (m, H, n)
-        new = weights.clone()
-        if ref.head_index is None:
-            new[hit, :, query[hit], :] = row_edit(site.name, old, items[hit]).to(weights.dtype)
-        else:
-            chosen = list(ref.head_index)
-            rows = old.clone()
-            rows[:, chosen] = row_edit(site.name, old[:, chosen], items[hit]).to(weights.dtype)
-            new[hit, :, query[hit], :] = rows
-        return new
-
+    edit = _row_editor(ref, step, row_edit, items)
     with capture(target.model, sites=list(ref.sites), edit=edit, kinds=target.kinds):
         if ref.encoded is None:
             logits = target.teacher_forced(batch, emitted)
         else:
             assert target.decode is not None
             logits = target.decode(batch, select_state(ref.encoded, example), emitted)
-    return torch.softmax(logits[torch.arange(len(step)), step].float(), -1)
+        # only the edited step's distribution leaves the forward pass
+        logits = logits[torch.arange(len(step)), step.to(logits.device)]
+    return torch.softmax(logits.float(), -1).cpu()
+
+
+def _one_step_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor, step: int,
+                    row_edit: RowEdit, items: torch.Tensor) -> torch.Tensor:
+    assert target.decode_step is not None
+    edit = _row_editor(ref, torch.zeros_like(example), row_edit, items)
+    with capture(target.model, sites=list(ref.sites), edit=edit, kinds=target.kinds):
+        logits = target.decode_step(ref.batch.select(example), select_state(ref.encoded, example),
+                                    select_state(ref.states, example), ref.emitted[example], step)
+    if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (len(example),
+                                                                        ref.probs.shape[-1]):
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits)
+        raise InterventionError(f"target {target.name!r}: decode_step must return logits of "
+                                f"shape (sequences, vocab) = ({len(example)}, "
+                                f"{ref.probs.shape[-1]}), got {got}")
+    return torch.softmax(logits.float(), -1).cpu()
+
+
+def item_chunks(ref: Reference, step: torch.Tensor, chunk_size: int | None = None, *,
+                grad: bool = False) -> Iterator[torch.Tensor]:
+    """Item indices (into ``step`` (M,)) in chunks of one forward pass each, in step order.
+
+    A chunk holds at most ``chunk_size`` items, or by default as many as the reference's
+    budget allows for the positions its last item runs (``grad``: with a backward pass);
+    items running one cached step are chunked per step.
+    """
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    order = torch.argsort(step, stable=True)
+    ordered = step[order].tolist()
+    at, n_items = 0, len(ordered)
+
+    def fits(last: int) -> int:
+        if chunk_size is not None:
+            return chunk_size
+        return ref.budget.sequences(ref.positions(ordered[last]), grad=grad)
+
+    while at < n_items:
+        end = min(at + fits(at), n_items)
+        while end - at > fits(end - 1):  # later items run more positions
+            end = at + fits(end - 1)
+        if ref.states is not None:
+            end = at + sum(1 for s in ordered[at:end] if s == ordered[at])
+        yield order[at:end]
+        at = end
 
 
 def run_items(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
-              step: torch.Tensor, row_edit: RowEdit, *, chunk_size: int = DEFAULT_CHUNK,
-              progress: tqdm | None = None) -> torch.Tensor:
-    """Edited output probabilities (M, V) for M items, folded into chunks of forward passes.
+              step: torch.Tensor, row_edit: RowEdit, *, chunk_size: int | None = None,
+              progress: tqdm | None = None) -> OutputChange:
+    """How each of M edited items changes its step's output distribution, in chunks.
 
-    example, step: (M,) long; item i is passed to ``row_edit`` as id i.
+    example, step: (M,) long; item i is passed to ``row_edit`` as id i. chunk_size: items
+    per forward pass (default: from the reference's memory budget). Only per-item numbers
+    are kept, never the distributions.
     """
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     n_items = int(example.shape[0])
-    out = torch.empty(n_items, ref.probs.shape[-1])
-    order = torch.argsort(step, stable=True)
+    change = OutputChange(torch.empty(n_items), torch.empty(n_items),
+                          torch.empty(n_items, dtype=torch.bool))
     with torch.no_grad():
-        for at in range(0, n_items, chunk_size):
-            idx = order[at : at + chunk_size]
-            out[idx] = edited_probs(target, ref, example[idx], step[idx], row_edit, idx)
+        for idx in item_chunks(ref, step, chunk_size):
+            before = ref.probs[example[idx], step[idx]]
+            after = edited_probs(target, ref, example[idx], step[idx], row_edit, idx)
+            change.tvd[idx] = tvd(before, after)
+            change.jsd[idx] = jsd(before, after)
+            change.flip[idx] = flip(before, after)
             if progress is not None:
                 progress.update(len(idx))
-    return out
+    return change
 
 
 def progress_bar(total: int, desc: str, enabled: bool) -> tqdm:
@@ -267,11 +399,6 @@ def site_head_rows(ref: Reference, site: str, per_head: torch.Tensor) -> torch.T
     """The slice of a (..., S*H, n) site-head tensor that belongs to ``site``: (..., H, n)."""
     at = ref.head_offsets[site]
     return per_head[..., at : at + ref.heads[site], :]
-
-
-def row_probs(ref: Reference, rows: Rows) -> torch.Tensor:
-    """Reference output probabilities (N, V) at each row's step."""
-    return ref.probs[rows.example, rows.step]
 
 
 def row_columns(ref: Reference, rows: Rows) -> dict[str, object]:

@@ -30,13 +30,14 @@ from attnaudit.interventions.adversarial import EPS_SEQ2SEQ, adversarial_search
 from attnaudit.interventions.agreement import agreement, beside_reference, summarise_agreement
 from attnaudit.interventions.attribution import METHODS, attribute
 from attnaudit.interventions.loo import leave_one_out
+from attnaudit.interventions.memory import parse_memory
 from attnaudit.interventions.permutation import (
     N_PERMUTATIONS,
     SMALL_TVD,
     permutation_summary,
     permutation_test,
 )
-from attnaudit.interventions.runner import Reference, Rows, reference
+from attnaudit.interventions.runner import InterventionError, Reference, Rows, reference
 from attnaudit.interventions.values import value_replacement
 from attnaudit.target import Batch, Seq2SeqTarget
 
@@ -86,13 +87,16 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
               heads: Sequence[int] | None = None,
               n_permutations: int | None = None,
               cumulative_examples: int = CUMULATIVE_EXAMPLES,
-              adversarial_examples: int = ADVERSARIAL_EXAMPLES) -> InterventionSuite:
+              adversarial_examples: int = ADVERSARIAL_EXAMPLES,
+              max_memory: int | str | None = None) -> InterventionSuite:
     """Run every intervention, attribution and agreement statistic on ``target``'s data.
 
     quick skips the adversarial search and integrated gradients and draws
     ``QUICK_PERMUTATIONS`` permutations per row instead of 100 (unless ``n_permutations``
     is given). limit: first N examples. sites: edited sites (default every cross-attention
-    site); heads: edit only these heads at each edited site (default all).
+    site); heads: edit only these heads at each edited site (default all). max_memory: the
+    budget of one chunk of edited sequences (bytes or "2GiB"). Batches are processed one at
+    a time and only per-row tables are kept, so memory does not grow with the data.
     """
     if n_permutations is None:
         n_permutations = QUICK_PERMUTATIONS if quick else N_PERMUTATIONS
@@ -108,7 +112,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     first = 0
     ref = None
     for batch in batches:
-        ref = reference(target, batch, sites=sites, heads=heads, first_example=first)
+        ref = reference(target, batch, sites=sites, heads=heads, first_example=first,
+                        max_memory=max_memory)
         _run_batch(target, ref, batch, parts, methods, n_permutations, cumulative_set,
                    adversarial_set, progress)
         first += len(batch)
@@ -132,6 +137,9 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         "adversarial_eps": EPS_SEQ2SEQ,
         "attribution_methods": list(methods),
         "quick": quick,
+        "edited_items": "one cached decoder step" if ref.states is not None
+                        else "decoder prefix re-run",
+        "max_memory_bytes": ref.budget.max_memory,
     })
 
 
@@ -161,7 +169,7 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
         _per_batch(parts, "adversarial_candidates", per_candidate)
     found = attribute(target, batch, ref.emitted, methods, progress=progress)
     loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
-                        progress=progress)
+                        max_memory=ref.budget.max_memory, progress=progress)
     importances = {"attention": ref.attention, **found.importance, "loo": loo}
     rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
     rows_agree["example"] += ref.first_example
@@ -241,12 +249,22 @@ def intervene_command(args: argparse.Namespace) -> int:
 
     target = load_cli_target(args)
     suite = run_suite(target, quick=args.quick, limit=args.limit, progress=True,
-                      sites=args.site, heads=args.head)
+                      sites=args.site, heads=args.head, max_memory=memory_option(args))
     print_suite(suite)
     if args.out:
         paths = suite.write_csv(args.out)
         print(f"\nwrote {len(paths)} tables to {args.out}")
     return 0
+
+
+def memory_option(args: argparse.Namespace) -> int | None:
+    """``--max-memory`` in bytes (None when not given); a clear error when unreadable."""
+    if args.max_memory is None:
+        return None
+    try:
+        return parse_memory(args.max_memory)
+    except ValueError as exc:
+        raise InterventionError(f"--max-memory: {exc}") from exc
 
 
 def print_suite(suite: InterventionSuite) -> None:

@@ -15,16 +15,13 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from attnaudit.interventions.outputs import flip, jsd, tvd
 from attnaudit.interventions.runner import (
-    DEFAULT_CHUNK,
     ItemEdit,
     Reference,
     Rows,
     key_level_top,
     progress_bar,
     row_columns,
-    row_probs,
     run_items,
 )
 from attnaudit.target import Seq2SeqTarget
@@ -47,7 +44,7 @@ def mean_value(old: torch.Tensor, top: torch.Tensor, eligible: torch.Tensor) -> 
 
 
 def value_replacement(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
-                      chunk_size: int = DEFAULT_CHUNK,
+                      chunk_size: int | None = None,
                       progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per row: value_{zero,mean}_{tvd,jsd,flip}; and one status row per control.
 
@@ -57,20 +54,19 @@ def value_replacement(target: Seq2SeqTarget, ref: Reference, rows: Rows | None =
     rows = ref.rows() if rows is None else rows
     top = key_level_top(ref, rows)
     eligible = ref.eligible[rows.example, rows.step]
-    before = row_probs(ref, rows)
     columns: dict[str, object] = dict(row_columns(ref, rows))
     status = []
     with progress_bar(2 * len(rows), "values", progress) as bar:
         for name, fn in (("zero", zero_value), ("mean", mean_value)):
-            after = run_items(target, ref, rows.example, rows.step,
-                              ItemEdit(fn, top, eligible), chunk_size=chunk_size, progress=bar)
-            change, flips = tvd(before, after), flip(before, after)
-            columns |= {f"value_{name}_tvd": change.numpy(),
-                        f"value_{name}_jsd": jsd(before, after).numpy(),
-                        f"value_{name}_flip": flips.numpy()}
+            change = run_items(target, ref, rows.example, rows.step,
+                               ItemEdit(fn, top, eligible), chunk_size=chunk_size,
+                               progress=bar)
+            columns |= {f"value_{name}_tvd": change.tvd.numpy(),
+                        f"value_{name}_jsd": change.jsd.numpy(),
+                        f"value_{name}_flip": change.flip.numpy()}
             status.append({"control": name, "status": "run", "reason": "exact weight edit",
-                           "n": len(rows), "tvd_mean": float(change.mean()),
-                           "flip_rate": float(flips.float().mean())})
+                           "n": len(rows), "tvd_mean": float(change.tvd.mean()),
+                           "flip_rate": float(change.flip.float().mean())})
     status.append({"control": "other_example", "status": "not reachable",
                    "reason": NOT_REACHABLE, "n": 0, "tvd_mean": float("nan"),
                    "flip_rate": float("nan")})

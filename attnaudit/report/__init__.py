@@ -50,9 +50,12 @@ def report_command(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise TargetError(f"--limit must be a positive number of examples, got {args.limit}")
+    from attnaudit.interventions.suite import memory_option
+
+    max_memory = memory_option(args)
     target = load_cli_target(args)
     path = write_report(target, args.out, quick=args.quick, limit=args.limit, progress=True,
-                        command_line=command_line(args))
+                        command_line=command_line(args), max_memory=max_memory)
     print(f"attnaudit report: wrote {path}")
     return 0
 
@@ -62,7 +65,12 @@ def command_line(args: argparse.Namespace) -> list[str]:
     words = ["attnaudit", "report"]
     if args.target is not None:
         words.append(args.target)
-    for flag, value in (("--hf", args.hf), ("--data", args.data), ("--limit", args.limit)):
+    for flag, value in (("--hf", args.hf), ("--data", args.data), ("--limit", args.limit),
+                        ("--device", args.device), ("--dtype", args.dtype),
+                        ("--batch-size", args.batch_size),
+                        ("--max-new-tokens", args.max_new_tokens),
+                        ("--max-source-tokens", args.max_source_tokens),
+                        ("--max-memory", args.max_memory)):
         if value is not None:
             words += [flag, str(value)]
     words += ["--out", str(args.out)]
@@ -73,7 +81,8 @@ def command_line(args: argparse.Namespace) -> list[str]:
 
 def write_report(target: Seq2SeqTarget, out_dir: str | Path, *, quick: bool = False,
                  limit: int | None = None, progress: bool = True,
-                 command_line: Sequence[str] | str | None = None) -> Path:
+                 command_line: Sequence[str] | str | None = None,
+                 max_memory: int | str | None = None) -> Path:
     """Audit ``target`` and write the report to ``out_dir``; return the path of index.html.
 
     Args:
@@ -83,12 +92,13 @@ def write_report(target: Seq2SeqTarget, out_dir: str | Path, *, quick: bool = Fa
         limit: audit only the first ``limit`` examples.
         progress: progress lines on stderr.
         command_line: recorded in the manifest and shown on the page.
+        max_memory: the interventions' chunk budget (bytes or "2GiB"; default 1 GiB).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     audit = run_validity_audit(target, limit=limit, progress=progress, keep_example=True)
-    suite, suite_reason = _run_suite(target, quick, limit, progress)
+    suite, suite_reason = _run_suite(target, quick, limit, progress, max_memory)
     checklist = build_checklist(target.model, audit, suite, suite_reason=suite_reason)
     tables = report_tables(checklist)
     write_csvs(tables, out)
@@ -124,14 +134,15 @@ def write_report(target: Seq2SeqTarget, out_dir: str | Path, *, quick: bool = Fa
     return path
 
 
-def _run_suite(target: Seq2SeqTarget, quick: bool, limit: int | None, progress: bool
-               ) -> tuple[Any | None, str | None]:
+def _run_suite(target: Seq2SeqTarget, quick: bool, limit: int | None, progress: bool,
+               max_memory: int | str | None) -> tuple[Any | None, str | None]:
     try:
         from attnaudit.interventions.suite import run_suite
     except ImportError as exc:
         return None, f"the intervention suite is not available in this installation ({exc})"
     try:
-        return run_suite(target, quick=quick, limit=limit, progress=progress), None
+        return run_suite(target, quick=quick, limit=limit, progress=progress,
+                         max_memory=max_memory), None
     except AttnauditError as exc:
         if progress:
             print(f"report {target.name}: interventions not recorded: {exc}", file=sys.stderr)

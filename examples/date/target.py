@@ -73,6 +73,27 @@ def make_target(limit: int = AUDIT_SOURCES, batch_size: int = 100) -> Seq2SeqTar
             logits.append(step_logits)
         return torch.stack(logits, dim=1)
 
+    def decode_states(batch: Batch, encoded: tuple[torch.Tensor, ...],
+                      emitted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The LSTM state (h, c) before every step: each (B, T, d), unedited."""
+        memory, valid, h, c, keys = encoded
+        state, hs, cs = (h, c), [], []
+        for prev in decoder_inputs(emitted).unbind(1):
+            hs.append(state[0])
+            cs.append(state[1])
+            _, state = model.step(prev, state, memory, keys, valid)
+        return torch.stack(hs, dim=1), torch.stack(cs, dim=1)
+
+    def decode_step(batch: Batch, encoded: tuple[torch.Tensor, ...],
+                    states: tuple[torch.Tensor, torch.Tensor], emitted: torch.Tensor,
+                    step: int) -> torch.Tensor:
+        """Logits (B, V) at ``step`` from the state before it."""
+        memory, valid, _, _, keys = encoded
+        prev = decoder_inputs(emitted)[:, step]
+        logits, _ = model.step(prev, (states[0][:, step], states[1][:, step]), memory, keys,
+                               valid)
+        return logits
+
     def source_tokens(batch: Batch) -> list[list[str]]:
         return [[src_vocab.itos[i] for i in row.tolist()] for row in batch.source_ids]
 
@@ -95,6 +116,8 @@ def make_target(limit: int = AUDIT_SOURCES, batch_size: int = 100) -> Seq2SeqTar
         seed=SEED,
         encode=encode,
         decode=decode,
+        decode_states=decode_states,
+        decode_step=decode_step,
         description=(
             "LSTM encoder-decoder with additive (Bahdanau) cross-attention normalising "
             "free-form English dates to ISO 8601 (examples/date); audit data: the first "

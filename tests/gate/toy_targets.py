@@ -57,12 +57,12 @@ class ToySeq2Seq(nn.Module):
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """src (B, n), decoder inputs (B, T) -> logits (B, T, V)."""
-        queries = self.tgt_embed(tgt_in)
+        queries = self.tgt_embed(tgt_in.to(self.tgt_embed.weight.device))
         return self.out(self.attend(queries, self.src_embed(src), src != PAD) + queries)
 
     @torch.no_grad()
     def greedy(self, src: torch.Tensor) -> torch.Tensor:
-        tgt_in = torch.full((src.shape[0], 1), BOS)
+        tgt_in = torch.full((src.shape[0], 1), BOS, device=src.device)
         for _ in range(STEPS):
             step = self(src, tgt_in)[:, -1].argmax(-1)
             tgt_in = torch.cat([tgt_in, step[:, None]], dim=1)

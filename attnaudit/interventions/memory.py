@@ -1,0 +1,124 @@
+"""How many edited sequences one forward pass may fold: a memory budget, not a fixed count.
+
+An edited sequence costs, per decoder position it runs: its logits (model dtype, then float32
+probabilities), the activations of every decoder layer and the captured weights of the
+edited sites; once: its copy of the encoder and decoder state, and the float32 distribution
+compared at its step. :class:`ChunkBudget` holds those sizes, read off the model and the
+reference run, and turns a byte budget into a number of sequences. An estimate, not a
+measurement: it keeps the peak of a chunk proportional to the budget, whatever the
+vocabulary or the number of examples.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+DEFAULT_MAX_MEMORY = 1 << 30  # bytes a chunk of edited sequences may use by default
+MAX_CHUNK = 4096  # sequences per forward pass at most: larger chunks do not keep BLAS busier
+# Live activation tensors per decoder layer and position, in units of the model width:
+# attention projections, feed-forward (4x), residuals and norms.
+ACTIVATIONS_PER_LAYER = 16
+# Float32 copies of the compared distribution alive at once: softmax, |p - q|, the mixture
+# and its logarithms in JSD.
+COMPARED_COPIES = 6
+GRADIENT_FACTOR = 3  # a backward pass keeps the forward's tensors and their gradients
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
+_WIDTH_KEYS = ("d_model", "hidden_size", "n_embd", "dim")
+_LAYER_KEYS = ("decoder_layers", "num_decoder_layers", "n_layer", "num_layers",
+               "num_hidden_layers")
+
+
+def parse_memory(text: str | int) -> int:
+    """``"2GiB"``, ``"512MB"``, ``"800M"`` or a number of bytes -> bytes (> 0)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise ValueError(f"memory must look like 2GiB, 512MB, 800M or a byte count, "
+                             f"got {text!r}")
+        value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"memory budget must be positive, got {text!r}")
+    return value
+
+
+def model_width_and_layers(model: nn.Module) -> tuple[int, int]:
+    """(hidden width, decoder layers) from a Hugging Face-style config, else the widest
+    matrix's input size and one layer."""
+    config = getattr(model, "config", None)
+    width = next((int(getattr(config, k)) for k in _WIDTH_KEYS
+                  if isinstance(getattr(config, k, None), int)), 0)
+    layers = next((int(getattr(config, k)) for k in _LAYER_KEYS
+                   if isinstance(getattr(config, k, None), int)), 1)
+    if not width:
+        width = max((int(p.shape[-1]) for p in model.parameters() if p.ndim == 2), default=1)
+    return width, max(layers, 1)
+
+
+def tensor_bytes(state: object) -> int:
+    """Bytes of every tensor in a tensor, or tuple/list/dict of them (nested)."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, tuple | list):
+        return sum(tensor_bytes(part) for part in state)
+    if isinstance(state, dict):
+        return sum(tensor_bytes(part) for part in state.values())
+    return 0
+
+
+@dataclass(frozen=True)
+class ChunkBudget:
+    """Sizes that set the cost of one edited sequence (see the module docstring).
+
+    max_memory: bytes a chunk may use. vocab: output vocabulary V. width, layers: the
+    decoder's hidden size and layer count. element_size: bytes per element of the model's
+    floating dtype. keys: source positions n. site_heads: heads over every edited site.
+    state_bytes: per sequence, its copy of the encoder and decoder state.
+    """
+
+    max_memory: int
+    vocab: int
+    width: int
+    layers: int
+    element_size: int
+    keys: int
+    site_heads: int
+    state_bytes: int
+
+    @classmethod
+    def of(cls, model: nn.Module, *, vocab: int, keys: int, site_heads: int,
+           state_bytes: int, max_memory: int | str | None = None) -> ChunkBudget:
+        width, layers = model_width_and_layers(model)
+        param = next((p for p in model.parameters() if p.is_floating_point()), None)
+        element_size = param.element_size() if param is not None else 4
+        budget = DEFAULT_MAX_MEMORY if max_memory is None else parse_memory(max_memory)
+        return cls(budget, vocab, width, layers, element_size, keys, site_heads, state_bytes)
+
+    def sequence_bytes(self, positions: int, *, compared: int = 1, grad: bool = False) -> int:
+        """Estimated bytes of one edited sequence running ``positions`` decoder positions
+        and comparing the distributions of ``compared`` of them."""
+        per_position = (self.vocab * (self.element_size + 4)
+                        + ACTIVATIONS_PER_LAYER * self.width * self.layers * self.element_size
+                        + 3 * self.site_heads * self.keys * 4)
+        total = (positions * per_position + self.state_bytes
+                 + compared * COMPARED_COPIES * self.vocab * 4)
+        return total * GRADIENT_FACTOR if grad else total
+
+    def sequences(self, positions: int, *, compared: int = 1, grad: bool = False) -> int:
+        """Sequences per chunk: as many as the budget holds, at least 1, at most MAX_CHUNK."""
+        need = self.sequence_bytes(max(positions, 1), compared=compared, grad=grad)
+        return int(min(max(self.max_memory // need, 1), MAX_CHUNK))
+
+
+def encoder_bytes(model: nn.Module, keys: int) -> int:
+    """Estimated bytes of one sequence's encoder pass over ``keys`` source positions."""
+    width, layers = model_width_and_layers(model)
+    return keys * width * layers * ACTIVATIONS_PER_LAYER * 4

@@ -1,0 +1,72 @@
+"""The gate's row-sum tolerance follows the weights' dtype: healthy reduced-precision models
+pass, faulty ones fail in every dtype, a tolerance the user gives still wins."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from toy_targets import make_target
+
+import attnaudit.cli
+from attnaudit.analysis.numerics import row_sum_tolerance
+from attnaudit.audit import run_validity_audit
+from attnaudit.target import place
+
+DTYPES = ["float32", "bfloat16", "float16"]
+FAULTS = {  # masking -> the gate check that must fail
+    "after_softmax": "masked_mass",
+    "zero_fill": "masked_mass",
+    "wrong_axis": "row_sum",
+    "nan_on_empty_source": "all_masked_nan",
+}
+
+
+def _audit(masking: str, dtype: str, **options):
+    sources = None
+    if masking == "nan_on_empty_source":
+        masking, sources = "correct", ([3, 4, 5, 6, 7], [5, 3], [])
+    target = make_target(masking, **({} if sources is None else {"sources": sources}))
+    target = place(target, dtype=dtype)
+    assert target.model.out.weight.dtype == getattr(torch, dtype)
+    return run_validity_audit(target, progress=False, keep_example=False, regions=False,
+                              timing=False, **options)
+
+
+def _failing(audit) -> set[str]:
+    return {f.check for f in audit.findings() if f.status == "fail"}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_healthy_toy_passes_in_every_dtype(dtype):
+    audit = _audit("correct", dtype)
+    assert _failing(audit) == set()
+    assert set(audit.sites["weights_dtype"]) == {dtype}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("masking", list(FAULTS))
+def test_faulty_toys_fail_in_every_dtype(masking, dtype):
+    assert FAULTS[masking] in _failing(_audit(masking, dtype))
+
+
+def test_rule_is_unit_roundoff_times_summation_depth():
+    for dtype, unit in ((torch.bfloat16, 2.0**-8), (torch.float16, 2.0**-11)):
+        for keys in (1, 2, 40, 1024):
+            expected = max(1e-3, unit * (1 + math.ceil(math.log2(keys))))
+            assert row_sum_tolerance(dtype, keys) == pytest.approx(expected)
+    assert row_sum_tolerance(torch.float32, 4096) == 1e-3
+    assert row_sum_tolerance(torch.float64, 10) == 1e-3
+
+
+def test_hf_model_in_bfloat16_passes_the_gate_and_a_given_tolerance_wins(capsys):
+    pytest.importorskip("transformers")
+    base = ["check", "--hf", "examples/date_transformer/model", "--data",
+            "examples/date_transformer/audit.tsv", "--limit", "8", "--dtype", "bfloat16"]
+    assert attnaudit.cli.main([*base, "--json"]) == 0
+    out = capsys.readouterr().out
+    assert '"weights_dtype": "bfloat16"' in out and '"row_sum_tolerance": null' in out
+    # bf16's own rounding is above the float32 tolerance: the fixed 1e-3 would fail it
+    assert attnaudit.cli.main([*base, "--row-sum-tolerance", "1e-3"]) == 1
+    assert "row_sum" in capsys.readouterr().out
