@@ -1,12 +1,15 @@
 """attnaudit: audit the attention of sequence-to-sequence models.
 
 Capture attention weights from an unmodified model, replace them inside the forward pass,
-and test what they do and do not explain. The top level holds capture and the audit
-target; the rest lives in subpackages: ``attnaudit.analysis`` (streaming analysers),
-``attnaudit.audit`` (the validity audit), ``attnaudit.interventions`` (interventions,
-attributions, agreement), ``attnaudit.report`` (HTML/CSV reports) and
-``attnaudit.testing`` (a pytest helper).
+and test what they do and do not explain. The top level holds capture, the audit target,
+:func:`audit` and its result :class:`Audit`; the rest lives in subpackages:
+``attnaudit.analysis`` (streaming analysers), ``attnaudit.auditing`` (the validity
+pipeline and the orchestration), ``attnaudit.interventions`` (interventions, attributions,
+agreement), ``attnaudit.checklist``, ``attnaudit.report`` (HTML/CSV reports),
+``attnaudit.gate`` (the CI gate) and ``attnaudit.testing`` (a pytest helper).
 """
+
+from typing import Any
 
 from attnaudit.capturing import Capture, Edit, capture, tap
 from attnaudit.errors import (
@@ -32,6 +35,7 @@ __all__ = [
     "AttentionCall",
     "AttentionRecord",
     "AttnauditError",
+    "Audit",
     "Batch",
     "Capture",
     "CaptureError",
@@ -43,8 +47,23 @@ __all__ = [
     "Site",
     "SiteNotFound",
     "TargetError",
+    "audit",
     "capture",
     "from_hf",
     "load_target",
     "tap",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # audit and Audit bring in the interventions, report and plotting libraries; they are
+    # imported on first use so that ``import attnaudit`` (capture) stays light.
+    if name == "audit":
+        from attnaudit.auditing.orchestration import audit
+
+        return audit
+    if name == "Audit":
+        from attnaudit.auditing.result import Audit
+
+        return Audit
+    raise AttributeError(f"module 'attnaudit' has no attribute {name!r}")

@@ -1,27 +1,23 @@
-"""``attnaudit check``: the CI gate over the validity audit's findings.
+"""The gate: a pass/fail judgement of an audit's validity findings (``attnaudit check``).
 
-Exit status: 0 when every site passes; 1 when any site has non-finite weights, masked mass
-above ``--max-masked-mass``, a row-sum error above ``--row-sum-tolerance`` (default: from
-the weights' dtype and key count, see :func:`attnaudit.analysis.numerics.row_sum_tolerance`)
-or NaN on rows whose keys are all masked; 2 for usage and loading errors (raised as
-:class:`~attnaudit.errors.AttnauditError`, turned into 2 by :func:`attnaudit.cli.main`).
-stdout carries the result (a short summary, or JSON with ``--json``); progress goes to
-stderr. ``--junit FILE`` also writes JUnit XML: one testcase per site x check.
+Status: 0 (:data:`HEALTHY`) when every site passes; 1 (:data:`UNHEALTHY`) when any site
+has non-finite weights, masked mass above the masked-mass tolerance, a row-sum error above
+the row-sum tolerance (default: from the weights' dtype and key count, see
+:func:`attnaudit.analysis.numerics.row_sum_tolerance`) or NaN on rows whose keys are all
+masked. :class:`GateResult` holds the judgement and renders it as a short summary, JSON and
+JUnit XML (one testcase per site x check). :meth:`attnaudit.Audit.gate` gives one; the
+command line prints it.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import sys
-import time
 import xml.etree.ElementTree as ET
-from dataclasses import asdict
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from attnaudit.audit import ValidityAudit, run_validity_audit
+import pandas as pd
+
 from attnaudit.errors import AttnauditError
 from attnaudit.findings import GATE_CHECKS, Finding, failing_sites
 
@@ -32,45 +28,64 @@ class GateError(AttnauditError):
     """The gate was asked for something it cannot do (bad option value, unwritable file)."""
 
 
-def check_command(args: argparse.Namespace) -> int:
-    """Run the gate for parsed ``attnaudit check`` arguments; return the exit status."""
-    from attnaudit.cli import load_cli_target
+@dataclass
+class GateResult:
+    """The gate's judgement of one audit.
 
-    _check_options(args)
-    started = time.perf_counter()
-    print("attnaudit check: loading the target", file=sys.stderr, flush=True)
-    target = load_cli_target(args)
-    audit = run_validity_audit(target, limit=args.limit, progress=True, keep_example=False,
-                               regions=False, timing=False, checks_only=True,
-                               max_masked_mass=args.max_masked_mass,
-                               row_sum_tolerance=args.row_sum_tolerance)
-    findings = audit.findings()
-    seconds = time.perf_counter() - started
-    status = UNHEALTHY if any(f.status == "fail" for f in findings) else HEALTHY
-    if args.junit:
-        write_junit(Path(args.junit), audit, findings, seconds)
-    if args.json:
-        print(json.dumps(check_result(audit, findings, status), indent=2))
-    else:
-        print(summary_text(audit, findings))
-    return status
+    Attributes:
+        target: the target's name. examples: examples audited.
+        sites: the audit's sites table (one row per site: kind, role, mechanism,
+            eligibility, weights_dtype, row_sum_tolerance, ...).
+        findings: every check at every site.
+        max_masked_mass: the masked-mass tolerance rows were counted at.
+        row_sum_tolerance: the row-sum tolerance given, or None (each site's dtype rule,
+            the sites table's ``row_sum_tolerance`` column).
+    """
+
+    target: str
+    examples: int
+    sites: pd.DataFrame
+    findings: list[Finding]
+    max_masked_mass: float
+    row_sum_tolerance: float | None
+
+    @property
+    def status(self) -> int:
+        """:data:`UNHEALTHY` when any finding fails, else :data:`HEALTHY` (the exit code)."""
+        return UNHEALTHY if any(f.status == "fail" for f in self.findings) else HEALTHY
+
+    @property
+    def healthy(self) -> bool:
+        return self.status == HEALTHY
+
+    @property
+    def failing_sites(self) -> list[str]:
+        """Sites with a failing check, in order of first appearance."""
+        return failing_sites(self.findings)
+
+    def summary(self) -> str:
+        """The human summary: one line per failing or warning check, then the verdict."""
+        return summary_text(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The machine-readable result (``--json``): plain JSON types, no NaN."""
+        return check_result(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def junit_xml(self, seconds: float) -> str:
+        """JUnit XML; ``seconds``: the time the audit took."""
+        return junit_xml(self, seconds)
 
 
-def _check_options(args: argparse.Namespace) -> None:
-    if args.limit is not None and args.limit < 1:
-        raise GateError(f"--limit must be at least 1, got {args.limit}")
-    for option, value in (("--max-masked-mass", args.max_masked_mass),
-                          ("--row-sum-tolerance", args.row_sum_tolerance)):
-        if value is not None and (not math.isfinite(value) or value < 0):
-            raise GateError(f"{option} must be a finite number >= 0, got {value}")
-
-
-def summary_text(audit: ValidityAudit, findings: list[Finding]) -> str:
+def summary_text(result: GateResult) -> str:
     """The human summary: one line per failing or warning check, then the verdict."""
-    sites = list(audit.site_summary["site"])
-    lines = [f"attnaudit check: {audit.target}: {audit.examples} examples, {len(sites)} "
-             f"attention site(s), masked mass tolerance {audit.max_masked_mass:g}, row-sum "
-             f"tolerance {_row_sum_tolerances(audit)}"]
+    findings = result.findings
+    sites = list(result.sites["site"])
+    lines = [f"attnaudit check: {result.target}: {result.examples} examples, {len(sites)} "
+             f"attention site(s), masked mass tolerance {result.max_masked_mass:g}, row-sum "
+             f"tolerance {_row_sum_tolerances(result)}"]
     for f in findings:
         if f.status != "pass":
             lines.append(f"{f.status.upper():4}  {f.site}  {f.check}: {f.detail}")
@@ -85,17 +100,18 @@ def summary_text(audit: ValidityAudit, findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
-def _row_sum_tolerances(audit: ValidityAudit) -> str:
+def _row_sum_tolerances(result: GateResult) -> str:
     """The row-sum tolerance as given, or the per-dtype values the rule chose."""
-    if audit.row_sum_tolerance is not None:
-        return f"{audit.row_sum_tolerance:g}"
-    chosen = audit.sites.groupby("weights_dtype")["row_sum_tolerance"].max()
+    if result.row_sum_tolerance is not None:
+        return f"{result.row_sum_tolerance:g}"
+    chosen = result.sites.groupby("weights_dtype")["row_sum_tolerance"].max()
     return "by dtype (" + ", ".join(f"{dtype} up to {tol:.3g}"
                                     for dtype, tol in chosen.items()) + ")"
 
 
-def check_result(audit: ValidityAudit, findings: list[Finding], status: int) -> dict[str, Any]:
+def check_result(result: GateResult) -> dict[str, Any]:
     """The machine-readable result (``--json``): plain JSON types, no NaN."""
+    findings = result.findings
     failing_checks: dict[str, list[str]] = {}
     for f in findings:
         if f.status == "fail":
@@ -107,32 +123,33 @@ def check_result(audit: ValidityAudit, findings: list[Finding], status: int) -> 
         "scores_materialised_by_capture": bool(row.scores_materialised_by_capture),
         "status": "fail" if row.site in failing_checks else "pass",
         "failing_checks": failing_checks.get(row.site, []),
-    } for row in audit.sites.itertuples(index=False)]
+    } for row in result.sites.itertuples(index=False)]
     return {
-        "target": audit.target,
-        "examples": audit.examples,
-        "healthy": status == HEALTHY,
-        "exit_code": status,
-        "thresholds": {"max_masked_mass": audit.max_masked_mass,
-                       "row_sum_tolerance": audit.row_sum_tolerance},
+        "target": result.target,
+        "examples": result.examples,
+        "healthy": result.healthy,
+        "exit_code": result.status,
+        "thresholds": {"max_masked_mass": result.max_masked_mass,
+                       "row_sum_tolerance": result.row_sum_tolerance},
         "failing_sites": failing_sites(findings),
         "sites": sites,
         "findings": [asdict(f) for f in findings],
     }
 
 
-def junit_xml(audit: ValidityAudit, findings: list[Finding], seconds: float) -> str:
+def junit_xml(result: GateResult, seconds: float) -> str:
     """JUnit XML: one testsuite, one testcase per site x check, ``failure`` on failures and
     the detail of warnings in ``system-out``. ElementTree escapes every name and text."""
+    findings = result.findings
     failures = sum(f.status == "fail" for f in findings)
-    suite_name = f"attnaudit check: {audit.target}"
+    suite_name = f"attnaudit check: {result.target}"
     suites = ET.Element("testsuites", name="attnaudit check", tests=str(len(findings)),
                         failures=str(failures), errors="0", time=f"{seconds:.3f}")
     suite = ET.SubElement(suites, "testsuite", name=suite_name, tests=str(len(findings)),
                           failures=str(failures), errors="0", skipped="0",
                           time=f"{seconds:.3f}")
     for f in findings:
-        case = ET.SubElement(suite, "testcase", classname=f"attnaudit.{audit.target}.{f.site}",
+        case = ET.SubElement(suite, "testcase", classname=f"attnaudit.{result.target}.{f.site}",
                              name=f.check, time="0")
         if f.status == "fail":
             failure = ET.SubElement(case, "failure", message=f"{f.rows} rows: {f.detail}",
@@ -142,11 +159,3 @@ def junit_xml(audit: ValidityAudit, findings: list[Finding], seconds: float) -> 
             ET.SubElement(case, "system-out").text = f"warning: {f.detail}"
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
-
-
-def write_junit(path: Path, audit: ValidityAudit, findings: list[Finding],
-                seconds: float) -> None:
-    try:
-        path.write_text(junit_xml(audit, findings, seconds), encoding="utf-8")
-    except OSError as exc:
-        raise GateError(f"cannot write JUnit XML to {path}: {exc.strerror or exc}") from exc

@@ -28,6 +28,7 @@ Hugging Face checkpoint, or load one by name with :func:`load_target`.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 import inspect
@@ -251,23 +252,37 @@ def place(target: Seq2SeqTarget, device: str | torch.device | None = None,
     return target.with_options(device=device) if device is not None else target
 
 
-def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
+def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any = None,
             batch_size: int = 100, max_new_tokens: int = 64,
             max_source_tokens: int | None = None, device: str | torch.device | None = None,
             dtype: str | torch.dtype | None = None, name: str | None = None) -> Seq2SeqTarget:
-    """A target from a local Hugging Face seq2seq checkpoint and its tokenizer.
+    """A target from a Hugging Face seq2seq model and its tokenizer: loaded, or a local folder.
 
     Args:
-        model_dir: directory with config, weights and tokenizer files (read offline).
-        data: a TSV file of ``source[<TAB>target]`` lines, or a list of source strings.
+        model_or_dir: a loaded ``PreTrainedModel`` (give ``tokenizer``), or a directory with
+            config, weights and tokenizer files (read offline).
+        data: the sources: a TSV file of ``source[<TAB>target]`` lines, a list of strings,
+            a pandas Series (or any iterable of strings, e.g. a ``datasets`` column), or a
+            pandas DataFrame laid out as the TSV (sources, then optional references).
+        tokenizer: the model's tokenizer; required with a loaded model, read from the folder
+            otherwise.
         batch_size: examples per batch.
         max_new_tokens: generation limit for greedy decoding.
         max_source_tokens: truncate longer sources (default: the model's position limit,
             ``max_position_embeddings``, when its config has one). Truncation warns with the
             number of sources cut and is recorded in ``target.truncation``.
-        device: where the model runs (``cpu``, ``cuda``, ``cuda:N``, ``mps``; default: the
-            CPU). dtype: ``float32``, ``bfloat16`` or ``float16`` (default: the checkpoint's).
-        name: the label in reports (default: the model directory as given).
+        device: where the model runs (``cpu``, ``cuda``, ``cuda:N``, ``mps``; default: a
+            folder's model on the CPU, a loaded model where it is). dtype: ``float32``,
+            ``bfloat16`` or ``float16`` (default: as loaded).
+        name: the label in reports (default: the folder as given, or the name the loaded
+            model was loaded from).
+
+    A loaded model is left exactly as it is — mode, dtype, device, attention backend: the
+    target runs it in place. When ``device`` or ``dtype`` would change it, a copy is moved
+    or cast instead (memory for a second model). A model in training mode is audited in
+    training mode (dropout active, the report says so), with a warning: call
+    ``model.eval()`` first for a deterministic audit. A folder's model is loaded in eval
+    mode with its default attention backend (sdpa where it has one, else eager).
 
     Interventions get ``encode``/``decode`` and, from the model's key/value cache,
     ``decode_states``/``decode_step``: an edited copy of step ``t`` runs one cached decoder
@@ -283,29 +298,41 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
                                   or value < 1):
             raise TargetError(f"{option} must be a positive integer, got {value!r}")
     device, dtype = resolve_device(device), resolve_dtype(dtype)
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise TargetError(f"Hugging Face model directory not found: {model_dir}")
-    sources, references = _read_pairs(data)  # before the (slow) model load
-    try:
-        # The model's own default backend: sdpa where it has one, else eager; both expose
-        # weights to capture.
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, local_files_only=True).eval()
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise TargetError(f"cannot load a seq2seq model and tokenizer from {model_dir}: "
-                          f"{exc}") from exc
+    if isinstance(model_or_dir, nn.Module):
+        if tokenizer is None:
+            raise TargetError("a loaded model needs its tokenizer: from_hf(model, data, "
+                              "tokenizer=tokenizer)")
+        sources, references = _audit_data(data)
+        model = _loaded_model(model_or_dir, device, dtype)
+        origin = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+        label = origin or type(model).__name__
+    else:
+        model_dir = Path(model_or_dir)
+        if not model_dir.is_dir():
+            raise TargetError(f"Hugging Face model directory not found: {model_dir}")
+        sources, references = _audit_data(data)  # before the (slow) load
+        try:
+            # The model's own default backend: sdpa where it has one, else eager; both
+            # expose weights to capture.
+            model = AutoModelForSeq2SeqLM.from_pretrained(model_dir,
+                                                          local_files_only=True).eval()
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise TargetError(f"cannot load a seq2seq model and tokenizer from {model_dir}: "
+                              f"{exc}") from exc
+        model.to(device=device, dtype=dtype)
+        origin = label = model_dir.as_posix()
     try:
         check_backends(list(model.named_modules()))
     except CaptureError as exc:
-        raise TargetError(f"{model_dir}: {exc}") from None
-    model.to(device=device, dtype=dtype)
+        raise TargetError(f"{label}: {exc}") from None
     config = model.config
     start = config.decoder_start_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.pad_token_id
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     if start is None or pad is None or eos is None:
-        raise TargetError(f"{model_dir}: config needs decoder_start_token_id, pad and eos ids")
+        raise TargetError(f"{label}: config needs decoder_start_token_id, pad and eos ids")
     limit, truncation = _source_limit(tokenizer, config, sources, max_source_tokens)
     where = next(model.parameters()).device
     # transformers 5 renamed past_key_values to cache
@@ -377,7 +404,7 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
                                          tokenizer.cls_token_id, tokenizer.sep_token_id)
                              if i is not None}))
     return Seq2SeqTarget(
-        name=name or model_dir.as_posix(),
+        name=name or label,
         model=model,
         batches=batches,
         greedy=greedy,
@@ -387,7 +414,8 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
         target_tokens=tokens,
         eos_id=eos,
         special_ids=specials,
-        description=f"{type(model).__name__} from {model_dir} ({len(sources)} sources)",
+        description=(f"{type(model).__name__} from {origin or 'a loaded model'} "
+                     f"({len(sources)} sources)"),
         encode=encode,
         decode=decode,
         decode_states=decode_states,
@@ -395,6 +423,45 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
         device=where,
         truncation=truncation,
     )
+
+
+def _loaded_model(model: nn.Module, device: torch.device | None,
+                  dtype: torch.dtype | None) -> nn.Module:
+    """The user's model itself, or a copy on ``device`` in ``dtype`` when either differs."""
+    if not hasattr(model, "generate") or not hasattr(model, "get_encoder"):
+        raise TargetError(f"from_hf needs a Hugging Face seq2seq model (generate, "
+                          f"get_encoder), got {type(model).__name__}")
+    param = next(model.parameters(), None)
+    moves = device is not None and param is not None and param.device != device
+    casts = dtype is not None and any(p.is_floating_point() and p.dtype != dtype
+                                      for p in model.parameters())
+    if model.training:
+        warnings.warn("attnaudit: the model is in training mode, so dropout is active during "
+                      "the audit; call model.eval() first for a deterministic audit",
+                      stacklevel=3)
+    if not (moves or casts):
+        return model
+    return copy.deepcopy(model).to(device=device, dtype=dtype)
+
+
+def _audit_data(data: Any) -> tuple[list[str], list[str] | None]:
+    """Sources and optional references from a TSV path, an iterable of strings (a list, a
+    pandas Series, a ``datasets`` column), or a DataFrame laid out as the TSV."""
+    pandas = sys.modules.get("pandas")
+    if pandas is not None and isinstance(data, pandas.DataFrame):
+        if data.shape[1] not in (1, 2):
+            raise TargetError(f"a DataFrame of audit data has 1 column (sources) or 2 "
+                              f"(sources, references), got {data.shape[1]}: pass one "
+                              "column, e.g. frame['source']")
+        references = list(data.iloc[:, 1]) if data.shape[1] == 2 else None
+        sources, _ = _read_pairs(list(data.iloc[:, 0]))
+    else:
+        sources, references = _read_pairs(data)
+    wrong = next((s for s in sources if not isinstance(s, str)), None)
+    if wrong is not None:
+        raise TargetError(f"audit sources must be strings, got {type(wrong).__name__} "
+                          f"{wrong!r}")
+    return sources, references
 
 
 def _source_embedding(model: nn.Module) -> nn.Module:

@@ -18,7 +18,11 @@ import torch
 from torch import nn
 
 import attnaudit
-from attnaudit.audit import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE, ValidityAnalysers
+from attnaudit.auditing.validity import (
+    DEFAULT_MAX_MASKED_MASS,
+    DEFAULT_ROW_SUM_TOLERANCE,
+    ValidityAnalysers,
+)
 from attnaudit.capturing.sites import SiteSelection
 from attnaudit.findings import Finding, failing_sites, site_findings, summarise_sites
 

@@ -45,7 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnaudit.audit import run_validity_audit
+from attnaudit.auditing.validity import run_validity_audit
 from attnaudit.interventions.permutation import permutation_test
 from attnaudit.interventions.runner import Reference, Rows, reference
 from attnaudit.interventions.suite import CUMULATIVE_EXAMPLES, QUICK_PERMUTATIONS, run_suite

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import attnaudit.cli
+import attnaudit.cli.loading
 from attnaudit.target import TargetError, from_hf, place
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +20,7 @@ AUDIT_TSV = ROOT / "examples" / "date_transformer" / "audit.tsv"
 
 def _cli_target(*argv: str):
     args = attnaudit.cli.build_parser().parse_args(["check", *argv])
-    return attnaudit.cli.load_cli_target(args)
+    return attnaudit.cli.loading.load_cli_target(args)
 
 
 def _dtypes(model: torch.nn.Module) -> set[torch.dtype]:
@@ -64,7 +65,7 @@ def test_max_new_tokens_bounds_greedy_decoding():
 
 def test_over_long_sources_are_truncated_with_a_warning_and_reported():
     pytest.importorskip("transformers")
-    from attnaudit.audit import run_validity_audit
+    from attnaudit.auditing.validity import run_validity_audit
     from attnaudit.checklist import build_checklist
 
     limit = 64  # the checkpoint's max_position_embeddings

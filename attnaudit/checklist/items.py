@@ -167,6 +167,22 @@ class Checklist:
         return pd.DataFrame([{"item": r.key, "title": r.title, "status": r.status,
                               "summary": r.summary} for r in self.items])
 
+    def summary_tables(self) -> dict[str, pd.DataFrame]:
+        """``verdicts`` (verdict, question, status, answer), ``checklist`` (one row per
+        item) and ``misconceptions`` (misconception, correction, evidence)."""
+        verdicts = pd.DataFrame([{"verdict": v.key, "question": v.question,
+                                  "status": v.status, "answer": v.answer}
+                                 for v in self.verdicts])
+        notes = pd.DataFrame([{"misconception": n.claim, "correction": n.correction,
+                               "evidence": n.evidence} for n in self.misconceptions],
+                             columns=["misconception", "correction", "evidence"])
+        return {"verdicts": verdicts, "checklist": self.summary_frame(),
+                "misconceptions": notes}
+
+    def all_tables(self) -> dict[str, pd.DataFrame]:
+        """Every table of the audit by CSV name: the summaries, then every evidence table."""
+        return {**self.summary_tables(), **self.tables()}
+
 
 def worst(statuses: Iterable[str]) -> str:
     """The most severe status; ``not recorded`` when there is none."""

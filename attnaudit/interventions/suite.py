@@ -11,7 +11,6 @@ on seeded subsets of examples (stated in ``InterventionSuite.metadata``).
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,17 +26,16 @@ from attnaudit.interventions.ablation import (
     zeroing_test,
 )
 from attnaudit.interventions.adversarial import EPS_SEQ2SEQ, adversarial_search
-from attnaudit.interventions.agreement import agreement, beside_reference, summarise_agreement
+from attnaudit.interventions.agreement import agreement, summarise_agreement
 from attnaudit.interventions.attribution import METHODS, attribute
 from attnaudit.interventions.loo import leave_one_out
-from attnaudit.interventions.memory import parse_memory
 from attnaudit.interventions.permutation import (
     N_PERMUTATIONS,
     SMALL_TVD,
     permutation_summary,
     permutation_test,
 )
-from attnaudit.interventions.runner import InterventionError, Reference, Rows, reference
+from attnaudit.interventions.runner import Reference, Rows, reference
 from attnaudit.interventions.values import value_replacement
 from attnaudit.target import Batch, Seq2SeqTarget
 
@@ -241,47 +239,3 @@ def _summary(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
         out.append(("convergence_delta_abs", delta.mean(), len(delta),
                     "integrated gradients, mean |delta| in probability units"))
     return pd.DataFrame(out, columns=["metric", "value", "n", "variant"])
-
-
-def intervene_command(args: argparse.Namespace) -> int:
-    """``attnaudit intervene``: run the suite, print its summaries, write CSVs to --out."""
-    from attnaudit.cli import load_cli_target
-
-    target = load_cli_target(args)
-    suite = run_suite(target, quick=args.quick, limit=args.limit, progress=True,
-                      sites=args.site, heads=args.head, max_memory=memory_option(args))
-    print_suite(suite)
-    if args.out:
-        paths = suite.write_csv(args.out)
-        print(f"\nwrote {len(paths)} tables to {args.out}")
-    return 0
-
-
-def memory_option(args: argparse.Namespace) -> int | None:
-    """``--max-memory`` in bytes (None when not given); a clear error when unreadable."""
-    if args.max_memory is None:
-        return None
-    try:
-        return parse_memory(args.max_memory)
-    except ValueError as exc:
-        raise InterventionError(f"--max-memory: {exc}") from exc
-
-
-def print_suite(suite: InterventionSuite) -> None:
-    """The summary tables, with the Jain & Wallace reference values beside ours."""
-    meta = suite.metadata
-    print(f"target {meta['target']}: {meta['examples']} examples, {meta['rows']} rows; "
-          f"edited sites {meta['sites']}, heads {meta['edited_heads']}; seed {meta['seed']}")
-    print(f"variant: {meta['protocol']}; attention = {meta['attention']}")
-    print(f"cumulative test on {len(meta['cumulative_examples'])} seeded examples; adversarial "
-          f"search on {len(meta['adversarial_examples'])} seeded examples "
-          f"{meta['adversarial_examples']}; {meta['n_permutations']} permutations per row")
-    with pd.option_context("display.width", 140, "display.max_columns", 20,
-                           "display.max_colwidth", 60):
-        for name in ("summary", "permutation_bins", "zeroing_flips", "cumulative_summary",
-                     "value_controls", "agreement_summary"):
-            if name in suite.tables:
-                print(f"\n{name}\n{suite.tables[name].to_string(index=False)}")
-        reference = beside_reference(suite.tables["agreement_summary"], meta["target"])
-        print("\nagreement beside Jain & Wallace (2019) reference values (mean Kendall tau)\n"
-              + reference.to_string(index=False))

@@ -13,6 +13,7 @@ import base64
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import matplotlib
 import numpy as np
@@ -28,13 +29,19 @@ MAX_HEATMAP_KEYS = 60  # longer sources are cut for legibility; the caption says
 
 @dataclass(frozen=True)
 class Figure:
-    """One embedded figure: ``data_uri`` is ``data:image/png;base64,...``."""
+    """One figure: the matplotlib figure and the plain text the page shows beside it."""
 
     name: str
     title: str
     caption: str
     alt: str
-    data_uri: str
+    figure: MplFigure
+
+    @cached_property
+    def data_uri(self) -> str:
+        """The figure as ``data:image/png;base64,...``, rendered once, in the report's style."""
+        with matplotlib.rc_context(STYLE):
+            return _render(self.figure)
 
 
 def _subplots(width: float, height: float) -> tuple[MplFigure, matplotlib.axes.Axes]:
@@ -69,11 +76,10 @@ def attention_heatmap(name: str, weights: np.ndarray, source_tokens: Sequence[st
         ax.tick_params(axis="x", labelrotation=90)
         ax.tick_params(axis="y", labelrotation=0)
         ax.set_title(title)
-        uri = _render(fig)
     alt = (f"Heatmap of attention weights, {q} query steps by {k} source keys. Source tokens: "
            f"{' '.join(map(str, source_tokens))}. Emitted tokens: "
            f"{' '.join(map(str, target_tokens))}.")
-    return Figure(name, title, caption, alt, uri)
+    return Figure(name, title, caption, alt, fig)
 
 
 def site_head_heatmap(name: str, frame: pd.DataFrame, value: str, *, title: str,
@@ -89,10 +95,9 @@ def site_head_heatmap(name: str, frame: pd.DataFrame, value: str, *, title: str,
         ax.set_xlabel("head")
         ax.set_ylabel("site")
         ax.set_title(title)
-        uri = _render(fig)
     cells = "; ".join(f"{site} head {head}: {val:.3g}" for (site, head), val
                       in grid.stack().items())
-    return Figure(name, title, caption, f"Grid of {value} by site and head. {cells}", uri)
+    return Figure(name, title, caption, f"Grid of {value} by site and head. {cells}", fig)
 
 
 def site_bars(name: str, frame: pd.DataFrame, value: str, *, title: str, caption: str,
@@ -105,9 +110,8 @@ def site_bars(name: str, frame: pd.DataFrame, value: str, *, title: str, caption
             ax.axvline(tolerance, color="#d97745", linestyle="--", linewidth=1)
             ax.set_xlim(0.0, max(2 * tolerance, float(frame[value].max()) * 1.1))
         ax.set_title(title)
-        uri = _render(fig)
     values = "; ".join(f"{s}: {v:.3g}" for s, v in zip(frame["site"], frame[value], strict=True))
-    return Figure(name, title, caption, f"Bar chart of {value} per site. {values}", uri)
+    return Figure(name, title, caption, f"Bar chart of {value} per site. {values}", fig)
 
 
 def binned_violins(name: str, frame: pd.DataFrame, x: str, y: str, *, title: str,
@@ -121,11 +125,10 @@ def binned_violins(name: str, frame: pd.DataFrame, x: str, y: str, *, title: str
         if threshold is not None:
             ax.axhline(threshold, color="#5f6b76", linestyle="--", linewidth=1)
         ax.set_title(title)
-        uri = _render(fig)
     counts = frame.groupby(x, observed=True)[y].agg(["count", "median"])
     summary = "; ".join(f"{k}: {int(r['count'])} rows, median {r['median']:.3g}"
                         for k, r in counts.iterrows())
-    return Figure(name, title, caption, f"Violin plot of {y} by {x}. {summary}", uri)
+    return Figure(name, title, caption, f"Violin plot of {y} by {x}. {summary}", fig)
 
 
 def bars(name: str, frame: pd.DataFrame, x: str, y: str, *, title: str,
@@ -136,9 +139,8 @@ def bars(name: str, frame: pd.DataFrame, x: str, y: str, *, title: str,
         sns.barplot(data=frame, x=x, y=y, ax=ax, color="#24527a", errorbar=None)
         ax.tick_params(axis="x", labelrotation=20)
         ax.set_title(title)
-        uri = _render(fig)
     cells = "; ".join(f"{k}: {v:.3g}" for k, v in zip(frame[x], frame[y], strict=True))
-    return Figure(name, title, caption, f"Bar chart of {y} by {x}. {cells}", uri)
+    return Figure(name, title, caption, f"Bar chart of {y} by {x}. {cells}", fig)
 
 
 def finite_or_empty(frame: pd.DataFrame, column: str) -> pd.DataFrame:

@@ -13,6 +13,7 @@ from typing import Any
 import jinja2
 
 TEMPLATE = "report.html.j2"
+SUMMARY_TEMPLATE = "summary.html.j2"
 
 
 def status_class(status: str) -> str:
@@ -31,6 +32,11 @@ def environment() -> jinja2.Environment:
 def render(context: Mapping[str, Any]) -> str:
     """The page for ``context`` (see :func:`attnaudit.report.write_report` for its keys)."""
     return environment().get_template(TEMPLATE).render(**context)
+
+
+def render_summary(context: Mapping[str, Any]) -> str:
+    """The notebook summary for ``context`` (see :func:`attnaudit.report.summary_html`)."""
+    return environment().get_template(SUMMARY_TEMPLATE).render(**context)
 
 
 def write_html(context: Mapping[str, Any], out_dir: Path) -> Path:

@@ -76,3 +76,33 @@ def write_csvs(tables: Mapping[str, pd.DataFrame], out_dir: Path) -> dict[str, P
         frame.to_csv(path, index=False)
         written[name] = path
     return written
+
+
+def table_schema(tables: Mapping[str, pd.DataFrame]) -> dict[str, dict[str, str]]:
+    """Each table's column types (pandas dtype names), as the manifest records them."""
+    return {name: {str(c): str(t) for c, t in frame.dtypes.items()}
+            for name, frame in tables.items()}
+
+
+def read_csvs(out_dir: Path, schema: Mapping[str, Mapping[str, str]] | None
+              ) -> dict[str, pd.DataFrame]:
+    """The tables :func:`write_csvs` wrote to ``out_dir``, by name.
+
+    With the ``schema`` of :func:`table_schema`, exactly the tables it lists, each column
+    cast back to its recorded type (text columns keep empty cells as empty strings);
+    without one (a report written before schemas were recorded), every ``*.csv`` with the
+    types pandas infers.
+    """
+    if schema is None:
+        return {path.stem: pd.read_csv(path) for path in sorted(out_dir.glob("*.csv"))}
+    tables = {}
+    for name, columns in schema.items():
+        path = out_dir / csv_name(name)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: the manifest lists table {name!r}")
+        text = [c for c, dtype in columns.items() if dtype in ("object", "str", "string")]
+        frame = pd.read_csv(path, dtype=dict.fromkeys(text, str), keep_default_na=False,
+                            na_values={c: [""] for c in columns if c not in text})
+        tables[name] = frame.astype({c: dtype for c, dtype in columns.items()
+                                     if c not in text}) if len(frame.columns) else frame
+    return tables

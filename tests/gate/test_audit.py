@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import xml.etree.ElementTree as ET
 
@@ -14,9 +13,10 @@ from toy_reference import toy_weights
 from toy_targets import SOURCES, make_target
 
 import attnaudit
-from attnaudit.audit import PeakMemory, run_validity_audit, site_role
+from attnaudit.auditing.measurement import PeakMemory
+from attnaudit.auditing.validity import run_validity_audit, site_role
 from attnaudit.findings import Finding
-from attnaudit.gate import junit_xml
+from attnaudit.gate import GateResult
 from attnaudit.target import TargetError, load_target
 from examples.date.data import year_span
 
@@ -198,11 +198,12 @@ def _boom(batch):
 
 def test_junit_escapes_names_and_details(leaky_audit):
     nasty = '<script>alert("x")</script> & co'
-    audit = dataclasses.replace(leaky_audit, target=nasty)
     findings = [Finding(nasty, "masked_mass", "fail", 3, nasty, 0.5),
                 Finding("s", "negative", "warn", 1, "careful <b>"),
                 Finding("s", "row_sum", "pass", 0, "ok")]
-    root = ET.fromstring(junit_xml(audit, findings, 1.5))
+    result = GateResult(nasty, leaky_audit.examples, leaky_audit.sites, findings,
+                        leaky_audit.max_masked_mass, leaky_audit.row_sum_tolerance)
+    root = ET.fromstring(result.junit_xml(1.5))
     cases = root.findall("./testsuite/testcase")
     assert cases[0].get("classname") == f"attnaudit.{nasty}.{nasty}"
     assert cases[0].find("failure").get("message") == f"3 rows: {nasty}"

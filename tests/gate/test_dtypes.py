@@ -11,7 +11,7 @@ from toy_targets import make_target
 
 import attnaudit.cli
 from attnaudit.analysis.numerics import row_sum_tolerance
-from attnaudit.audit import run_validity_audit
+from attnaudit.auditing.validity import run_validity_audit
 from attnaudit.target import place
 
 DTYPES = ["float32", "bfloat16", "float16"]

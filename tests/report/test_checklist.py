@@ -74,7 +74,7 @@ def test_intervention_tables_become_observations_and_figures():
     from types import SimpleNamespace
 
     from attnaudit.checklist import build_checklist
-    from attnaudit.report import item_figures
+    from attnaudit.report.item_figures import item_figures
 
     tables = {
         "permutation": _perm([0.3, 0.5, 0.01, 0.2], max_attention=0.8),
@@ -109,5 +109,5 @@ def test_intervention_tables_become_observations_and_figures():
     assert checklist.verdicts[0].status == NOT_RECORDED
     assert checklist.verdicts[1].status == WARN
     assert all(r.status == NOT_RECORDED for r in checklist.items[:-1])
-    names = [f.name for f in item_figures(None, checklist)["interventions"]]
+    names = [f.name for f in item_figures(checklist.all_tables(), None, None)["interventions"]]
     assert names == ["permutation_tvd", "agreement"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from attnaudit.report import write_report
+import attnaudit
 from attnaudit.report.definitions import DEFINITIONS, definition_blocks
 from tests.gate.toy_targets import make_target
 
@@ -26,7 +26,7 @@ def test_every_metric_the_tables_name_is_defined():
 
 def test_the_report_carries_the_definitions(tmp_path):
     target = make_target(sources=([3, 4, 5, 6], [3, 6]))
-    text = write_report(target, tmp_path, quick=True, progress=False).read_text("utf-8")
+    text = attnaudit.audit(target, quick=True, progress=False).save(tmp_path).read_text("utf-8")
     appendix = text[text.index('id="definitions"'):]
     headings = re.findall(r"<h3>(.*?)</h3>", appendix)
     assert "Interventions (defaults)" in headings and "Output change" in headings

@@ -12,8 +12,8 @@ import shutil
 
 import pytest
 
+import attnaudit
 from attnaudit.checklist import ITEM_KEYS, STATUSES
-from attnaudit.report import write_report
 from attnaudit.target import load_target
 
 CHROMIUM = shutil.which("chromium")
@@ -44,7 +44,7 @@ def browser():
 def test_report_renders_in_chromium(browser, tmp_path):
     from selenium.webdriver.common.by import By
 
-    index = write_report(load_target(None), tmp_path, quick=True, limit=8, progress=False)
+    index = attnaudit.audit(load_target(None), quick=True, limit=8, progress=False).save(tmp_path)
     browser.get(index.as_uri())
     sections = browser.find_elements(By.CSS_SELECTOR, "section.checklist-item")
     assert [s.get_attribute("data-item") for s in sections] == list(ITEM_KEYS)

@@ -6,8 +6,8 @@ import html
 
 from page import read_page
 
+import attnaudit
 from attnaudit.checklist import ITEM_KEYS
-from attnaudit.report import write_report
 from tests.gate.toy_targets import make_target
 
 SCRIPT = "<script>alert(1)</script>"
@@ -19,8 +19,9 @@ def test_markup_in_tokens_and_names_is_escaped(tmp_path):
     target = make_target(sources=SOURCES, labels=LABELS, name=f"tiny {SCRIPT}",
                          description=f"description with {SCRIPT} and <b>bold</b>")
     out = tmp_path / "out <i>dir</i>"
-    path = write_report(target, out, quick=True, progress=False,
-                        command_line=["attnaudit", "report", f"x{SCRIPT}.py:make"])
+    audit = attnaudit.audit(target, quick=True, progress=False,
+                            command_line=["attnaudit", "report", f"x{SCRIPT}.py:make"])
+    path = audit.save(out)
     text = path.read_text(encoding="utf-8")
     assert SCRIPT not in text
     assert "<b>bold</b>" not in text
@@ -35,7 +36,7 @@ def test_markup_in_tokens_and_names_is_escaped(tmp_path):
 
 def test_leaking_mask_fails_the_validity_verdict(tmp_path):
     target = make_target("after_softmax", SOURCES, labels=LABELS)
-    page = read_page(write_report(target, tmp_path, quick=True, progress=False))
+    page = read_page(attnaudit.audit(target, quick=True, progress=False).save(tmp_path))
     assert page.verdicts["verdict-validity"] == "fail"
     assert page.sections["eligibility"] == "fail"
     assert page.sections["distributions"] == "fail"

@@ -40,14 +40,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-import attnaudit
 from attnaudit.analysis import (
     EntropyAnalyser,
     MaskingAnalyser,
@@ -60,6 +58,15 @@ from attnaudit.analysis import (
 )
 from attnaudit.analysis.numerics import row_sum_tolerance
 from attnaudit.analysis.scores import ScoreAnalyser
+from attnaudit.auditing.measurement import (
+    PERFORMANCE_COLUMNS,
+    PeakMemory,
+    capture_bytes,
+    ratio,
+    timed,
+)
+from attnaudit.capturing import Capture, capture
+from attnaudit.errors import AttnauditError
 from attnaudit.findings import (
     CAPTURED_RULE,
     Finding,
@@ -356,10 +363,7 @@ SITE_COLUMNS = ["site", "kind", "role", "mechanism", "module", "layer", "layout"
                 "heads", "queries", "keys", "scores_available", "values_available",
                 "key_mask_shape", "weights_dtype", "row_sum_tolerance", "eligibility",
                 "scores_materialised_by_capture"]
-PERFORMANCE_COLUMNS = ["batch", "examples", "source_tokens", "target_tokens", "greedy_s",
-                       "plain_s", "captured_s", "capture_overhead", "tokens_per_s_plain",
-                       "tokens_per_s_captured", "plain_peak_mib", "captured_peak_mib",
-                       "capture_mib", "materialised_sites"]
+
 
 
 def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
@@ -411,7 +415,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     examples = 0
     started = time.perf_counter()
     for index, batch in enumerate(_batches(target, limit)):
-        emitted, greedy_s = _timed(lambda b=batch: _greedy(target, b))
+        emitted, greedy_s = timed(lambda b=batch: _greedy(target, b))
         step_mask = target.step_mask(emitted)
         plain_s = plain_peak = math.nan
         with torch.no_grad():  # alternate which runs first, so warm-up favours neither
@@ -438,11 +442,11 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         performance.append({
             "batch": index, "examples": len(batch), "source_tokens": source_tokens,
             "target_tokens": target_tokens, "greedy_s": greedy_s, "plain_s": plain_s,
-            "captured_s": captured_s, "capture_overhead": _ratio(captured_s, plain_s),
-            "tokens_per_s_plain": _ratio(source_tokens + target_tokens, plain_s),
-            "tokens_per_s_captured": _ratio(source_tokens + target_tokens, captured_s),
+            "captured_s": captured_s, "capture_overhead": ratio(captured_s, plain_s),
+            "tokens_per_s_plain": ratio(source_tokens + target_tokens, plain_s),
+            "tokens_per_s_captured": ratio(source_tokens + target_tokens, captured_s),
             "plain_peak_mib": plain_peak, "captured_peak_mib": captured_peak,
-            "capture_mib": _capture_bytes(cap.records.values()) / 2**20,
+            "capture_mib": capture_bytes(cap.records.values()) / 2**20,
             "materialised_sites": sum(r.site.mechanism in MATERIALISED_BY_CAPTURE
                                       for r in cap.records.values()),
         })
@@ -477,7 +481,7 @@ def _target_call(target: Seq2SeqTarget, what: str, fn: Callable[..., Any], *args
     """Call one of the target's callables; its failures become a TargetError naming it."""
     try:
         return fn(*args)
-    except attnaudit.AttnauditError:
+    except AttnauditError:
         raise
     except Exception as exc:
         raise TargetError(f"target {target.name!r}: {what} failed: "
@@ -520,89 +524,20 @@ def _teacher_forced(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) 
 def _plain_forward(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor
                    ) -> tuple[float, float]:
     with PeakMemory(target.model) as memory:
-        _, seconds = _timed(lambda: _teacher_forced(target, batch, emitted))
+        _, seconds = timed(lambda: _teacher_forced(target, batch, emitted))
     return seconds, memory.peak_mib
 
 
 def _captured_forward(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
-                      keep: bool) -> tuple[attnaudit.Capture, float, float]:
+                      keep: bool) -> tuple[Capture, float, float]:
     """The teacher-forced pass under capture; ``keep``: scores and values too."""
     with PeakMemory(target.model) as memory:
         start = time.perf_counter()
-        with attnaudit.capture(target.model, target.sites, kinds=target.kinds, scores=keep,
+        with capture(target.model, target.sites, kinds=target.kinds, scores=keep,
                                values=keep) as cap:
             _teacher_forced(target, batch, emitted)
         seconds = time.perf_counter() - start
     return cap, seconds, memory.peak_mib
-
-
-def _ratio(numerator: float, denominator: float) -> float:
-    return numerator / denominator if denominator > 0 else math.nan
-
-
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - start
-
-
-class PeakMemory:
-    """Peak memory in MiB above the level at entry, while the block ran.
-
-    CUDA models: the allocator's peak. CPU: peak resident set size on Linux (reset through
-    /proc/self/clear_refs), a lower bound, since the allocator reuses freed memory without
-    growing the RSS; NaN where neither can be read.
-    """
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        param = next(model.parameters(), None)
-        self.device = param.device if param is not None else torch.device("cpu")
-        self.peak_mib = math.nan
-        self._base: float | None = None
-
-    def __enter__(self) -> PeakMemory:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._base = torch.cuda.memory_allocated(self.device)
-        elif _reset_peak_rss():
-            self._base = _proc_status_kib("VmRSS") * 1024
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._base is None:
-            return
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            peak = torch.cuda.max_memory_allocated(self.device)
-        else:
-            peak = _proc_status_kib("VmHWM") * 1024
-        self.peak_mib = max(peak - self._base, 0) / 2**20
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
-def _proc_status_kib(key: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return float(line.split()[1])
-    return math.nan
-
-
-def _capture_bytes(records: Any) -> int:
-    total = 0
-    for record in records:
-        for call in record.calls:
-            for t in (call.weights, call.scores, call.values):
-                if t is not None:
-                    total += t.numel() * t.element_size()
-    return total
 
 
 def _update_regions(target: Seq2SeqTarget, analysers: dict[str, RegionAnalyser], data: Rows,

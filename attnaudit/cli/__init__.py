@@ -1,4 +1,10 @@
-"""The ``attnaudit`` command: parsing and dispatch only; the work lives in the library."""
+"""The ``attnaudit`` command: argument parsing, loading targets, printing.
+
+The only part of attnaudit that parses arguments or prints for the command line; the work
+lives in the library (:func:`attnaudit.audit` and the views of its result).
+``commands`` holds the subcommands, ``loading`` turns arguments into a target,
+``display`` prints the intervention suite.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +12,13 @@ import argparse
 import sys
 from pathlib import Path
 
-import attnaudit
-import attnaudit.target
+from attnaudit import __doc__ as DESCRIPTION
+from attnaudit import __version__
+from attnaudit.auditing.validity import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
+from attnaudit.cli.commands import check_command, intervene_command, report_command
 from attnaudit.errors import AttnauditError
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]
 USAGE_ERROR = 2
 
 
@@ -25,49 +33,6 @@ def _demo(_: argparse.Namespace) -> int:
 
     demo_main()
     return 0
-
-
-HF_ONLY = ("batch_size", "max_new_tokens", "max_source_tokens")
-
-
-def load_cli_target(args: argparse.Namespace) -> attnaudit.target.Seq2SeqTarget:
-    """The target named on the command line: TARGET, ``--hf DIR --data TSV``, or the date
-    model; on ``--device`` in ``--dtype``."""
-    from attnaudit.target import TargetError, from_hf, load_target, place
-
-    if args.hf is not None:
-        if args.target is not None:
-            raise TargetError("give either TARGET or --hf DIR, not both")
-        if args.data is None:
-            raise TargetError("--hf DIR needs --data FILE.tsv (source[<TAB>target] lines)")
-        given = {name: getattr(args, name) for name in HF_ONLY
-                 if getattr(args, name) is not None}
-        return from_hf(args.hf, args.data, device=args.device, dtype=args.dtype, **given)
-    if args.data is not None:
-        raise TargetError("--data goes with --hf DIR")
-    for name in HF_ONLY:
-        if getattr(args, name) is not None:
-            raise TargetError(f"--{name.replace('_', '-')} goes with --hf DIR; a TARGET "
-                              "factory batches and decodes its own way")
-    return place(load_target(args.target), device=args.device, dtype=args.dtype)
-
-
-def _check(args: argparse.Namespace) -> int:
-    from attnaudit.gate import check_command
-
-    return check_command(args)
-
-
-def _report(args: argparse.Namespace) -> int:
-    from attnaudit.report import report_command
-
-    return report_command(args)
-
-
-def _intervene(args: argparse.Namespace) -> int:
-    from attnaudit.interventions.suite import intervene_command
-
-    return intervene_command(args)
 
 
 def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,10 +64,8 @@ def _add_memory_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from attnaudit.audit import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
-
-    parser = argparse.ArgumentParser(prog="attnaudit", description=attnaudit.__doc__)
-    parser.add_argument("--version", action="version", version=attnaudit.__version__)
+    parser = argparse.ArgumentParser(prog="attnaudit", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=__version__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="capture the bundled date model's attention")
@@ -118,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "dtype and key count, 1e-3 for float32; see the README)")
     check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
-    check.set_defaults(run=_check)
+    check.set_defaults(run=check_command)
 
     intervene = commands.add_parser(
         "intervene", help="run the intervention and attribution suite and print its tables")
@@ -132,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     intervene.add_argument("--head", action="append", type=int, metavar="N",
                            help="edit only this head at each edited site (repeatable)")
     _add_memory_argument(intervene)
-    intervene.set_defaults(run=_intervene)
+    intervene.set_defaults(run=intervene_command)
 
     report = commands.add_parser("report", help="write an HTML/CSV audit report")
     _add_target_arguments(report)
@@ -140,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--quick", action="store_true",
                         help="skip the adversarial search and integrated gradients")
     _add_memory_argument(report)
-    report.set_defaults(run=_report)
+    report.set_defaults(run=report_command)
     return parser
 
 

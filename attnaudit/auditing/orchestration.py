@@ -1,0 +1,137 @@
+""":func:`audit`: the one orchestration of an audit.
+
+validity audit (capture, analysers, findings) -> intervention suite -> checklist -> tables
+and manifest, held by an :class:`~attnaudit.auditing.result.Audit`. The report, the gate,
+notebooks and the command line are views of that object.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnaudit.auditing.placement import placed
+from attnaudit.auditing.result import Audit
+from attnaudit.auditing.validity import (
+    DEFAULT_MAX_MASKED_MASS,
+    DEFAULT_ROW_SUM_TOLERANCE,
+    run_validity_audit,
+)
+from attnaudit.checklist import build_checklist
+from attnaudit.errors import AttnauditError
+from attnaudit.interventions.suite import InterventionSuite, run_suite
+from attnaudit.report.manifest import build_manifest
+from attnaudit.target import Seq2SeqTarget, TargetError, from_hf
+
+
+def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
+          data: Any = None, *, tokenizer: Any = None, quick: bool = False,
+          limit: int | None = None, interventions: bool = True, checks_only: bool = False,
+          device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+          max_memory: int | str | None = None,
+          max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
+          row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
+          progress: bool = True, command_line: Sequence[str] | str | None = None,
+          **hf_options: Any) -> Audit:
+    """Audit the attention of a seq2seq model: validity, interventions, checklist.
+
+    Args:
+        target_or_model: a :class:`~attnaudit.target.Seq2SeqTarget`; or a loaded Hugging
+            Face seq2seq model (with ``tokenizer``) or its folder, with ``data``: both go
+            through :func:`attnaudit.from_hf` (``hf_options``: its ``batch_size``,
+            ``max_new_tokens``, ``max_source_tokens``, ``name``).
+        data: with a model or folder: the sources (see :func:`attnaudit.from_hf`).
+        tokenizer: with a loaded model: its tokenizer.
+        quick: skip the adversarial search and integrated gradients; 20 permutations per
+            row instead of 100.
+        limit: audit only the first ``limit`` examples (>= 1).
+        interventions: run the intervention and attribution suite (False: validity and
+            checklist only; the intervention item is "not recorded").
+        checks_only: only what the CI gate judges (``attnaudit check``): capture without
+            scores and values, the masking and numerics analysers, no timing, no example
+            maps, no expectations and no interventions. Cheap; its checklist items on
+            distributions and performance have little to say.
+        device, dtype: run on this device (cpu, cuda, cuda:N, mps) and in this floating
+            dtype (float32, bfloat16, float16). A target's model is moved for the audit and
+            restored exactly afterwards; a loaded model is left alone and a copy is placed
+            (see :func:`attnaudit.from_hf`).
+        max_memory: the interventions' chunk budget (bytes or "2GiB"; default 1 GiB).
+        max_masked_mass, row_sum_tolerance: the validity tolerances (row_sum_tolerance
+            None: per site from the weights' dtype and key count).
+        progress: progress lines on stderr.
+        command_line: recorded in the manifest and shown in the report.
+
+    Returns:
+        The :class:`~attnaudit.auditing.result.Audit`. The model is left as it was.
+    """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or limit < 1):
+        raise TargetError(f"limit must be a positive number of examples, got {limit!r}")
+    if isinstance(target_or_model, Seq2SeqTarget):
+        if data is not None or tokenizer is not None or hf_options:
+            raise TargetError("data, tokenizer and from_hf options go with a model or a "
+                              "model folder, not with a Seq2SeqTarget")
+        with placed(target_or_model, device, dtype) as target:
+            return _run(target, quick, limit, interventions, checks_only, max_memory,
+                        max_masked_mass, row_sum_tolerance, progress, command_line)
+    if data is None:
+        raise TargetError("auditing a model needs data=: source strings, a TSV path, or a "
+                          "pandas column")
+    target = from_hf(target_or_model, data, tokenizer=tokenizer, device=device, dtype=dtype,
+                     **hf_options)
+    return _run(target, quick, limit, interventions, checks_only, max_memory,
+                max_masked_mass, row_sum_tolerance, progress, command_line)
+
+
+def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: bool,
+         checks_only: bool, max_memory: int | str | None, max_masked_mass: float,
+         row_sum_tolerance: float | None, progress: bool,
+         command_line: Sequence[str] | str | None) -> Audit:
+    started = time.perf_counter()
+    validity = run_validity_audit(target, limit=limit, progress=progress,
+                                  keep_example=not checks_only, regions=not checks_only,
+                                  timing=not checks_only, checks_only=checks_only,
+                                  max_masked_mass=max_masked_mass,
+                                  row_sum_tolerance=row_sum_tolerance)
+    if checks_only or not interventions:
+        suite = None
+        reason = ("the audit ran the gate's checks only" if checks_only else
+                  "the intervention suite was not requested (interventions=False)")
+    else:
+        suite, reason = _run_suite(target, quick, limit, progress, max_memory)
+    checklist = build_checklist(target.model, validity, suite, suite_reason=reason)
+    texts = [text for batch in target.iter_batches(limit) for text in batch.texts]
+    seeds: dict[str, Any] = {"target": target.seed}
+    if suite is not None:
+        seeds["interventions"] = suite.metadata["seed"]
+    manifest = build_manifest(target.model, target_name=target.name, texts=texts,
+                              sites=list(validity.sites["site"]), seeds=seeds,
+                              command_line=command_line,
+                              options={"quick": quick, "limit": limit})
+    manifest["thresholds"] = {"max_masked_mass": validity.max_masked_mass,
+                              "row_sum_tolerance": validity.row_sum_tolerance}
+    manifest["description"] = target.description
+    result = Audit(target=target.name, description=target.description,
+                   tables=checklist.all_tables(), manifest=manifest, validity=validity,
+                   suite=suite, suite_reason=reason, checklist=checklist)
+    if progress:
+        print(f"audit {target.name}: {time.perf_counter() - started:.1f} s in all",
+              file=sys.stderr, flush=True)
+    return result
+
+
+def _run_suite(target: Seq2SeqTarget, quick: bool, limit: int | None, progress: bool,
+               max_memory: int | str | None) -> tuple[InterventionSuite | None, str | None]:
+    try:
+        return run_suite(target, quick=quick, limit=limit, progress=progress,
+                         max_memory=max_memory), None
+    except AttnauditError as exc:
+        if progress:
+            print(f"audit {target.name}: interventions not recorded: {exc}", file=sys.stderr)
+        return None, f"the intervention suite could not run on this target: {exc}"

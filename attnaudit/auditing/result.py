@@ -1,0 +1,165 @@
+"""The :class:`Audit`: one audit's results, and its views.
+
+An audit is held as tidy tables (one per CSV of the report: ``audit.tables["rows"]``,
+``audit.tables["sites"]`` ...), the manifest, and, for an audit run in this process, the
+live parts they came from: the validity audit, the intervention suite (or why it was not
+run) and the checklist. The views only present what is there:
+
+- :meth:`Audit.save` / :meth:`Audit.to_html`: the report (``index.html``, CSVs, manifest);
+- :meth:`Audit.gate`: the CI gate's judgement (:class:`attnaudit.gate.GateResult`);
+- :meth:`Audit.figure`: the report's figures as matplotlib figures;
+- ``_repr_html_``: a compact summary in notebooks;
+- :meth:`Audit.load`: a saved report's tables and manifest, to compare audits without
+  re-running them. A loaded audit has tables, verdicts and statuses, no live model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from matplotlib.figure import Figure as MplFigure
+
+from attnaudit.auditing.validity import ValidityAudit
+from attnaudit.checklist import Checklist
+from attnaudit.errors import AttnauditError
+from attnaudit.findings import site_findings
+from attnaudit.gate import GateResult
+from attnaudit.interventions.suite import InterventionSuite
+from attnaudit.report import summary_html, write_report
+from attnaudit.report.item_figures import item_figures
+from attnaudit.report.tables import read_csvs
+
+
+class AuditError(AttnauditError):
+    """An audit cannot give the view asked for (a loaded audit has no live parts)."""
+
+
+@dataclass
+class Audit:
+    """One audit of one target.
+
+    Attributes:
+        target: the target's name. description: one paragraph on it.
+        tables: every table by CSV name: the checklist's evidence (validity and
+            intervention tables) plus ``verdicts``, ``checklist`` and ``misconceptions``.
+        manifest: what reproduces the audit (model, libraries, seeds, data digest, sites,
+            options, thresholds, command line).
+        validity: the validity audit (None for a loaded audit).
+        suite: the intervention suite; None when it was not run (``suite_reason`` says why)
+            or the audit was loaded.
+        suite_reason: why there is no suite.
+        checklist: items, verdicts and misconceptions (None for a loaded audit).
+    """
+
+    target: str
+    description: str
+    tables: dict[str, pd.DataFrame] = field(repr=False)
+    manifest: dict[str, Any] = field(repr=False)
+    validity: ValidityAudit | None = field(default=None, repr=False)
+    suite: InterventionSuite | None = field(default=None, repr=False)
+    suite_reason: str | None = None
+    checklist: Checklist | None = field(default=None, repr=False)
+
+    @property
+    def verdicts(self) -> dict[str, str]:
+        """Verdict key (``validity``, ``explanation``) -> status."""
+        frame = self.tables.get("verdicts")
+        return {} if frame is None else dict(zip(frame["verdict"], frame["status"],
+                                                 strict=True))
+
+    @property
+    def statuses(self) -> dict[str, str]:
+        """Checklist item key -> status (pass, warn, fail, not recorded)."""
+        frame = self.tables.get("checklist")
+        return {} if frame is None else dict(zip(frame["item"], frame["status"], strict=True))
+
+    @property
+    def thresholds(self) -> dict[str, float | None]:
+        """The tolerances rows were counted at: ``max_masked_mass``, ``row_sum_tolerance``
+        (None: each site's dtype rule)."""
+        return dict(self.manifest["thresholds"])
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write the report (index.html, one CSV per table, manifest.json) to ``out_dir``;
+        return the path of index.html."""
+        checklist = self._live("save", self.checklist)
+        return write_report(out_dir, checklist=checklist, tables=self.tables,
+                            manifest=self.manifest,
+                            example=None if self.validity is None else self.validity.example,
+                            max_masked_mass=self.thresholds["max_masked_mass"],
+                            description=self.description)
+
+    def to_html(self, out_dir: str | Path) -> Path:
+        """The report, as :meth:`save` writes it (the page links its CSVs beside it)."""
+        return self.save(out_dir)
+
+    def gate(self, max_masked_mass: float | None = None,
+             row_sum_tolerance: float | None = None) -> GateResult:
+        """The CI gate's judgement: status 0 when every site passes, 1 otherwise, with the
+        failing sites. Tolerances default to those the audit counted rows at; others raise
+        ValueError (rows are counted while streaming: run ``attnaudit.audit`` with them)."""
+        thresholds = self.thresholds
+        for name, given in (("max_masked_mass", max_masked_mass),
+                            ("row_sum_tolerance", row_sum_tolerance)):
+            if given is not None and given != thresholds[name]:
+                raise ValueError(f"rows were counted at {name}={thresholds[name]}; run "
+                                 f"attnaudit.audit(..., {name}={given:g}) for another "
+                                 "tolerance")
+        sites = self.tables["sites"]
+        if self.validity is not None:
+            findings = self.validity.findings()
+        else:
+            findings = site_findings(self.tables["site_summary"], sites,
+                                     thresholds["max_masked_mass"],
+                                     dict(zip(sites["site"], sites["row_sum_tolerance"],
+                                              strict=True)))
+        return GateResult(self.target, int(self.manifest["data"]["examples"]), sites,
+                          findings, thresholds["max_masked_mass"],
+                          thresholds["row_sum_tolerance"])
+
+    def figure_names(self) -> list[str]:
+        """The names :meth:`figure` accepts: the report's figures for this audit."""
+        return [f.name for group in self._figures().values() for f in group]
+
+    def figure(self, name: str) -> MplFigure:
+        """The report's figure ``name`` (see :meth:`figure_names`) as a matplotlib figure:
+        ``example_map_<i>`` (first example, site i), ``entropy_by_head``, ``masked_mass``,
+        ``permutation_tvd``, ``agreement``. Example maps need a live audit."""
+        for group in self._figures().values():
+            for found in group:
+                if found.name == name:
+                    return found.figure
+        raise KeyError(f"no figure {name!r} in this audit; it has "
+                       f"{', '.join(self.figure_names()) or 'none'}")
+
+    def _figures(self) -> dict[str, list[Any]]:
+        example = None if self.validity is None else self.validity.example
+        return item_figures(self.tables, example, self.thresholds["max_masked_mass"])
+
+    def _repr_html_(self) -> str:
+        return summary_html(self.tables, self.manifest)
+
+    @classmethod
+    def load(cls, out_dir: str | Path) -> Audit:
+        """A saved report's tables and manifest (``out_dir`` as :meth:`save` wrote it, or
+        ``attnaudit report --out``), without a live model."""
+        out = Path(out_dir)
+        path = out / "manifest.json"
+        if not path.is_file():
+            raise AuditError(f"{out} holds no manifest.json: not an attnaudit report folder")
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        schema = manifest.pop("tables", None)
+        manifest.setdefault("thresholds", {"max_masked_mass": None, "row_sum_tolerance": None})
+        return cls(target=manifest["target"], description=manifest.get("description", ""),
+                   tables=read_csvs(out, schema), manifest=manifest,
+                   suite_reason="loaded from a saved report")
+
+    def _live(self, view: str, part: Any) -> Any:
+        if part is None:
+            raise AuditError(f"Audit.{view} needs the audit run in this process (its checklist "
+                             "text and example maps); a loaded audit has its tables only")
+        return part

@@ -1,0 +1,128 @@
+"""The whole checklist: validity items, the intervention item, verdicts, misconceptions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from attnaudit.checklist.explanation import (
+    explanation_verdict,
+    intervention_lines,
+    interventions_item,
+)
+from attnaudit.checklist.items import (
+    ITEM_BY_KEY,
+    ITEMS,
+    MISCONCEPTIONS,
+    PASS,
+    Checklist,
+    MisconceptionNote,
+    missing_item,
+    worst,
+)
+from attnaudit.checklist.validity import (
+    distributions_item,
+    eligibility_item,
+    masks_item,
+    metric_mean,
+    metric_range,
+    performance_item,
+    positions_item,
+    qkv_item,
+    scoring_item,
+    separate_key_value,
+    validity_verdict,
+)
+
+
+def build_checklist(model: nn.Module, audit: Any | None, suite: Any | None, *,
+                    audit_reason: str | None = None,
+                    suite_reason: str | None = None) -> Checklist:
+    """Map a validity audit and an intervention suite onto the checklist.
+
+    Args:
+        model: the audited model (its parameters and modules are inspected, not run).
+        audit: a :class:`attnaudit.auditing.validity.ValidityAudit`, or None when not run.
+        suite: an intervention suite result (``tables``: name -> DataFrame), or None.
+        audit_reason, suite_reason: why a part is missing; shown as "not recorded".
+    """
+    no_audit = audit_reason or "the validity audit was not run"
+    no_suite = suite_reason or "the intervention suite was not run"
+    if audit is None:
+        items = [missing_item(item, no_audit) for item in ITEMS if item.key != "interventions"]
+        findings: list[Any] = []
+    else:
+        findings = audit.findings()
+        items = [qkv_item(model, audit), scoring_item(model, audit, findings),
+                 eligibility_item(audit, findings), masks_item(audit, findings),
+                 positions_item(model, audit), distributions_item(audit, findings),
+                 performance_item(audit)]
+    items.append(missing_item(ITEM_BY_KEY["interventions"], no_suite) if suite is None
+                 else interventions_item(suite))
+    verdicts = [validity_verdict(findings, no_audit if audit is None else None),
+                explanation_verdict(items[-1], suite)]
+    return Checklist(items, verdicts, _misconception_notes(model, audit, findings, suite))
+
+
+def _misconception_notes(model: nn.Module, audit: Any | None, findings: Sequence[Any],
+                         suite: Any | None) -> list[MisconceptionNote]:
+    """The misconceptions something measured here bears on, with what was measured."""
+    notes: dict[str, str] = {}
+    by_check: dict[str, list[Any]] = {}
+    for f in findings:
+        by_check.setdefault(f.check, []).append(f)
+
+    def checked(check: str) -> str | None:
+        group = by_check.get(check)
+        return None if not group else worst(f.status for f in group)
+
+    if audit is not None:
+        keys, top = metric_mean(audit, "effective_keys"), metric_mean(audit, "max_weight")
+        if keys is not None and top is not None:
+            notes["one_item"] = (f"Mean effective number of keys exp(H) = {keys:.3g} and mean "
+                                 f"largest weight {top:.3g}: each row mixes "
+                                 f"{'several keys' if keys > 1.05 else 'almost one key'}.")
+        if checked("row_sum") == PASS:
+            notes["independent"] = ("Every counted row sums to one over its keys (row_sum "
+                                    "check passes), so weights trade off against each other.")
+        scores = metric_range(audit, "score_min", "score_max")
+        if scores is not None:
+            notes["scores_are_probabilities"] = (
+                f"Pre-softmax scores on eligible keys range from {scores[0]:.3g} to "
+                f"{scores[1]:.3g}.")
+        masked = checked("masked_mass")
+        if masked is not None:
+            notes["mask_after_softmax"] = (
+                "No counted row puts weight on an ineligible key." if masked == PASS else
+                "Some rows put weight on ineligible keys: masking leaks mass (see the "
+                "eligibility section).")
+        roles = set("/".join(audit.sites["role"]).split("/"))
+        if "decoder_self" in roles:
+            notes["padding_vs_causal"] = ("Decoder self-attention was checked against the "
+                                          "causal rule, source attention against padding.")
+        if roles & {"encoder_self", "decoder_self"}:
+            notes["quadratic"] = ("Self-attention sites form a full queries x keys weight "
+                                  "matrix per head (see the sites table for their sizes).")
+        all_masked = int(audit.site_summary["all_masked_rows"].sum())
+        if all_masked:
+            behaviour = "; ".join(f"{s.site}: {s.all_masked_behaviour}"
+                                  for s in audit.site_summary.itertuples(index=False)
+                                  if s.all_masked_rows)
+            notes["all_masked_zero"] = f"{all_masked} all-masked row(s): {behaviour}."
+        axis = checked("softmax_axis")
+        if axis is not None:
+            notes["shape_proves_axis"] = (
+                "Rows were checked to sum to one over the key axis, not just for shape: "
+                + ("none was normalised over the query axis." if axis == PASS else
+                   "some look normalised over the query axis."))
+        separate = separate_key_value(model, audit)
+        if separate:
+            notes["keys_are_values"] = separate
+    if suite is not None:
+        for line, key in intervention_lines(dict(suite.tables)):
+            if key:
+                notes[key] = f"{notes[key]} {line}" if key in notes else line
+    return [MisconceptionNote(m.claim, m.correction, notes[m.key])
+            for m in MISCONCEPTIONS if m.key in notes]

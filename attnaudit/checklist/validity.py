@@ -1,0 +1,449 @@
+"""The checklist's validity items, from a validity audit (:mod:`attnaudit.auditing.validity`).
+
+One function per item (query/key/value sources, scoring, eligibility, masks, positions,
+distributions, performance), each returning an :class:`ItemResult` with its evidence
+tables, and the verdict on whether the attention is a valid weighted retrieval computation.
+The audit is read by its attributes (``sites``, ``metrics``, ``site_summary``, ...), so this
+module does not import the pipeline that produced it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+from torch import nn
+
+from attnaudit.checklist.items import (
+    FAIL,
+    ITEM_BY_KEY,
+    NOT_RECORDED,
+    PASS,
+    WARN,
+    Evidence,
+    ItemResult,
+    Verdict,
+    missing_item,
+    worst,
+)
+from attnaudit.findings import Finding, describe_tolerance, findings_frame
+
+
+def parameter_table(model: nn.Module, site_modules: Mapping[str, str]) -> pd.DataFrame:
+    """Parameters of each site's module and the tensors they share storage with.
+
+    Args:
+        model: the audited model.
+        site_modules: site name -> module path that computes it ("" for the root module).
+
+    Returns:
+        One row per (site, parameter): ``site``, ``module``, ``parameter`` (full name),
+        ``shape``, ``numel``, ``shared_with`` (other parameter names backed by the same
+        tensor, ``;``-separated, empty when none).
+    """
+    owners: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), []).append(name)
+    modules = dict(model.named_modules())
+    rows = []
+    for site, path in site_modules.items():
+        module = modules.get(path)
+        if module is None:
+            continue
+        prefix = f"{path}." if path else ""
+        for name, param in module.named_parameters():
+            full = prefix + name
+            others = [o for o in owners.get(id(param), []) if o != full]
+            rows.append({"site": site, "module": path or "(root)", "parameter": full,
+                         "shape": "x".join(map(str, param.shape)), "numel": param.numel(),
+                         "shared_with": ";".join(others)})
+    return pd.DataFrame(rows, columns=["site", "module", "parameter", "shape", "numel",
+                                       "shared_with"])
+
+
+def site_metric_table(metrics: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
+    """Per site x head x metric over all query steps: n, mean (row-weighted), min, max.
+
+    ``metrics`` is the audit's tidy table (one row per site x head x step x metric).
+    """
+    part = metrics[metrics["metric"].isin(names)]
+    columns = ["site", "head", "metric", "n", "mean", "min", "max"]
+    if part.empty:
+        return pd.DataFrame(columns=columns)
+    grouped = part.groupby(["site", "head", "metric"], sort=True)
+    out = grouped.agg(n=("n", "sum"), total=("sum", "sum"), min=("min", "min"),
+                      max=("max", "max")).reset_index()
+    out["mean"] = out["total"] / out["n"]
+    return out[columns]
+
+
+def _findings_for(findings: Sequence[Any], checks: Sequence[str]) -> list[Any]:
+    return [f for f in findings if f.check in checks]
+
+
+def _findings_evidence(name: str, title: str, findings: Sequence[Finding]) -> Evidence:
+    return Evidence(name, title, "Per site and check; rows = failing (example, head, query "
+                    "step) rows.", findings_frame(findings))
+
+
+def _finding_lines(findings: Sequence[Any]) -> list[str]:
+    """One line per finding that does not pass; one line for all those that do."""
+    lines = [f"{f.site}, {f.check}: {f.status} ({f.detail})" for f in findings
+             if f.status != PASS]
+    passed = [f for f in findings if f.status == PASS]
+    if passed:
+        checks = ", ".join(sorted({f.check for f in passed}))
+        lines.append(f"{len(passed)} check(s) pass ({checks}) at "
+                     f"{len({f.site for f in passed})} site(s); details in the table below.")
+    return lines
+
+
+SITE_MODULES_CAPTION = ("One row per attention site, as capture saw it: mechanism, module, "
+                        "the model's own layout of the weights and how capture determined it "
+                        "(call: the tensor or call says it; stated: by the user; inferred: "
+                        "from head-count or batch-size names at the call site; default: "
+                        "nothing said anything, so the leading axis is read as the batch), "
+                        "heads, largest query and key counts, and the role (cross, encoder "
+                        "or decoder self-attention) its shape matched.")
+
+
+def qkv_item(model: nn.Module, audit: Any) -> ItemResult:
+    sites = audit.sites
+    params = parameter_table(model, dict(zip(sites["site"], sites["module"], strict=True)))
+    unmatched = sites.loc[sites["role"].str.contains("captured"), "site"].tolist()
+    shared = params[params["shared_with"] != ""]
+    observations = [
+        f"{s.site}: {s.mechanism} attention in module {s.module or '(root)'}, laid out as "
+        f"({s.layout}) ({s.layout_source}), {s.heads} "
+        f"head(s), up to {s.queries} queries x {s.keys} keys, role {s.role}; values "
+        f"{'captured' if s.values_available else 'not reachable through capture'}."
+        for s in sites.itertuples(index=False)]
+    if shared.empty:
+        observations.append("No parameter of an attention module shares its tensor with "
+                            "another parameter.")
+    else:
+        observations.extend(f"{r.parameter} shares its tensor with {r.shared_with}."
+                            for r in shared.itertuples(index=False))
+    if unmatched:
+        observations.append(f"Shape matched no source/target length (keys are not known to "
+                            f"be source positions): {', '.join(unmatched)}.")
+    return ItemResult(
+        ITEM_BY_KEY["qkv"], WARN if unmatched else PASS,
+        (f"{len(sites)} site(s) captured; query/key shapes "
+         f"{'match' if not unmatched else 'do not all match'} the emitted steps and source "
+         "positions of the audited data."),
+        measured=[
+            "Weights were captured as (batch, heads, queries, keys) at every site during the "
+            "teacher-forced forward; their query and key counts were compared with the "
+            "number of emitted steps and source positions of each batch.",
+            "Parameters of each site's module were listed with their shapes; parameter "
+            "sharing was read from tensor identity (named_parameters without removing "
+            "duplicates).",
+        ],
+        observations=observations,
+        not_recorded=["Which tensors feed the queries, keys and values (e.g. keys = a "
+                      "projection of encoder states, values = the states themselves) is not "
+                      "visible from parameters alone; it is the model's code. For a site "
+                      "computed in the root module, the listed parameters are the whole "
+                      "model's."],
+        evidence=[Evidence("sites", "Attention sites", SITE_MODULES_CAPTION, sites),
+                  Evidence("parameters", "Parameters of the attention modules",
+                           "shared_with lists other names of the same tensor.", params)],
+    )
+
+
+def _dropout_table(model: nn.Module, site_modules: Mapping[str, str]) -> pd.DataFrame:
+    """Dropout modules and ``dropout`` rate attributes (> 0) inside each site's module."""
+    modules = dict(model.named_modules())
+    rows = []
+    for site, path in site_modules.items():
+        module = modules.get(path)
+        if module is None:
+            continue
+        for name, sub in module.named_modules():
+            full = ".".join(p for p in (path, name) if p) or "(root)"
+            # Rate 0 is no dropout (e.g. nn.LSTM's default inter-layer rate); leave it out.
+            if isinstance(sub, nn.modules.dropout._DropoutNd) and sub.p > 0:
+                rows.append({"site": site, "module": full, "kind": type(sub).__name__,
+                             "p": float(sub.p), "training": sub.training})
+            elif isinstance(getattr(sub, "dropout", None), float) and sub.dropout > 0:
+                rows.append({"site": site, "module": full, "kind": "dropout attribute",
+                             "p": float(sub.dropout), "training": sub.training})
+    return pd.DataFrame(rows, columns=["site", "module", "kind", "p", "training"])
+
+
+def scoring_item(model: nn.Module, audit: Any, findings: Sequence[Any]) -> ItemResult:
+    checks = _findings_for(findings, ("row_sum", "softmax_axis"))
+    scores = site_metric_table(audit.metrics, ("score_min", "score_max", "score_mean"))
+    dropout = _dropout_table(model, dict(zip(audit.sites["site"], audit.sites["module"],
+                                             strict=True)))
+    mechanisms = ", ".join(f"{s} ({m})" for s, m in zip(audit.sites["site"],
+                                                         audit.sites["mechanism"], strict=True))
+    observations = [f"Mechanism per site: {mechanisms}."]
+    if model.training:
+        observations.append("The model was in training mode: dropout, if any, was active "
+                            "during the audit.")
+    elif not dropout.empty:
+        observations.append(f"{len(dropout)} dropout setting(s) inside attention modules; "
+                            "the model was in eval mode, so none was active during the audit.")
+    else:
+        observations.append("No dropout module or dropout rate inside the attention modules.")
+    evidence = [_findings_evidence("normalisation_findings", "Normalisation checks", checks)]
+    if not scores.empty:
+        evidence.append(Evidence("score_ranges", "Pre-softmax score ranges",
+                                 "Over eligible keys, per site and head, all steps.", scores))
+    if not dropout.empty:
+        evidence.append(Evidence("dropout", "Dropout inside attention modules",
+                                 "training = the module's mode during the audit.", dropout))
+    return ItemResult(
+        ITEM_BY_KEY["scoring"], worst(f.status for f in checks),
+        "Normalisation axis and row sums checked at every site; score function and scale "
+        "are read from the mechanism only.",
+        measured=["Each row's sum over the key axis was compared with 1 (row_sum_error, "
+                  f"tolerance {describe_tolerance(audit.row_sum_tolerance)}); an (example, "
+                  "head) whose rows do not sum to one while its columns do is flagged as a "
+                  "softmax over the wrong axis.",
+                  "Pre-softmax scores were captured where the mechanism exposes them and "
+                  "their range over eligible keys recorded."],
+        observations=observations + _finding_lines(checks),
+        not_recorded=["The score function (additive, dot product, bilinear) and any scale or "
+                      "temperature are properties of the model's code; attnaudit records the "
+                      "mechanism that computed the softmax, not the formula."],
+        evidence=evidence,
+    )
+
+
+def eligibility_item(audit: Any, findings: Sequence[Any]) -> ItemResult:
+    checks = _findings_for(findings, ("eligibility", "masked_mass"))
+    rules = audit.sites[["site", "kind", "role", "eligibility", "key_mask_shape"]]
+    return ItemResult(
+        ITEM_BY_KEY["eligibility"], worst(f.status for f in checks),
+        "Key eligibility was declared from the target (padding for source keys, causal for "
+        "decoder self-attention) and weight on ineligible keys measured.",
+        measured=["Cross-attention and encoder self-attention: real (non-padding) source "
+                  "tokens are eligible; decoder self-attention: keys at or before the query "
+                  "step; any other shape: the mask the model itself applied. The declared "
+                  "rule is combined with the model's own mask.",
+                  f"masked_mass (weight on ineligible keys) per row, tolerance "
+                  f"{audit.max_masked_mass:g}; rows after the first end-of-sequence step are "
+                  "not counted."],
+        observations=_finding_lines(checks),
+        not_recorded=["Local windows and other model-specific restrictions are only seen "
+                      "through the model's own mask; they are not declared by the target."],
+        evidence=[Evidence("eligibility_rules", "Eligibility rule per site",
+                           "The rule masked mass was measured against.", rules),
+                  _findings_evidence("eligibility_findings", "Eligibility checks", checks)],
+    )
+
+
+def masks_item(audit: Any, findings: Sequence[Any]) -> ItemResult:
+    checks = _findings_for(findings, ("all_masked_nan",))
+    summary = audit.site_summary[["site", "all_masked_rows", "all_masked_nan",
+                                  "all_masked_zeros", "all_masked_uniform",
+                                  "all_masked_behaviour"]]
+    masks = audit.sites[["site", "mechanism", "key_mask_shape"]].merge(
+        audit.site_summary[["site", "mask_fill"]], on="site", how="left")
+    fills = site_metric_table(audit.metrics, ("masked_score_min", "masked_score_max",
+                                              "masked_score_non_finite"))
+    seen = int(summary["all_masked_rows"].sum())
+    observations = [f"{s.site}: key mask shape {s.key_mask_shape}, fill value "
+                    f"{s.mask_fill or 'not seen (no masked key, or scores unavailable)'}."
+                    for s in masks.itertuples(index=False)]
+    observations.append(f"{seen} row(s) with every key masked were seen." if seen else
+                        "No row with every key masked occurred in the audited data, so the "
+                        "all-masked behaviour was not exercised.")
+    evidence = [Evidence("mask_conventions", "Mask shape and fill per site",
+                         "Fill = the pre-softmax scores seen at masked keys (-inf, the "
+                         "largest finite one, or both).", masks),
+                Evidence("all_masked_rows", "Rows with every key masked",
+                         "What the model produced on them.", summary)]
+    if not fills.empty:
+        evidence.append(Evidence("masked_scores", "Scores at masked keys",
+                                 "Finite fills appear in min/max; -inf fills are counted as "
+                                 "masked_score_non_finite.", fills))
+    return ItemResult(
+        ITEM_BY_KEY["masks"], worst(f.status for f in checks),
+        "Mask broadcast shape and fill value read from the captured calls; all-masked rows "
+        "checked for NaN.",
+        measured=["The key mask capture derived for each call (from mask arguments or from "
+                  "scores filled with very negative values) gives the broadcast shape; the "
+                  "largest pre-softmax score at a masked key gives the fill value.",
+                  "Rows with no eligible key are classified by what the model produced: "
+                  "NaN, zeros or uniform."],
+        observations=observations + _finding_lines(checks),
+        not_recorded=["The dtype of the mask the model passes (bool or additive float) is "
+                      "not kept: capture normalises every mask to bool."],
+        evidence=evidence,
+    )
+
+
+def positions_item(model: nn.Module, audit: Any) -> ItemResult:
+    observations = [f"{s.site}: up to {s.queries} query steps and {s.keys} keys per batch."
+                    for s in audit.sites.itertuples(index=False)]
+    config = getattr(model, "config", None)
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int):
+        longest = int(audit.sites["keys"].max())
+        observations.append(f"The model's config allows {limit} positions; the longest "
+                            f"captured key axis was {longest}.")
+    truncation = getattr(audit, "truncation", "")
+    if truncation:
+        observations.append(f"Source truncation: {truncation}.")
+    return ItemResult(
+        ITEM_BY_KEY["positions"], NOT_RECORDED,
+        "Position conventions, truncation and cache policy are not measured automatically; "
+        "the audit protocol and the lengths seen are listed.",
+        measured=["Protocol: greedy decoding, then the model's own output teacher-forced in "
+                  "one forward pass (for Hugging Face targets without the key/value cache); "
+                  "captured query rows are emitted steps, keys are source positions."],
+        observations=observations,
+        not_recorded=["How source and target positions are numbered"
+                      + ("" if truncation else ", whether inputs were truncated by a tokenizer")
+                      + " and whether a cache changes the computation are not inspected."],
+    )
+
+
+DISTRIBUTION_METRICS = ("entropy", "entropy_norm", "effective_keys", "kl_to_uniform",
+                        "max_weight", "n_valid", "masked_mass", "non_finite", "negative",
+                        "row_sum_error", "score_min", "score_max", "output_norm")
+
+
+def distributions_item(audit: Any, findings: Sequence[Any]) -> ItemResult:
+    checks = _findings_for(findings, ("non_finite", "masked_mass", "negative"))
+    table = site_metric_table(audit.metrics, DISTRIBUTION_METRICS)
+    recorded = set(table["metric"])
+    evidence = [Evidence("distribution_metrics", "Attention distribution metrics",
+                         "Per site, head and metric over every counted row (docs/metrics.md "
+                         "definitions; entropy in nats).", table),
+                Evidence("site_summary", "Per-site summary",
+                         "Row counts and worst values per site.", audit.site_summary),
+                _findings_evidence("numeric_findings", "Numeric checks", checks)]
+    if not audit.regions.empty:
+        evidence.append(Evidence(
+            "regions", "Mass on the expected keys",
+            "region_mass and top_weight_hit per expectation, site, head and step; "
+            "':head_mean' sites average the heads first. Concentration on expected keys "
+            "describes the retrieval, not why the output was produced.", audit.regions))
+    not_recorded = [f"{m} (no site exposes it)" for m in ("output_norm", "score_min")
+                    if m not in recorded]
+    observations = []
+    for s in audit.site_summary.itertuples(index=False):
+        observations.append(f"{s.site}: mean entropy_norm {s.entropy_norm_mean:.3g}, mean "
+                            f"max_weight {s.max_weight_mean:.3g} over {s.n_valid_mean:.3g} "
+                            "eligible keys on average.")
+    return ItemResult(
+        ITEM_BY_KEY["distributions"], worst(f.status for f in checks),
+        "Entropy, concentration, masked mass and non-finite counts per site and head; score "
+        "ranges and output norms where the mechanism exposes them.",
+        measured=["Streaming analysers over every counted row: entropy, entropy_norm, "
+                  "effective_keys, kl_to_uniform, max_weight, masked_mass, non_finite, "
+                  "negative, row_sum_error; score_min/score_max over eligible keys and "
+                  "output_norm = ||sum_j w_j v_j|| where scores and values were captured."],
+        observations=observations + _finding_lines(checks),
+        not_recorded=not_recorded,
+        evidence=evidence,
+    )
+
+
+def performance_item(audit: Any) -> ItemResult:
+    perf = audit.performance
+    if perf.empty:
+        return missing_item(ITEM_BY_KEY["performance"], "no batch was timed")
+    totals = {
+        "examples": int(perf["examples"].sum()),
+        "greedy_s": float(perf["greedy_s"].sum()),
+        "plain_s": float(perf["plain_s"].sum()),
+        "captured_s": float(perf["captured_s"].sum()),
+        "valid_tokens": int(perf["source_tokens"].sum() + perf["target_tokens"].sum()),
+        "plain_peak_mib_max": float(perf["plain_peak_mib"].max()),
+        "captured_peak_mib_max": float(perf["captured_peak_mib"].max()),
+        "capture_mib_max": float(perf["capture_mib"].max()),
+    }
+    timed = totals["plain_s"] > 0 and pd.notna(totals["plain_s"])
+    totals["tokens_per_s_plain"] = (totals["valid_tokens"] / totals["plain_s"] if timed
+                                    else float("nan"))
+    materialised = audit.sites.loc[audit.sites["scores_materialised_by_capture"], "site"]
+    observations = [
+        f"Teacher-forced forward without capture: {totals['plain_s']:.3g} s for "
+        f"{totals['examples']} examples, {totals['tokens_per_s_plain']:.4g} valid tokens/s; "
+        f"with capture {totals['captured_s']:.3g} s; greedy decoding "
+        f"{totals['greedy_s']:.3g} s.",
+        f"Peak memory above the starting level: {totals['plain_peak_mib_max']:.3g} MiB "
+        f"without capture, {totals['captured_peak_mib_max']:.3g} MiB with; capture kept up "
+        f"to {totals['capture_mib_max']:.3g} MiB of tensors per batch.",
+        (f"Score matrices materialised only because capture computed them explicitly: "
+         f"{', '.join(materialised)}." if len(materialised) else
+         "No site needed capture to materialise a score matrix the model would not have "
+         "formed itself (softmax-path sites compute weights explicitly)."),
+    ]
+    unreadable = perf[["plain_peak_mib", "captured_peak_mib"]].isna().all().all()
+    return ItemResult(
+        ITEM_BY_KEY["performance"], WARN if unreadable or not timed else PASS,
+        "Latency, peak memory and valid-token throughput measured per batch on this machine.",
+        measured=["Per batch: wall time of greedy decoding and of the teacher-forced forward "
+                  "without and with capture (alternating which runs first), peak memory "
+                  "above the level at entry (CUDA allocator, or peak RSS on Linux), and "
+                  "valid tokens (real source tokens + emitted steps up to EOS) per second."],
+        observations=observations,
+        not_recorded=["Peak memory could not be read on this platform."] if unreadable
+        else [],
+        evidence=[Evidence("performance", "Performance per batch",
+                           "Seconds, MiB and valid tokens per second; absolute numbers "
+                           "depend on the machine and its load.", perf),
+                  Evidence("performance_totals", "Performance totals",
+                           "Sums over batches; peaks are the largest batch's.",
+                           pd.DataFrame([totals]))],
+    )
+
+
+def validity_verdict(findings: Sequence[Any], missing: str | None) -> Verdict:
+    question = "Valid weighted retrieval computation?"
+    if missing is not None:
+        return Verdict("validity", question, NOT_RECORDED, "Not recorded.", [missing])
+    status = worst(f.status for f in findings)
+    failing = [f for f in findings if f.status == FAIL]
+    warning = [f for f in findings if f.status == WARN]
+    sites = sorted({f.site for f in findings})
+    if status == FAIL:
+        answer = (f"No: {len(failing)} check(s) fail at "
+                  f"{len({f.site for f in failing})} of {len(sites)} site(s).")
+    elif status == WARN:
+        answer = ("Yes on the gate checks (finite, no masked mass, rows sum to one, no NaN on "
+                  f"all-masked rows), with {len(warning)} warning(s).")
+    else:
+        answer = (f"Yes, within tolerance at all {len(sites)} site(s): weights are finite, "
+                  "non-negative, sum to one over the keys and put no mass on ineligible "
+                  "keys.")
+    reasons = [f"{f.site}, {f.check}: {f.status} ({f.detail})" for f in failing + warning] or [
+        "This establishes that each attention row is a proper weighted average over its "
+        "eligible keys; it says nothing about whether the weights explain the output."]
+    return Verdict("validity", question, status, answer, reasons)
+
+
+def metric_mean(audit: Any, metric: str) -> float | None:
+    part = audit.metrics[audit.metrics["metric"] == metric]
+    n = part["n"].sum()
+    return float(part["sum"].sum() / n) if n else None
+
+
+def metric_range(audit: Any, low: str, high: str) -> tuple[float, float] | None:
+    lo = audit.metrics.loc[audit.metrics["metric"] == low, "min"]
+    hi = audit.metrics.loc[audit.metrics["metric"] == high, "max"]
+    return (float(lo.min()), float(hi.max())) if len(lo) and len(hi) else None
+
+
+def separate_key_value(model: nn.Module, audit: Any) -> str:
+    """A sentence when a site's module has distinct key and value projection tensors."""
+    params = parameter_table(model, dict(zip(audit.sites["site"], audit.sites["module"],
+                                             strict=True)))
+    found = []
+    for site, part in params.groupby("site", sort=True):
+        names = part["parameter"].tolist()
+        key = [n for n in names if n.endswith(("k_proj.weight", "key.weight"))]
+        value = [n for n in names if n.endswith(("v_proj.weight", "value.weight"))]
+        if key and value:
+            found.append(f"{site} ({key[0]}, {value[0]})")
+    if not found:
+        return ""
+    return ("Separate key and value projection tensors: " + "; ".join(found) + ".")

@@ -1,0 +1,89 @@
+"""The subcommands: ``check``, ``report`` and ``intervene``. Each loads its target, asks
+the library, and prints; each returns the exit status."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+from attnaudit.auditing.orchestration import audit
+from attnaudit.cli.display import print_suite
+from attnaudit.cli.loading import load_cli_target, memory_option
+from attnaudit.gate import GateError
+from attnaudit.interventions.suite import run_suite
+from attnaudit.target import TargetError
+
+
+def check_command(args: argparse.Namespace) -> int:
+    """``attnaudit check``: the gate's checks only; 0 healthy, 1 failing (see the README)."""
+    _check_options(args)
+    started = time.perf_counter()
+    print("attnaudit check: loading the target", file=sys.stderr, flush=True)
+    target = load_cli_target(args)
+    result = audit(target, checks_only=True, limit=args.limit, progress=True,
+                   max_masked_mass=args.max_masked_mass,
+                   row_sum_tolerance=args.row_sum_tolerance).gate()
+    if args.junit:
+        path = Path(args.junit)
+        try:
+            path.write_text(result.junit_xml(time.perf_counter() - started), encoding="utf-8")
+        except OSError as exc:
+            raise GateError(f"cannot write JUnit XML to {path}: {exc.strerror or exc}") from exc
+    print(result.to_json() if args.json else result.summary())
+    return result.status
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    if args.limit is not None and args.limit < 1:
+        raise GateError(f"--limit must be at least 1, got {args.limit}")
+    for option, value in (("--max-masked-mass", args.max_masked_mass),
+                          ("--row-sum-tolerance", args.row_sum_tolerance)):
+        if value is not None and (not math.isfinite(value) or value < 0):
+            raise GateError(f"{option} must be a finite number >= 0, got {value}")
+
+
+def report_command(args: argparse.Namespace) -> int:
+    """``attnaudit report``: the whole audit, written to ``--out``; prints the page's path."""
+    if args.limit is not None and args.limit < 1:
+        raise TargetError(f"--limit must be a positive number of examples, got {args.limit}")
+    max_memory = memory_option(args)
+    target = load_cli_target(args)
+    result = audit(target, quick=args.quick, limit=args.limit, progress=True,
+                   max_memory=max_memory, command_line=report_command_line(args))
+    path = result.save(args.out)
+    print(f"attnaudit report: wrote {path}")
+    return 0
+
+
+def report_command_line(args: argparse.Namespace) -> list[str]:
+    """The ``attnaudit report`` command that reproduces this run, from parsed arguments."""
+    words = ["attnaudit", "report"]
+    if args.target is not None:
+        words.append(args.target)
+    for flag, value in (("--hf", args.hf), ("--data", args.data), ("--limit", args.limit),
+                        ("--device", args.device), ("--dtype", args.dtype),
+                        ("--batch-size", args.batch_size),
+                        ("--max-new-tokens", args.max_new_tokens),
+                        ("--max-source-tokens", args.max_source_tokens),
+                        ("--max-memory", args.max_memory)):
+        if value is not None:
+            words += [flag, str(value)]
+    words += ["--out", str(args.out)]
+    if args.quick:
+        words.append("--quick")
+    return words
+
+
+def intervene_command(args: argparse.Namespace) -> int:
+    """``attnaudit intervene``: run the suite, print its summaries, write CSVs to --out."""
+    target = load_cli_target(args)
+    suite = run_suite(target, quick=args.quick, limit=args.limit, progress=True,
+                      sites=args.site, heads=args.head, max_memory=memory_option(args))
+    print_suite(suite)
+    if args.out:
+        paths = suite.write_csv(args.out)
+        print(f"\nwrote {len(paths)} tables to {args.out}")
+    return 0

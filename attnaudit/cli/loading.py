@@ -1,0 +1,43 @@
+"""From parsed arguments to what the library takes: the target, the memory budget."""
+
+from __future__ import annotations
+
+import argparse
+
+import attnaudit.target as targets
+from attnaudit.interventions.memory import parse_memory
+from attnaudit.interventions.runner import InterventionError
+from attnaudit.target import Seq2SeqTarget, TargetError, from_hf, place
+
+HF_ONLY = ("batch_size", "max_new_tokens", "max_source_tokens")
+
+
+def load_cli_target(args: argparse.Namespace) -> Seq2SeqTarget:
+    """The target named on the command line: TARGET, ``--hf DIR --data TSV``, or the date
+    model; on ``--device`` in ``--dtype`` (the command's own copy of the model)."""
+    if args.hf is not None:
+        if args.target is not None:
+            raise TargetError("give either TARGET or --hf DIR, not both")
+        if args.data is None:
+            raise TargetError("--hf DIR needs --data FILE.tsv (source[<TAB>target] lines)")
+        given = {name: getattr(args, name) for name in HF_ONLY
+                 if getattr(args, name) is not None}
+        return from_hf(args.hf, args.data, device=args.device, dtype=args.dtype, **given)
+    if args.data is not None:
+        raise TargetError("--data goes with --hf DIR")
+    for name in HF_ONLY:
+        if getattr(args, name) is not None:
+            raise TargetError(f"--{name.replace('_', '-')} goes with --hf DIR; a TARGET "
+                              "factory batches and decodes its own way")
+    # through the module, so that the factory loader can be swapped in tests
+    return place(targets.load_target(args.target), device=args.device, dtype=args.dtype)
+
+
+def memory_option(args: argparse.Namespace) -> int | None:
+    """``--max-memory`` in bytes (None when not given); a clear error when unreadable."""
+    if args.max_memory is None:
+        return None
+    try:
+        return parse_memory(args.max_memory)
+    except ValueError as exc:
+        raise InterventionError(f"--max-memory: {exc}") from exc

@@ -1,0 +1,109 @@
+"""The figures of each checklist item, drawn from an audit's tables (and its example maps).
+
+Every figure but the example heatmaps is drawn from a tidy table alone, so a saved report
+loaded back (:meth:`attnaudit.Audit.load`) draws them too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+
+from attnaudit.auditing.validity import ExampleMaps
+from attnaudit.checklist import SMALL_TVD, agreement_summary, find_table
+from attnaudit.report import figures as figs
+
+
+def item_figures(tables: Mapping[str, pd.DataFrame], example: ExampleMaps | None,
+                 max_masked_mass: float | None) -> dict[str, list[figs.Figure]]:
+    """Figures per checklist item key.
+
+    Args:
+        tables: the audit's tables by CSV name (``distribution_metrics``, ``site_summary``
+            and the intervention tables are read; missing ones draw nothing).
+        example: the first example's attention maps, or None (no heatmaps).
+        max_masked_mass: the masked-mass tolerance, dashed on the masked-mass bars.
+    """
+    out: dict[str, list[figs.Figure]] = {}
+    if example is not None or "distribution_metrics" in tables:
+        out["distributions"] = [*_example_heatmaps(example), *_entropy_figure(tables)]
+    if "site_summary" in tables:
+        out["eligibility"] = _masked_mass_figure(tables["site_summary"], max_masked_mass)
+    out["interventions"] = _intervention_figures(tables)
+    return out
+
+
+def _example_heatmaps(example: ExampleMaps | None) -> list[figs.Figure]:
+    if example is None:
+        return []
+    out = []
+    for index, (site, amap) in enumerate(example.maps.items()):
+        heads = amap.weights.shape[0]
+        weights = amap.weights.mean(0) if heads > 1 else amap.weights[0]
+        what = f"the mean over {heads} heads" if heads > 1 else "its single head"
+        out.append(figs.attention_heatmap(
+            f"example_map_{index}", weights, amap.key_labels, amap.query_labels,
+            title=f"{site}: first audited example",
+            caption=(f"Attention weights at {site} ({amap.role}), {what}, for the source "
+                     f"\"{example.source}\". Rows are query positions, columns keys; only "
+                     "real tokens and steps up to the end of the output are drawn. A heatmap "
+                     "shows where this retrieval read, not why the output was produced.")))
+    return out
+
+
+def _entropy_figure(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figure]:
+    table = tables.get("distribution_metrics")
+    if table is None:
+        return []
+    entropy = figs.finite_or_empty(table[table["metric"] == "entropy_norm"], "mean")
+    if entropy.empty:
+        return []
+    return [figs.site_head_heatmap(
+        "entropy_by_head", entropy, "mean", vmin=0.0, vmax=1.0,
+        title="Normalised entropy by site and head",
+        caption="Mean entropy_norm = H / ln(n_valid) over counted rows: 0 is all weight on "
+                "one key, 1 is uniform over the eligible keys.")]
+
+
+def _masked_mass_figure(site_summary: pd.DataFrame,
+                        max_masked_mass: float | None) -> list[figs.Figure]:
+    frame = figs.finite_or_empty(site_summary[["site", "masked_mass_max"]], "masked_mass_max")
+    if frame.empty:
+        return []
+    line = "" if max_masked_mass is None else f"; dashed: the tolerance {max_masked_mass:g}"
+    return [figs.site_bars(
+        "masked_mass", frame, "masked_mass_max", tolerance=max_masked_mass,
+        title="Largest masked mass per site",
+        caption=f"The largest weight sum on ineligible keys in any counted row{line}. No bar "
+                "means no mass on ineligible keys.")]
+
+
+def _intervention_figures(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figure]:
+    out = []
+    per_row = find_table(tables, ("max_attention", "perm_median_tvd"))
+    if per_row is not None:
+        bins = pd.cut(per_row["max_attention"].clip(0.0, 1.0), [0, 0.25, 0.5, 0.75, 1.0],
+                      include_lowest=True)
+        binned = figs.finite_or_empty(per_row.assign(max_attention_bin=bins.astype(str)),
+                                      "perm_median_tvd")
+        if not binned.empty:
+            out.append(figs.binned_violins(
+                "permutation_tvd", binned, "max_attention_bin", "perm_median_tvd",
+                order=[str(b) for b in bins.cat.categories], threshold=SMALL_TVD,
+                title="Permutation: median TVD by max attention",
+                caption="Per row, the median TVD of the output distribution over the "
+                        "permutations, in 4 equal-width bins of the row's largest weight "
+                        f"(Jain & Wallace's plot); dashed: {SMALL_TVD:g}."))
+    agreement = agreement_summary(tables)
+    if agreement is not None:
+        frame = figs.finite_or_empty(agreement, "kendall_tau_mean")
+        if not frame.empty:
+            out.append(figs.bars(
+                "agreement", frame, "pair", "kendall_tau_mean",
+                title="Agreement between importance rankings: Kendall tau-b",
+                caption="Mean Kendall tau-b per (example, step) over eligible keys, for each "
+                        "pair of attention, attributions and leave-one-out. Jain & Wallace "
+                        "report 0.24-0.44 between attention and gradients for BiLSTM "
+                        "classifiers with additive attention (not this task)."))
+    return out
