@@ -89,9 +89,10 @@ def read_csvs(out_dir: Path, schema: Mapping[str, Mapping[str, str]] | None
     """The tables :func:`write_csvs` wrote to ``out_dir``, by name.
 
     With the ``schema`` of :func:`table_schema`, exactly the tables it lists, each column
-    cast back to its recorded type (text columns keep empty cells as empty strings);
-    without one (a report written before schemas were recorded), every ``*.csv`` with the
-    types pandas infers.
+    cast back to its recorded type (text columns keep empty cells as empty strings; mixed
+    ``object`` columns, such as flags that are missing on some rows, are read back as
+    pandas reads them: True, False and NaN); without one (a report written before schemas
+    were recorded), every ``*.csv`` with the types pandas infers.
     """
     if schema is None:
         return {path.stem: pd.read_csv(path) for path in sorted(out_dir.glob("*.csv"))}
@@ -100,9 +101,9 @@ def read_csvs(out_dir: Path, schema: Mapping[str, Mapping[str, str]] | None
         path = out_dir / csv_name(name)
         if not path.is_file():
             raise FileNotFoundError(f"{path}: the manifest lists table {name!r}")
-        text = [c for c, dtype in columns.items() if dtype in ("object", "str", "string")]
+        text = [c for c, dtype in columns.items() if dtype in ("str", "string")]
         frame = pd.read_csv(path, dtype=dict.fromkeys(text, str), keep_default_na=False,
                             na_values={c: [""] for c in columns if c not in text})
         tables[name] = frame.astype({c: dtype for c, dtype in columns.items()
-                                     if c not in text}) if len(frame.columns) else frame
+                                     if c not in text and dtype != "object"})
     return tables
