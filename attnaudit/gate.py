@@ -21,7 +21,7 @@ import pandas as pd
 from attnaudit.errors import AttnauditError
 from attnaudit.findings import GATE_CHECKS, Finding, failing_sites
 
-HEALTHY, UNHEALTHY, USAGE_ERROR = 0, 1, 2
+HEALTHY, UNHEALTHY = 0, 1
 
 
 class GateError(AttnauditError):

@@ -14,8 +14,8 @@ Prints, measured side by side in this run (medians of ``--rounds`` rounds that a
 which of a compared pair runs first):
 
 1. the model's own work on the N sources: greedy decoding + one teacher-forced pass;
-2. ``attnaudit check``'s time (``run_validity_audit`` as the gate calls it) as a ratio of
-   it (target <= 1.2);
+2. ``attnaudit check``'s time (``attnaudit.audit(..., checks_only=True)``, what it runs)
+   as a ratio of it (target <= 1.2);
 3. the permutation test (20 permutations per row, the ``--quick`` count): time per edited
    item as a ratio of one KV-cached decoder step per sequence, timed on the same chunk
    shape without capture (target <= 2); the same ratio for the date LSTM;
@@ -45,7 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnaudit.auditing.validity import run_validity_audit
+import attnaudit
 from attnaudit.interventions.permutation import permutation_test
 from attnaudit.interventions.runner import Reference, Rows, reference
 from attnaudit.interventions.suite import CUMULATIVE_EXAMPLES, QUICK_PERMUTATIONS, run_suite
@@ -106,8 +106,7 @@ def own_work(target: Seq2SeqTarget, limit: int) -> float:
 
 def check_time(target: Seq2SeqTarget, limit: int) -> float:
     start = time.perf_counter()
-    run_validity_audit(target, limit=limit, progress=False, keep_example=False,
-                       regions=False, timing=False, checks_only=True)  # as the gate runs it
+    attnaudit.audit(target, limit=limit, progress=False, checks_only=True)  # what check runs
     return time.perf_counter() - start
 
 

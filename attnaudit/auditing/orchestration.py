@@ -55,8 +55,8 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             checklist only; the intervention item is "not recorded").
         checks_only: only what the CI gate judges (``attnaudit check``): capture without
             scores and values, the masking and numerics analysers, no timing, no example
-            maps, no expectations and no interventions. Cheap; its checklist items on
-            distributions and performance have little to say.
+            maps, no expectations, no interventions and no model hash in the manifest.
+            Cheap; its checklist items on distributions and performance have little to say.
         device, dtype: run on this device (cpu, cuda, cuda:N, mps) and in this floating
             dtype (float32, bfloat16, float16). A target's model is moved for the audit and
             restored exactly afterwards; a loaded model is left alone and a copy is placed
@@ -113,7 +113,8 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
     manifest = build_manifest(target.model, target_name=target.name, texts=texts,
                               sites=list(validity.sites["site"]), seeds=seeds,
                               command_line=command_line,
-                              options={"quick": quick, "limit": limit})
+                              options={"quick": quick, "limit": limit},
+                              hash_model=not checks_only)
     manifest["thresholds"] = {"max_masked_mass": validity.max_masked_mass,
                               "row_sum_tolerance": validity.row_sum_tolerance}
     manifest["description"] = target.description

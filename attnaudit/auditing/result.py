@@ -81,6 +81,9 @@ class Audit:
     def thresholds(self) -> dict[str, float | None]:
         """The tolerances rows were counted at: ``max_masked_mass``, ``row_sum_tolerance``
         (None: each site's dtype rule)."""
+        if "thresholds" not in self.manifest:
+            raise AuditError("this report's manifest does not record the tolerances rows were "
+                             "counted at (written by an older attnaudit); re-run the audit")
         return dict(self.manifest["thresholds"])
 
     def save(self, out_dir: str | Path) -> Path:
@@ -112,6 +115,9 @@ class Audit:
         sites = self.tables["sites"]
         if self.validity is not None:
             findings = self.validity.findings()
+        elif "row_sum_tolerance" not in sites.columns:
+            raise AuditError("this report's sites table has no per-site row-sum tolerance "
+                             "(written by an older attnaudit); re-run the audit")
         else:
             findings = site_findings(self.tables["site_summary"], sites,
                                      thresholds["max_masked_mass"],
@@ -138,7 +144,8 @@ class Audit:
 
     def _figures(self) -> dict[str, list[Any]]:
         example = None if self.validity is None else self.validity.example
-        return item_figures(self.tables, example, self.thresholds["max_masked_mass"])
+        tolerance = self.manifest.get("thresholds", {}).get("max_masked_mass")
+        return item_figures(self.tables, example, tolerance)
 
     def _repr_html_(self) -> str:
         return summary_html(self.tables, self.manifest)
@@ -146,14 +153,15 @@ class Audit:
     @classmethod
     def load(cls, out_dir: str | Path) -> Audit:
         """A saved report's tables and manifest (``out_dir`` as :meth:`save` wrote it, or
-        ``attnaudit report --out``), without a live model."""
+        ``attnaudit report --out``), without a live model. A report written before the
+        manifest recorded column types and tolerances loads with the types pandas infers;
+        its :meth:`gate` then says it cannot judge."""
         out = Path(out_dir)
         path = out / "manifest.json"
         if not path.is_file():
             raise AuditError(f"{out} holds no manifest.json: not an attnaudit report folder")
         manifest = json.loads(path.read_text(encoding="utf-8"))
-        schema = manifest.pop("tables", None)
-        manifest.setdefault("thresholds", {"max_masked_mass": None, "row_sum_tolerance": None})
+        schema = manifest.pop("tables", None)  # absent in reports of older versions
         return cls(target=manifest["target"], description=manifest.get("description", ""),
                    tables=read_csvs(out, schema), manifest=manifest,
                    suite_reason="loaded from a saved report")

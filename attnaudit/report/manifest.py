@@ -61,14 +61,15 @@ def library_versions() -> dict[str, str | None]:
 def build_manifest(model: nn.Module, *, target_name: str, texts: Sequence[str],
                    sites: Sequence[str], seeds: Mapping[str, Any],
                    command_line: Sequence[str] | str | None,
-                   options: Mapping[str, Any]) -> dict[str, Any]:
-    """The manifest as a JSON-ready dict."""
+                   options: Mapping[str, Any], hash_model: bool = True) -> dict[str, Any]:
+    """The manifest as a JSON-ready dict; ``hash_model=False`` leaves ``model.sha256`` None
+    (the gate's cheap run does not read every parameter once more)."""
     return {
         "target": target_name,
         "model": {
             "class": f"{type(model).__module__}.{type(model).__qualname__}",
             "parameters": sum(p.numel() for p in model.parameters()),
-            "sha256": state_dict_sha256(model),
+            "sha256": state_dict_sha256(model) if hash_model else None,
             "hash_recipe": "sha256 over sorted state_dict: name, 'dtype shape', raw bytes",
         },
         "libraries": library_versions(),

@@ -39,3 +39,19 @@ def test_checklist_logic_gives_them_from_the_committed_tables():
                              pd.read_csv(REPORT / "sites.csv"), max_masked_mass=1e-6,
                              row_sum_tolerance=1e-3)
     assert findings and not [f for f in findings if f.status == "fail"]
+
+
+def test_the_committed_report_loads_as_an_audit():
+    """Written before manifests recorded column types and tolerances: the tables load with
+    pandas' types, the verdicts and statuses are the published ones, and the gate says it
+    cannot judge rather than guessing the tolerances."""
+    import attnaudit
+    from attnaudit.auditing.result import AuditError
+
+    loaded = attnaudit.Audit.load(REPORT)
+    assert loaded.statuses == PUBLISHED_STATUSES and loaded.verdicts == PUBLISHED_VERDICTS
+    assert len(loaded.tables["rows"]) == 4400
+    assert {p.stem for p in REPORT.glob("*.csv")} == set(loaded.tables)
+    assert {"permutation_tvd", "agreement", "entropy_by_head"} <= set(loaded.figure_names())
+    with pytest.raises(AuditError, match="older attnaudit"):
+        loaded.gate()
