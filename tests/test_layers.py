@@ -171,3 +171,16 @@ def test_importing_the_gate_report_and_interventions_loads_no_cli_module():
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
     assert "attnaudit.report" in loaded and "attnaudit.gate" in loaded
     assert not [m for m in loaded if _inside(m, "attnaudit.cli")], loaded
+
+
+def test_import_attnaudit_stays_light_until_an_audit_is_asked_for():
+    code = ("import sys\nimport attnaudit\n"
+            "assert 'attnaudit.report' not in sys.modules, 'report imported'\n"
+            "assert 'attnaudit.interventions' not in sys.modules, 'interventions imported'\n"
+            "from attnaudit.auditing.orchestration import audit\n"
+            "assert attnaudit.audit is audit and 'attnaudit.report' in sys.modules\n"
+            "try:\n    attnaudit.nothing\nexcept AttributeError as exc:\n    print(exc)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=False, cwd=PACKAGE.parent)
+    assert result.returncode == 0, result.stderr
+    assert "has no attribute 'nothing'" in result.stdout

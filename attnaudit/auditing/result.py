@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from attnaudit.findings import site_findings
 from attnaudit.gate import GateResult
 from attnaudit.interventions.suite import InterventionSuite
 from attnaudit.report import summary_html, write_report
+from attnaudit.report.figures import Figure
 from attnaudit.report.item_figures import item_figures
 from attnaudit.report.tables import read_csvs
 
@@ -129,23 +131,24 @@ class Audit:
 
     def figure_names(self) -> list[str]:
         """The names :meth:`figure` accepts: the report's figures for this audit."""
-        return [f.name for group in self._figures().values() for f in group]
+        return list(self._figures)
 
     def figure(self, name: str) -> MplFigure:
         """The report's figure ``name`` (see :meth:`figure_names`) as a matplotlib figure:
         ``example_map_<i>`` (first example, site i), ``entropy_by_head``, ``masked_mass``,
         ``permutation_tvd``, ``agreement``. Example maps need a live audit."""
-        for group in self._figures().values():
-            for found in group:
-                if found.name == name:
-                    return found.figure
-        raise KeyError(f"no figure {name!r} in this audit; it has "
-                       f"{', '.join(self.figure_names()) or 'none'}")
+        if name not in self._figures:
+            raise KeyError(f"no figure {name!r} in this audit; it has "
+                           f"{', '.join(self._figures) or 'none'}")
+        return self._figures[name].figure
 
-    def _figures(self) -> dict[str, list[Any]]:
+    @cached_property
+    def _figures(self) -> dict[str, Figure]:
+        """The report's figures by name, drawn once, on first use."""
         example = None if self.validity is None else self.validity.example
         tolerance = self.manifest.get("thresholds", {}).get("max_masked_mass")
-        return item_figures(self.tables, example, tolerance)
+        return {f.name: f for group in item_figures(self.tables, example, tolerance).values()
+                for f in group}
 
     def _repr_html_(self) -> str:
         return summary_html(self.tables, self.manifest)

@@ -91,12 +91,14 @@ def test_notebook_summary_is_escaped():
     assert result.statuses["interventions"] == "not recorded"
 
 
-def test_checks_only_runs_the_gate_checks_alone():
+def test_checks_only_runs_the_gate_checks_alone(tmp_path):
     result = attnaudit.audit(make_target("correct", sources=([3, 4], [5])), checks_only=True,
                              progress=False)
     assert result.gate().status == HEALTHY and result.suite is None
     assert result.validity.example is None and result.validity.performance["plain_s"].isna().all()
     assert not result.validity.metrics["metric"].isin(["entropy", "score_min"]).any()
+    assert result.manifest["model"]["sha256"] is None  # no pass over every parameter
+    assert "not hashed (a checks-only audit)" in result.save(tmp_path).read_text("utf-8")
 
 
 def test_device_and_dtype_are_undone_after_the_audit():
