@@ -3,6 +3,7 @@
 - :mod:`~attnaudit.auditing.validity`: the validity pipeline (capture, declared key rules,
   streaming analysers, findings);
 - :mod:`~attnaudit.auditing.measurement`: wall time, peak memory, capture size;
+- :mod:`~attnaudit.auditing.example_maps`: the first example's attention, labelled;
 - :mod:`~attnaudit.auditing.placement`: a model on another device or dtype for one audit,
   restored exactly afterwards;
 - :mod:`~attnaudit.auditing.result`: the :class:`Audit` result and its views (report, gate,

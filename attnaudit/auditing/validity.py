@@ -42,7 +42,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -58,6 +57,7 @@ from attnaudit.analysis import (
 )
 from attnaudit.analysis.numerics import row_sum_tolerance
 from attnaudit.analysis.scores import ScoreAnalyser
+from attnaudit.auditing.example_maps import ExampleMaps, example_maps
 from attnaudit.auditing.measurement import (
     PERFORMANCE_COLUMNS,
     PeakMemory,
@@ -89,31 +89,6 @@ DECLARED_RULES = {
 # Mechanisms whose score matrix exists only because capture computed it explicitly
 # (the model would otherwise run a fused kernel that never materialises it).
 MATERIALISED_BY_CAPTURE = ("sdpa", "mha")
-
-
-@dataclass
-class AttentionMap:
-    """One site's weights for one example, trimmed to real tokens.
-
-    weights: (heads, queries, keys) float32. Query and key labels name the tokens
-    (target steps for decoder queries, source tokens for encoder positions).
-    """
-
-    site: str
-    role: str
-    weights: np.ndarray
-    query_labels: list[str]
-    key_labels: list[str]
-
-
-@dataclass
-class ExampleMaps:
-    """The first audited example and its attention map at every site."""
-
-    source: str
-    source_tokens: list[str]
-    target_tokens: list[str]
-    maps: dict[str, AttentionMap]
 
 
 @dataclass
@@ -437,7 +412,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                 _update_regions(target, expectation_analysers, declared_rows(record, declared),
                                 batch, emitted, step_mask)
         if keep_example and example is None:
-            example = _example_maps(target, cap.records, roles, batch, emitted, step_mask)
+            example = _first_example(target, cap.records, roles, batch, emitted, step_mask)
         source_tokens, target_tokens = int(batch.source_mask.sum()), int(step_mask.sum())
         performance.append({
             "batch": index, "examples": len(batch), "source_tokens": source_tokens,
@@ -564,30 +539,12 @@ def _regions_frame(analysers: dict[str, RegionAnalyser]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _example_maps(target: Seq2SeqTarget, records: dict[str, AttentionRecord],
-                  roles: dict[str, str], batch: Batch, emitted: torch.Tensor,
-                  step_mask: torch.Tensor) -> ExampleMaps:
-    """Example 0's weights at every site (``roles``: each site's :func:`site_role`), on its
-    real source tokens and steps up to EOS."""
+def _first_example(target: Seq2SeqTarget, records: dict[str, AttentionRecord],
+                   roles: dict[str, str], batch: Batch, emitted: torch.Tensor,
+                   step_mask: torch.Tensor) -> ExampleMaps:
+    """Example 0's maps at every site, labelled with the target's own token names."""
     source_tokens = _target_call(target, "source_tokens", target.source_tokens,
                                  batch.select([0]))[0]
     target_tokens = _target_call(target, "target_tokens", target.target_tokens, emitted[:1])[0]
-    src = torch.nonzero(batch.source_mask[0]).squeeze(1)
-    tgt = torch.nonzero(step_mask[0]).squeeze(1)
-    src_labels = [str(source_tokens[i]) for i in src.tolist()]
-    tgt_labels = [str(target_tokens[i]) for i in tgt.tolist()]
-    axes = {"cross": (tgt, tgt_labels, src, src_labels),
-            "encoder_self": (src, src_labels, src, src_labels),
-            "decoder_self": (tgt, tgt_labels, tgt, tgt_labels)}
-    maps = {}
-    for name, record in records.items():
-        weights = record.weights[0]  # (H, Q, K)
-        role = roles[name]
-        if role in axes:
-            q_index, q_labels, k_index, k_labels = axes[role]
-            weights = weights[:, q_index.to(weights.device)][:, :, k_index.to(weights.device)]
-        else:
-            q_labels = [str(i) for i in range(weights.shape[1])]
-            k_labels = [str(i) for i in range(weights.shape[2])]
-        maps[name] = AttentionMap(name, role, weights.float().cpu().numpy(), q_labels, k_labels)
-    return ExampleMaps(batch.texts[0], src_labels, tgt_labels, maps)
+    return example_maps(records, roles, batch.texts[0], source_tokens, target_tokens,
+                        batch.source_mask[0], step_mask[0])

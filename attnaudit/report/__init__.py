@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnaudit.auditing.validity import ExampleMaps
+from attnaudit.auditing.example_maps import ExampleMaps
 from attnaudit.checklist import Checklist
 from attnaudit.report.definitions import definition_blocks
 from attnaudit.report.html import render_summary, write_html

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from attnaudit.auditing.validity import ExampleMaps
+from attnaudit.auditing.example_maps import ExampleMaps
 from attnaudit.checklist import SMALL_TVD, agreement_summary, find_table
 from attnaudit.report import figures as figs
 
