@@ -67,3 +67,7 @@ def __getattr__(name: str) -> Any:
 
         return Audit
     raise AttributeError(f"module 'attnaudit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), "audit", "Audit"})

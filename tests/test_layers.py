@@ -179,6 +179,7 @@ def test_import_attnaudit_stays_light_until_an_audit_is_asked_for():
             "assert 'attnaudit.interventions' not in sys.modules, 'interventions imported'\n"
             "from attnaudit.auditing.orchestration import audit\n"
             "assert attnaudit.audit is audit and 'attnaudit.report' in sys.modules\n"
+            "assert {'audit', 'Audit', 'capture'} <= set(dir(attnaudit))\n"
             "try:\n    attnaudit.nothing\nexcept AttributeError as exc:\n    print(exc)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=False, cwd=PACKAGE.parent)
