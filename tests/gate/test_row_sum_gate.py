@@ -44,7 +44,8 @@ def test_rows_that_do_not_sum_to_one_fail_the_gate(capsys, monkeypatch):
     assert found["status"] == "fail"
     assert found["rows"] == int((errors > 1e-3).sum()) > 0
     assert payload["failing_sites"] == ["attend"]  # a tap is named by its caller
-    assert payload["thresholds"]["row_sum_tolerance"] == 1e-3
+    assert payload["thresholds"]["row_sum_tolerance"] is None  # the dtype rule, per site
+    assert [s["row_sum_tolerance"] for s in payload["sites"]] == [1e-3]  # float32
 
 
 def test_row_sum_tolerance_option_sets_the_line(capsys, monkeypatch):
