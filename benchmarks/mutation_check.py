@@ -161,7 +161,7 @@ MUTATIONS = (
              'site, "row_sum", int(s.row_sum_rows), total,', 'site, "row_sum", 0, total,',
              (ROW_SUM_GATE,)),
     Mutation("row_sum_tolerance_fixed", "--row-sum-tolerance is ignored",
-             "attnaudit/gate.py", "row_sum_tolerance=args.row_sum_tolerance)",
+             "attnaudit/cli/commands.py", "row_sum_tolerance=args.row_sum_tolerance)",
              "row_sum_tolerance=1e-3)", (ROW_SUM_GATE,)),
     Mutation("top_weight_hit_axis", "top-weight hit: argmax over the query axis",
              "attnaudit/analysis/regions.py",

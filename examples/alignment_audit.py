@@ -8,7 +8,8 @@ For each model: the share of the first four emitted characters' cross-attention 
 source-year characters (``region_mass``) and how often their top-weighted key lies there
 (``top_weight_hit``), over the first 400 unambiguous validation sources (the target's audit
 data and its "source year" expectation), and exact match on the 437 unambiguous test
-sources, printed beside the seed's 97.5 % / 99.7 % / 100.0 %.
+sources, printed beside the seed's 97.5 % / 99.7 % / 100.0 %. For ``date`` also the test exact
+match of the seed's no-attention baseline (``examples/date/baseline.py``; seed: 93.1 %).
 
 Protocol: each batch is decoded greedily first, without capture; then the teacher-forced
 pass over that greedy output is captured (the default seq2seq protocol of docs/metrics.md), so
@@ -35,7 +36,8 @@ from attnaudit.analysis.regions import HEAD_MEAN_SUFFIX
 from attnaudit.target import Expectation, Seq2SeqTarget
 from examples.date.data import make_splits
 
-SEED = {"region_mass": 0.975, "top_weight_hit": 0.997, "exact_match": 1.0}
+SEED = {"region_mass": 0.975, "top_weight_hit": 0.997, "exact_match": 1.0,
+        "baseline_exact_match": 0.931}
 EXPECTATION = "source year"
 TABLE_COLUMNS = ["site", "layer", "head", "region_mass", "top_weight_hit", "entropy_norm",
                  "max_weight", "rows"]
@@ -183,6 +185,26 @@ def format_headline(result: AlignmentAudit) -> str:
     return "\n".join(lines)
 
 
+def format_baseline(result: AlignmentAudit) -> str:
+    """The date model's test exact match beside its no-attention baseline's, and the seed's."""
+    from examples.date.baseline import load_baseline
+    from examples.date.model import load_model
+
+    baseline = load_baseline()
+    baseline_exact = date_exact_match(baseline, make_splits().unambiguous("test"))
+    lines = [f"{result.name} and the seed's no-attention baseline, {result.n_test} unambiguous "
+             "test sources",
+             f"  {'model':32}{'parameters':>12}{'test exact match':>18}{'seed':>8}"]
+    for label, model, value, seed in (
+        ("LSTM + additive attention", load_model(), result.exact_match, SEED["exact_match"]),
+        ("LSTM, no attention (baseline)", baseline, baseline_exact,
+         SEED["baseline_exact_match"]),
+    ):
+        n_params = sum(p.numel() for p in model.parameters())
+        lines.append(f"  {label:32}{n_params:>12,}{value:>18.1%}{seed:>8.1%}")
+    return "\n".join(lines)
+
+
 def format_table(result: AlignmentAudit) -> str:
     """Every cross-attention site and head (head -1: averaged over heads)."""
     shown = result.table.drop(columns="site").copy()
@@ -206,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
         result = AUDITS[name]()
         print(format_headline(result))
         print(format_table(result))
+        if name == "date":
+            print(f"\n{format_baseline(result)}")
         print()
 
 

@@ -171,9 +171,10 @@ def removal_orders(target: Seq2SeqTarget, ref: Reference, rows: Rows, *,
     alpha = stacked_rows(ref, rows).float()
     scores = {"attention": attention}
     eligible = ref.eligible[rows.example, rows.step]
-    noise = torch.stack([eligible_draws(torch.rand, row_generator(ref, int(e), int(s), _SALT_ORDER),
-                                        (random_draws,), eligible[i])
-                         for i, (e, s) in enumerate(zip(rows.example, rows.step, strict=True))])
+    noise = torch.stack([
+        eligible_draws(torch.rand, row_generator(ref, int(e), int(s), _SALT_ORDER),
+                       (random_draws,), keys)
+        for e, s, keys in zip(rows.example, rows.step, eligible, strict=True)])
     for d in range(random_draws):
         scores[f"random_{d + 1}"] = noise[:, d]
     scores["gradient"] = grads.sum(1)

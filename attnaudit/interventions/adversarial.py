@@ -117,8 +117,8 @@ def _search_chunk(target: Seq2SeqTarget, ref: Reference, rows: Rows, k: int, ste
     n_valid = eligible.sum(-1).clamp_min(1).float()
     noise = torch.stack([
         eligible_draws(torch.randn, row_generator(ref, int(e), int(s), _SALT),
-                       (k, ref.n_site_heads), eligible[i])
-        for i, (e, s) in enumerate(zip(rows.example, rows.step, strict=True))])
+                       (k, ref.n_site_heads), keys)
+        for e, s, keys in zip(rows.example, rows.step, eligible, strict=True)])
     theta = (-torch.log(n_valid)[:, None, None, None] + INIT_SCALE * noise).requires_grad_(True)
     optimiser = torch.optim.Adam([theta], lr=lr, amsgrad=True)
     before = ref.probs[rows.example, rows.step].repeat_interleave(k, 0)

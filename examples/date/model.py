@@ -12,6 +12,8 @@ called from the step loop, exactly as hand-written research code tends to do it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -22,6 +24,38 @@ from examples.date.data import BOS, PAD, make_splits, vocabularies
 
 CHECKPOINT = Path(__file__).with_name("date_attention.pt")
 TARGET_STEPS = 11  # ten ISO characters and </s>
+
+State = tuple[torch.Tensor, torch.Tensor]
+Step = Callable[[torch.Tensor, State], tuple[torch.Tensor, State]]
+
+
+def encode_packed(embed: nn.Embedding, encoder: nn.LSTM, src: torch.Tensor,
+                  lengths: torch.Tensor) -> tuple[torch.Tensor, State]:
+    """Run a one-layer batch-first LSTM over embedded right-padded sources, padding skipped.
+
+    src (B, n) ids, lengths (B,) -> outputs (B, n, d) (zero on padding) and the final
+    (h, c), each (1, B, d), taken at each source's last real character.
+    """
+    packed = pack_padded_sequence(embed(src), lengths.cpu(), batch_first=True,
+                                  enforce_sorted=False)
+    out, state = encoder(packed)
+    outputs, _ = pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
+    return outputs, state
+
+
+def greedy_decode(step: Step, state: State, batch: int, steps: int,
+                  device: torch.device) -> torch.Tensor:
+    """Feed ``<s>``, then each argmax back into ``step``: -> emitted ids (B, steps).
+
+    ``step(prev (B,), state) -> (logits (B, V_tgt), new state)`` is one decoder step.
+    """
+    prev = torch.full((batch,), BOS, dtype=torch.long, device=device)
+    emitted = []
+    for _ in range(steps):
+        logits, state = step(prev, state)
+        prev = logits.argmax(-1)
+        emitted.append(prev)
+    return torch.stack(emitted, dim=1)
 
 
 class DateAttentionModel(nn.Module):
@@ -39,10 +73,7 @@ class DateAttentionModel(nn.Module):
 
     def encode(self, src: torch.Tensor, lengths: torch.Tensor):
         """src (B, n) -> memory (B, n, d_e), valid (B, n) bool, final (h, c) each (B, d_d)."""
-        packed = pack_padded_sequence(self.src_embed(src), lengths.cpu(), batch_first=True,
-                                      enforce_sorted=False)
-        out, (h, c) = self.encoder(packed)
-        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
+        memory, (h, c) = encode_packed(self.src_embed, self.encoder, src, lengths)
         return memory, src != PAD, (h[0], c[0])
 
     def attend(self, query: torch.Tensor, memory: torch.Tensor, keys: torch.Tensor,
@@ -77,13 +108,8 @@ class DateAttentionModel(nn.Module):
         """Greedy decode: (B, n) -> emitted ids (B, steps), ``<s>`` excluded."""
         memory, valid, state = self.encode(src, lengths)
         keys = self.key_proj(memory)
-        prev = torch.full((src.shape[0],), BOS, dtype=torch.long, device=src.device)
-        emitted = []
-        for _ in range(steps):
-            logits, state = self.step(prev, state, memory, keys, valid)
-            prev = logits.argmax(-1)
-            emitted.append(prev)
-        return torch.stack(emitted, dim=1)
+        step = partial(self.step, memory=memory, keys=keys, valid=valid)
+        return greedy_decode(step, state, src.shape[0], steps, src.device)
 
 
 def load_model(path: Path = CHECKPOINT) -> DateAttentionModel:

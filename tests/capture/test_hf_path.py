@@ -115,16 +115,6 @@ def assert_left_alone(model: torch.nn.Module, impl: str, training: bool) -> None
     assert not model.config.output_attentions
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These models are tiny: intra-op threads only add synchronisation cost (on a busy
-    2-core machine a 32x32 linear takes milliseconds with 2 threads, microseconds with 1)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @dataclass
 class Case:
     family: str

@@ -18,7 +18,8 @@ DTYPES = ["float32", "bfloat16", "float16"]
 FAULTS = {  # masking -> the gate check that must fail
     "after_softmax": "masked_mass",
     "zero_fill": "masked_mass",
-    "wrong_axis": "row_sum",
+    "wrong_axis": "softmax_axis",
+    "wrong_axis_tapped": "row_sum",
     "nan_on_empty_source": "all_masked_nan",
 }
 

@@ -1,5 +1,6 @@
-"""The gate's row-sum path: a softmax over the wrong axis exits 1, naming the rows that
-numpy counts, and ``--row-sum-tolerance`` moves the line exactly where numpy says."""
+"""The gate's row-sum path: weights normalised over the wrong axis and exposed with
+``attnaudit.tap`` (keys last) exit 1, naming the rows that numpy counts, and
+``--row-sum-tolerance`` moves the line exactly where numpy says."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from toy_targets import BOS, EOS, UNPADDED_SOURCES, make_target
 
 import attnaudit.cli
 
-SPEC = "tests/gate/toy_targets.py:wrong_axis"
+SPEC = "tests/gate/toy_targets.py:wrong_axis_tapped"
 
 
 def numpy_row_sum_errors() -> np.ndarray:
     """|sum over keys - 1| of every counted row (steps up to the first EOS), recomputed in
     numpy: scaled dot products, softmax over the query axis as the toy (wrongly) does."""
-    target = make_target("wrong_axis", UNPADDED_SOURCES)
+    target = make_target("wrong_axis_tapped", UNPADDED_SOURCES)
     src_embed = target.model.src_embed.weight.detach().double().numpy()
     tgt_embed = target.model.tgt_embed.weight.detach().double().numpy()
     errors = []
@@ -42,8 +43,9 @@ def test_rows_that_do_not_sum_to_one_fail_the_gate(capsys, monkeypatch):
     [found] = [f for f in payload["findings"] if f["check"] == "row_sum"]
     assert found["status"] == "fail"
     assert found["rows"] == int((errors > 1e-3).sum()) > 0
-    assert payload["failing_sites"] == ["attend:cross"]
-    assert payload["thresholds"]["row_sum_tolerance"] == 1e-3
+    assert payload["failing_sites"] == ["attend"]  # a tap is named by its caller
+    assert payload["thresholds"]["row_sum_tolerance"] is None  # the dtype rule, per site
+    assert [s["row_sum_tolerance"] for s in payload["sites"]] == [1e-3]  # float32
 
 
 def test_row_sum_tolerance_option_sets_the_line(capsys, monkeypatch):
@@ -53,6 +55,6 @@ def test_row_sum_tolerance_option_sets_the_line(capsys, monkeypatch):
     assert "healthy" in capsys.readouterr().out
     assert attnaudit.cli.main(["check", SPEC, "--row-sum-tolerance", repr(worst * 0.999)]) == 1
     out = capsys.readouterr().out
-    assert "FAIL  attend:cross  row_sum: 1 of" in out
+    assert "FAIL  attend  row_sum: 1 of" in out
     shown = float(out.split("row-sum tolerance ")[1].split()[0])
     assert shown == pytest.approx(worst * 0.999, rel=1e-5)

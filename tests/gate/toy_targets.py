@@ -8,8 +8,11 @@ embedding of the decoder input token, so teacher forcing the greedy output repro
 - "after_softmax": the mask multiplies the softmax output, not renormalised (capture sees
   the softmax output, which has mass on padding);
 - "zero_fill": masked scores filled with 0 instead of -inf;
-- "wrong_axis": the softmax normalises over the query axis, so rows over the keys do not sum
-  to one (use sources without padding: a padded key column would be all -inf).
+- "wrong_axis": the softmax normalises over the query axis (use sources without padding: a
+  padded key column would be all -inf); capture takes that axis as the keys, and the site's
+  layout (``b k q``) shows the mistake;
+- "wrong_axis_tapped": the same normalisation written by hand and exposed with
+  ``attnaudit.tap``, which reads keys last: rows over the keys do not sum to one.
 
 With "correct" masking, a source that is all padding has no eligible key: softmax over
 all -inf gives NaN.
@@ -22,6 +25,7 @@ import math
 import torch
 from torch import nn
 
+import attnaudit
 from attnaudit.target import Batch, Seq2SeqTarget
 
 PAD, BOS, EOS = 0, 1, 2
@@ -51,6 +55,9 @@ class ToySeq2Seq(nn.Module):
             weights = torch.softmax(scores.masked_fill(~allowed, 0.0), dim=-1)
         elif self.masking == "wrong_axis":
             weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=1)
+        elif self.masking == "wrong_axis_tapped":
+            e = torch.exp(scores - scores.amax(1, keepdim=True))
+            weights = attnaudit.tap("attend", e / e.sum(1, keepdim=True), kind="cross")
         else:
             weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
         return weights @ keys
@@ -124,6 +131,10 @@ def zero_fill() -> Seq2SeqTarget:
 
 def wrong_axis() -> Seq2SeqTarget:
     return make_target("wrong_axis", UNPADDED_SOURCES)
+
+
+def wrong_axis_tapped() -> Seq2SeqTarget:
+    return make_target("wrong_axis_tapped", UNPADDED_SOURCES)
 
 
 def nan_on_empty_source() -> Seq2SeqTarget:
