@@ -432,7 +432,10 @@ def _loaded_model(model: nn.Module, device: torch.device | None,
         raise TargetError(f"from_hf needs a Hugging Face seq2seq model (generate, "
                           f"get_encoder), got {type(model).__name__}")
     param = next(model.parameters(), None)
-    moves = device is not None and param is not None and param.device != device
+    # "cuda" names whichever GPU the model is on: only a type or an explicit index moves it
+    moves = device is not None and param is not None and (
+        param.device.type != device.type
+        or (device.index is not None and param.device.index != device.index))
     casts = dtype is not None and any(p.is_floating_point() and p.dtype != dtype
                                       for p in model.parameters())
     if model.training:
