@@ -223,13 +223,17 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def resolve_device(device: str | torch.device | None) -> torch.device | None:
     """``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``, ``"meta"`` -> a torch.device (None
     stays None); a clear :class:`TargetError` for anything else."""
-    if device is None or isinstance(device, torch.device):
-        return device
+    if device is None:
+        return None
     try:
-        return torch.device(device)
+        device = torch.device(device)
     except (RuntimeError, ValueError) as exc:
         raise TargetError(f"unknown device {device!r}: use cpu, cuda, cuda:N, mps or "
                           "meta") from exc
+    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
+    if device.type in available and not available[device.type]():
+        raise TargetError(f"device {str(device)!r} is not available on this machine")
+    return device
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:

@@ -71,3 +71,15 @@ def test_hf_model_in_bfloat16_passes_the_gate_and_a_given_tolerance_wins(capsys)
     # bf16's own rounding is above the float32 tolerance: the fixed 1e-3 would fail it
     assert attnaudit.cli.main([*base, "--row-sum-tolerance", "1e-3"]) == 1
     assert "row_sum" in capsys.readouterr().out
+
+
+def test_checks_only_audit_runs_just_what_the_gate_judges():
+    full = _audit("zero_fill", "float32")
+    light = _audit("zero_fill", "float32", checks_only=True)
+    metrics = set(light.metrics["metric"])
+    assert "masked_mass" in metrics and "row_sum_error" in metrics
+    assert not metrics & {"entropy", "score_min", "output_norm"}
+    assert {"entropy", "score_min"} <= set(full.metrics["metric"])
+    assert not light.sites["scores_available"].any()  # capture kept no scores
+    assert [(f.site, f.check, f.status, f.rows) for f in light.findings()] == [
+        (f.site, f.check, f.status, f.rows) for f in full.findings()]
