@@ -9,6 +9,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 from types import TracebackType
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import torch
 from torch import nn
@@ -21,6 +22,9 @@ from attnaudit.errors import CaptureError, EditError, NoAttentionFound, SiteNotF
 from attnaudit.record import AttentionCall, AttentionRecord, Kind, Site
 
 Edit = Callable[[Site, torch.Tensor, torch.Tensor | None], torch.Tensor | None]
+LayoutKey = tuple[str, tuple[int, ...], int, int | None]  # site, shape, key axis, stated heads
+# Layouts resolved per model, dropped with it.
+_LAYOUTS: WeakKeyDictionary[nn.Module, dict[LayoutKey, Layout]] = WeakKeyDictionary()
 
 SEARCHED = (
     "softmax calls (torch.softmax, F.softmax, Tensor.softmax) from the model's methods, "
@@ -66,7 +70,6 @@ class Capture:
         self._stack: ExitStack | None = None
         self._used = False
         self._owner_heads: dict[str, int | None] = {}
-        self._layouts: dict[tuple[str, tuple[int, ...], int], Layout] = {}
 
     @property
     def sites(self) -> list[str]:
@@ -127,19 +130,21 @@ class Capture:
                query_last: bool = False) -> Layout:
         """How a call at ``site`` with a tensor of ``shape`` (keys on ``key_dim``) maps onto
         ``(batch, heads, queries, keys)``; ``names`` are the calling frame's locals. Resolved
-        once per site and shape."""
-        key = (site.name, shape, key_dim)
-        known = self._layouts.get(key)
-        if known is not None:
-            return known
+        once per model, site, shape and stated head count, and kept with the model (weakly),
+        so the many captures of an intervention run do not resolve it again."""
+        stated = self.heads.get(site.name, self.heads.get(site_base(site.name)))
+        known = _LAYOUTS.setdefault(self.model, {})
+        key = (site.name, shape, key_dim, stated)
+        layout = known.get(key)
+        if layout is not None:
+            return layout
         call_site = CallSite(
-            heads=self.heads.get(site.name, self.heads.get(site_base(site.name))),
-            names=None if names is None else int_locals(names()),
-            owner_heads=self._module_heads(site.module),
-            from_call=from_call, query_last=query_last,
+            heads=stated, names=None if names is None else int_locals(names()),
+            owner_heads=self._module_heads(site.module), from_call=from_call,
+            query_last=query_last,
         )
         try:
-            layout = self._layouts[key] = resolve_layout(shape, key_dim, call_site)
+            layout = known[key] = resolve_layout(shape, key_dim, call_site)
         except ValueError as exc:
             raise CaptureError(f"site {site.name!r}: {exc}") from None
         return layout

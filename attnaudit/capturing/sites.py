@@ -40,6 +40,8 @@ _NOT_ATTENTION_MODULES = ("router",)
 
 def clean_path(path: str) -> str:
     """A module path without ``torch.compile`` wrapper parts."""
+    if _COMPILED not in path:
+        return path
     return ".".join(p for p in path.split(".") if p != _COMPILED)
 
 
