@@ -12,6 +12,7 @@ on seeded subsets of examples (stated in ``InterventionSuite.metadata``).
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ from attnaudit.interventions.permutation import (
 )
 from attnaudit.interventions.runner import InterventionError, Reference, Rows, reference
 from attnaudit.interventions.values import value_replacement
+from attnaudit.output_folder import OutputFolder
 from attnaudit.target import Batch, Seq2SeqTarget
 
 CUMULATIVE_EXAMPLES = 50
@@ -64,6 +66,18 @@ class InterventionSuite:
             table.to_csv(path, index=False)
             paths.append(path)
         return paths
+
+    def write_manifest(self, out: str | Path) -> Path:
+        """``out/manifest.json``: the suite's metadata, table names and library versions
+        (it also marks the folder as an attnaudit output, :mod:`attnaudit.output_folder`)."""
+        from attnaudit.report.manifest import library_versions
+
+        path = Path(out) / "manifest.json"
+        manifest = {"target": self.metadata.get("target"), "command": "attnaudit intervene",
+                    "tables": sorted(self.tables), "metadata": self.metadata,
+                    "libraries": library_versions()}
+        path.write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+        return path
 
 
 def seeded_examples(n_examples: int, count: int, seed: int) -> set[int]:
@@ -247,13 +261,17 @@ def intervene_command(args: argparse.Namespace) -> int:
     """``attnaudit intervene``: run the suite, print its summaries, write CSVs to --out."""
     from attnaudit.cli import load_cli_target
 
+    max_memory = memory_option(args)
+    folder = None if args.out is None else OutputFolder.check(args.out, force=args.force)
     target = load_cli_target(args)
     suite = run_suite(target, quick=args.quick, limit=args.limit, progress=True,
-                      sites=args.site, heads=args.head, max_memory=memory_option(args))
+                      sites=args.site, heads=args.head, max_memory=max_memory)
     print_suite(suite)
-    if args.out:
-        paths = suite.write_csv(args.out)
-        print(f"\nwrote {len(paths)} tables to {args.out}")
+    if folder is not None:
+        with folder.assembling() as out:
+            paths = suite.write_csv(out)
+            suite.write_manifest(out)
+        print(f"\nwrote {len(paths)} tables to {folder.path}")
     return 0
 
 

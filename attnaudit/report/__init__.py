@@ -34,6 +34,7 @@ from attnaudit.checklist import (
     find_table,
 )
 from attnaudit.errors import AttnauditError
+from attnaudit.output_folder import OutputFolder
 from attnaudit.report import figures as figs
 from attnaudit.report.definitions import definition_blocks
 from attnaudit.report.html import write_html
@@ -53,9 +54,11 @@ def report_command(args: argparse.Namespace) -> int:
     from attnaudit.interventions.suite import memory_option
 
     max_memory = memory_option(args)
+    OutputFolder.check(args.out, force=args.force)  # before the target loads
     target = load_cli_target(args)
     path = write_report(target, args.out, quick=args.quick, limit=args.limit, progress=True,
-                        command_line=command_line(args), max_memory=max_memory)
+                        command_line=command_line(args), max_memory=max_memory,
+                        force=args.force)
     print(f"attnaudit report: wrote {path}")
     return 0
 
@@ -74,34 +77,35 @@ def command_line(args: argparse.Namespace) -> list[str]:
         if value is not None:
             words += [flag, str(value)]
     words += ["--out", str(args.out)]
-    if args.quick:
-        words.append("--quick")
+    words += [flag for flag, given in (("--quick", args.quick), ("--force", args.force))
+              if given]
     return words
 
 
 def write_report(target: Seq2SeqTarget, out_dir: str | Path, *, quick: bool = False,
                  limit: int | None = None, progress: bool = True,
                  command_line: Sequence[str] | str | None = None,
-                 max_memory: int | str | None = None) -> Path:
+                 max_memory: int | str | None = None, force: bool = False) -> Path:
     """Audit ``target`` and write the report to ``out_dir``; return the path of index.html.
 
     Args:
         target: the model and its data; left unchanged.
-        out_dir: created if missing; existing report files in it are overwritten.
+        out_dir: created if missing; a previous attnaudit output there is replaced whole
+            once the new report is complete (:mod:`attnaudit.output_folder`); a folder
+            holding other files is refused unless ``force``. Checked before the audit.
         quick: skip the adversarial search and integrated gradients.
         limit: audit only the first ``limit`` examples.
         progress: progress lines on stderr.
         command_line: recorded in the manifest and shown on the page.
         max_memory: the interventions' chunk budget (bytes or "2GiB"; default 1 GiB).
+        force: replace ``out_dir`` even when it holds files that are not an attnaudit output.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    folder = OutputFolder.check(out_dir, force=force)
     started = time.perf_counter()
     audit = run_validity_audit(target, limit=limit, progress=progress, keep_example=True)
     suite, suite_reason = _run_suite(target, quick, limit, progress, max_memory)
     checklist = build_checklist(target.model, audit, suite, suite_reason=suite_reason)
     tables = report_tables(checklist)
-    write_csvs(tables, out)
     texts = [text for batch in target.iter_batches(limit) for text in batch.texts]
     options = {"quick": quick, "limit": limit}
     manifest = build_manifest(
@@ -109,7 +113,6 @@ def write_report(target: Seq2SeqTarget, out_dir: str | Path, *, quick: bool = Fa
         sites=list(audit.sites["site"]),
         seeds={"target": target.seed, **_suite_seeds(suite)},
         command_line=command_line, options=options)
-    write_manifest(manifest, out)
     views = _table_views(checklist)
     context = {
         "target_name": target.name,
@@ -127,11 +130,14 @@ def write_report(target: Seq2SeqTarget, out_dir: str | Path, *, quick: bool = Fa
         "summary_csvs": [csv_name(name) for name in _summary_tables(checklist)],
         "definitions": definition_blocks(),
     }
-    path = write_html(context, out)
+    with folder.assembling() as out:
+        write_csvs(tables, out)
+        write_manifest(manifest, out)
+        page = write_html(context, out).name
     if progress:
-        print(f"report {target.name}: {time.perf_counter() - started:.1f} s, {out}",
+        print(f"report {target.name}: {time.perf_counter() - started:.1f} s, {folder.path}",
               file=sys.stderr, flush=True)
-    return path
+    return folder.path / page
 
 
 def _run_suite(target: Seq2SeqTarget, quick: bool, limit: int | None, progress: bool,

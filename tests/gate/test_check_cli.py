@@ -121,16 +121,20 @@ def test_factory_returning_a_wrong_type_exits_2(toy_file, capsys):
     assert "returned int, not a Seq2SeqTarget" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["check", "--limit", "many"], ["check", "--bogus"]])
-def test_argparse_usage_errors_exit_2(argv, capsys):
+@pytest.mark.parametrize(("argv", "message"), [
+    (["check", "--limit", "many"], "argument --limit: expected a whole number, got 'many'"),
+    (["check", "--limit", "0"], "argument --limit: must be at least 1, got 0"),
+    (["check", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_argparse_usage_errors_exit_2_in_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
         attnaudit.cli.main(argv)
     assert stop.value.code == 2
-    assert "usage: attnaudit" in capsys.readouterr().err
+    assert capsys.readouterr().err == (f"attnaudit check: error: {message} "
+                                       "(see attnaudit check --help)\n")
 
 
 @pytest.mark.parametrize(("option", "value", "message"), [
-    ("--limit", "0", "--limit must be at least 1"),
     ("--max-masked-mass", "-1", "--max-masked-mass must be a finite number >= 0"),
     ("--row-sum-tolerance", "nan", "--row-sum-tolerance must be a finite number >= 0"),
 ])

@@ -125,10 +125,6 @@ def test_report_leaves_the_model_unchanged(date_run):
     assert_unchanged(model, before)
 
 
-def test_bad_limit_is_a_usage_error(tmp_path, capsys):
-    assert main(["report", "--limit", "0", "--out", str(tmp_path)]) == 2
-    assert "--limit must be a positive number" in capsys.readouterr().err
-    assert not (tmp_path / "index.html").exists()
 
 
 # What the quick report on the first LIMIT sources says: every checklist item and verdict.
