@@ -121,17 +121,17 @@ def test_factory_returning_a_wrong_type_exits_2(toy_file, capsys):
     assert "returned int, not a Seq2SeqTarget" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["check", "--limit", "many"], "argument --limit: expected a whole number, got 'many'"),
-    (["check", "--limit", "0"], "argument --limit: must be at least 1, got 0"),
-    (["check", "--bogus"], "unrecognized arguments: --bogus"),
+@pytest.mark.parametrize(("argv", "prog", "message"), [
+    (["check", "--limit", "many"], "attnaudit check",
+     "argument --limit: expected a whole number, got 'many'"),
+    (["check", "--limit", "0"], "attnaudit check", "argument --limit: must be at least 1, got 0"),
+    (["check", "--bogus"], "attnaudit", "unrecognized arguments: --bogus"),
 ])
-def test_argparse_usage_errors_exit_2_in_one_line(argv, message, capsys):
+def test_argparse_usage_errors_exit_2_in_one_line(argv, prog, message, capsys):
     with pytest.raises(SystemExit) as stop:
         attnaudit.cli.main(argv)
     assert stop.value.code == 2
-    assert capsys.readouterr().err == (f"attnaudit check: error: {message} "
-                                       "(see attnaudit check --help)\n")
+    assert capsys.readouterr().err == f"{prog}: error: {message} (see {prog} --help)\n"
 
 
 @pytest.mark.parametrize(("option", "value", "message"), [
