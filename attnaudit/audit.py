@@ -69,6 +69,7 @@ from attnaudit.findings import (
 )
 from attnaudit.record import AttentionRecord, Site
 from attnaudit.target import Batch, Seq2SeqTarget, TargetError
+from attnaudit.target_checks import checked_target
 
 DEFAULT_MAX_MASKED_MASS = masking.DEFAULT_TOLERANCE
 DEFAULT_ROW_SUM_TOLERANCE = None  # the dtype rule of numerics.row_sum_tolerance
@@ -402,6 +403,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or limit < 1):
         raise ValueError(f"limit must be a positive number of examples, got {limit!r}")
+    target = checked_target(target)
     analysers = ValidityAnalysers(max_masked_mass, row_sum_tolerance, checks_only=checks_only)
     expectation_analysers = {e.name: RegionAnalyser()
                              for e in (target.expectations if regions else ())}

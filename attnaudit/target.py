@@ -43,7 +43,9 @@ from torch import nn
 
 from attnaudit.capturing.hf import check_backends
 from attnaudit.capturing.sites import SiteSelection
+from attnaudit.datafile import read_pairs
 from attnaudit.errors import AttnauditError, CaptureError
+from attnaudit.tokenizer_checks import check_tokenization, check_tokenizer_files
 
 
 class TargetError(AttnauditError):
@@ -287,6 +289,7 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
     if not model_dir.is_dir():
         raise TargetError(f"Hugging Face model directory not found: {model_dir}")
     sources, references = _read_pairs(data)  # before the (slow) model load
+    check_tokenizer_files(model_dir)
     try:
         # The model's own default backend: sdpa where it has one, else eager; both expose
         # weights to capture.
@@ -295,6 +298,11 @@ def from_hf(model_dir: str | Path, data: str | Path | Sequence[str], *,
     except (OSError, ValueError) as exc:
         raise TargetError(f"cannot load a seq2seq model and tokenizer from {model_dir}: "
                           f"{exc}") from exc
+    empty = check_tokenization(model_dir, tokenizer, sources)
+    if empty:
+        warnings.warn(f"attnaudit: the tokenizer turns {empty} of {len(sources)} sources into "
+                      "special tokens only; they are counted apart as degenerate",
+                      stacklevel=2)
     try:
         check_backends(list(model.named_modules()))
     except CaptureError as exc:
@@ -437,18 +445,11 @@ def _source_limit(tokenizer: Any, config: Any, sources: list[str],
 
 def _read_pairs(data: str | Path | Sequence[str]) -> tuple[list[str], list[str] | None]:
     if isinstance(data, str | Path):
-        path = Path(data)
-        if not path.is_file():
-            raise TargetError(f"data file not found: {path}")
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        cells = [line.split("\t") for line in lines]
-        sources = [c[0] for c in cells]
-        references = [c[1] for c in cells] if cells and all(len(c) > 1 for c in cells) else None
-    else:
-        sources, references = list(data), None
+        return read_pairs(data)
+    sources = list(data)
     if not sources:
         raise TargetError("the audit data is empty")
-    return sources, references
+    return sources, None
 
 
 def load_target(spec: str | None) -> Seq2SeqTarget:

@@ -42,6 +42,7 @@ from attnaudit.interventions.runner import InterventionError, Reference, Rows, r
 from attnaudit.interventions.values import value_replacement
 from attnaudit.output_folder import OutputFolder
 from attnaudit.target import Batch, Seq2SeqTarget
+from attnaudit.target_checks import checked_target
 
 CUMULATIVE_EXAMPLES = 50
 QUICK_PERMUTATIONS = 20
@@ -114,6 +115,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     """
     if n_permutations is None:
         n_permutations = QUICK_PERMUTATIONS if quick else N_PERMUTATIONS
+    target = checked_target(target)
     batches = list(target.iter_batches(limit))
     n_examples = sum(len(b) for b in batches)
     if n_examples == 0:
