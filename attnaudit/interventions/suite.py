@@ -30,6 +30,7 @@ from attnaudit.interventions.ablation import (
 from attnaudit.interventions.adversarial import EPS_SEQ2SEQ, adversarial_search
 from attnaudit.interventions.agreement import agreement, beside_reference, summarise_agreement
 from attnaudit.interventions.attribution import METHODS, attribute
+from attnaudit.interventions.degenerate import degenerate_table, reason_counts
 from attnaudit.interventions.loo import leave_one_out
 from attnaudit.interventions.memory import parse_memory
 from attnaudit.interventions.permutation import (
@@ -134,6 +135,12 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
                    adversarial_set, progress)
         first += len(batch)
     assert ref is not None
+    degenerate = pd.concat(parts["degenerate"], ignore_index=True)
+    if "permutation" not in parts:
+        raise InterventionError(
+            f"no row to intervene on: all {len(degenerate)} rows of the {n_examples} "
+            f"examples are degenerate ({_describe_counts(reason_counts(degenerate))}); see "
+            "attnaudit.interventions.degenerate")
     tables = _assemble(parts)
     tables["summary"] = _summary(tables)
     return InterventionSuite(tables, {
@@ -156,6 +163,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         "edited_items": "one cached decoder step" if ref.states is not None
                         else "decoder prefix re-run",
         "max_memory_bytes": ref.budget.max_memory,
+        "degenerate_rows": reason_counts(tables["degenerate"]),
     })
 
 
@@ -163,7 +171,30 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
                parts: dict[str, list[pd.DataFrame]], methods: tuple[str, ...],
                n_permutations: int, cumulative_set: set[int], adversarial_set: set[int],
                progress: bool) -> None:
+    _per_batch(parts, "degenerate", degenerate_table(ref.reasons, ref.eligible,
+                                                     ref.first_example))
     rows = ref.rows()
+    if len(rows):
+        _run_row_protocols(target, ref, rows, parts, n_permutations, cumulative_set,
+                           adversarial_set, progress)
+    found = attribute(target, batch, ref.emitted, methods, progress=progress)
+    loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
+                        max_memory=ref.budget.max_memory, progress=progress)
+    importances = {"attention": ref.attention, **found.importance, "loo": loo}
+    rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
+    rows_agree["example"] += ref.first_example
+    _per_batch(parts, "agreement", rows_agree)
+    if found.convergence_delta is not None:
+        delta = found.delta_frame()
+        delta["example"] += ref.first_example
+        _per_batch(parts, "attribution_delta", delta)
+
+
+def _run_row_protocols(target: Seq2SeqTarget, ref: Reference, rows: Rows,
+                       parts: dict[str, list[pd.DataFrame]], n_permutations: int,
+                       cumulative_set: set[int], adversarial_set: set[int],
+                       progress: bool) -> None:
+    """The per-row protocols on a batch's counted (not degenerate) rows."""
     run: dict[str, Callable[[], pd.DataFrame]] = {
         "permutation": lambda: permutation_test(target, ref, rows, n_permutations=n_permutations,
                                                 progress=progress),
@@ -183,17 +214,6 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
         per_row, per_candidate = adversarial_search(target, ref, chosen, progress=progress)
         _per_batch(parts, "adversarial", per_row)
         _per_batch(parts, "adversarial_candidates", per_candidate)
-    found = attribute(target, batch, ref.emitted, methods, progress=progress)
-    loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
-                        max_memory=ref.budget.max_memory, progress=progress)
-    importances = {"attention": ref.attention, **found.importance, "loo": loo}
-    rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
-    rows_agree["example"] += ref.first_example
-    _per_batch(parts, "agreement", rows_agree)
-    if found.convergence_delta is not None:
-        delta = found.delta_frame()
-        delta["example"] += ref.first_example
-        _per_batch(parts, "attribution_delta", delta)
 
 
 def _assemble(parts: dict[str, list[pd.DataFrame]]) -> dict[str, pd.DataFrame]:
@@ -211,6 +231,10 @@ def _assemble(parts: dict[str, list[pd.DataFrame]]) -> dict[str, pd.DataFrame]:
     tables.update(joined)
     tables["agreement_summary"] = summarise_agreement(tables["agreement"])
     return tables
+
+
+def _describe_counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {reason}" for reason, n in counts.items() if n) or "none"
 
 
 def _merge_controls(controls: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
@@ -296,6 +320,8 @@ def print_suite(suite: InterventionSuite) -> None:
     print(f"cumulative test on {len(meta['cumulative_examples'])} seeded examples; adversarial "
           f"search on {len(meta['adversarial_examples'])} seeded examples "
           f"{meta['adversarial_examples']}; {meta['n_permutations']} permutations per row")
+    print(f"degenerate rows, left out of every per-row protocol: "
+          f"{_describe_counts(meta['degenerate_rows'])}")
     with pd.option_context("display.width", 140, "display.max_columns", 20,
                            "display.max_colwidth", 60):
         for name in ("summary", "permutation_bins", "zeroing_flips", "cumulative_summary",

@@ -1,9 +1,10 @@
 """The suite on the committed date models, at a small limit."""
 
-import argparse
+
 
 import pytest
 
+from attnaudit.cli import build_parser
 from attnaudit.interventions.suite import intervene_command, run_suite
 from tests.conftest import assert_unchanged, model_fingerprint
 
@@ -50,9 +51,8 @@ def test_date_transformer_small_run():
 
 
 def test_intervene_command_prints_and_writes(tmp_path, capsys):
-    args = argparse.Namespace(target=None, hf=None, data=None, limit=2, out=str(tmp_path),
-                              site=None, head=None,
-                              quick=True)
+    args = build_parser().parse_args(["intervene", "--limit", "2", "--quick", "--out",
+                                      str(tmp_path)])
     assert intervene_command(args) == 0
     out = capsys.readouterr().out
     assert "Jain & Wallace" in out and "perm_median_tvd" in out
