@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except KeyboardInterrupt as exc:
         what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        print(f"attnaudit {args.command}: {what}; no output was changed", file=sys.stderr)
+        print(f"attnaudit {args.command}: {what}; an output folder is replaced only by a "
+              "complete run", file=sys.stderr)
         return INTERRUPTED
     except Exception as exc:
         if debug:

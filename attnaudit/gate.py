@@ -57,8 +57,6 @@ def check_command(args: argparse.Namespace) -> int:
 
 
 def _check_options(args: argparse.Namespace) -> None:
-    if args.limit is not None and args.limit < 1:
-        raise GateError(f"--limit must be at least 1, got {args.limit}")
     for option, value in (("--max-masked-mass", args.max_masked_mass),
                           ("--row-sum-tolerance", args.row_sum_tolerance)):
         if value is not None and (not math.isfinite(value) or value < 0):

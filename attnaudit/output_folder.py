@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,23 +122,41 @@ class OutputFolder:
             raise
 
     def _move_into_place(self, staging: Path) -> None:
-        """Swap ``staging`` in for the target with SIGINT and SIGTERM held back, so an
-        interrupt lands before the swap or after it, never between the two renames."""
-        blocked = {signal.SIGINT, signal.SIGTERM}
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
-        try:
+        """Swap ``staging`` in for the target and delete the previous folder, with Ctrl-C
+        and SIGTERM held back until both are done (then raised as usual)."""
+        with _signals_deferred():
             old = None
             if self.path.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.old-",
-                                            dir=self.path.parent))
-                old.rmdir()
+                old = self.path.parent / f".{self.path.name}.old-{staging.name}"
                 self.path.rename(old)
             staging.chmod(0o777 & ~_umask())
             staging.rename(self.path)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM arriving inside the block are acted on after it, by the handlers
+    that were in place; outside the main thread (where handlers cannot be set) the block
+    simply runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: caught.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    for signum in caught[:1]:
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, None)
+        elif handler == signal.SIG_DFL:
+            signal.raise_signal(signum)
 
 
 def _umask() -> int:

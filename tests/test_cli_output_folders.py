@@ -148,7 +148,8 @@ def test_interrupted_report_leaves_the_previous_one_byte_for_byte(signum, previo
     assert process.returncode == 130, rest
     assert "Traceback" not in rest
     what = "interrupted" if signum == signal.SIGINT else "terminated"
-    assert rest.strip().splitlines()[-1] == f"attnaudit report: {what}; no output was changed"
+    assert rest.strip().splitlines()[-1] == (f"attnaudit report: {what}; an output folder is "
+                                             "replaced only by a complete run")
     assert snapshot(previous_report) == before
     assert sorted(p.name for p in previous_report.parent.iterdir()) == ["report"]
 

@@ -40,7 +40,7 @@ from attnaudit.report.definitions import definition_blocks
 from attnaudit.report.html import write_html
 from attnaudit.report.manifest import build_manifest, write_manifest
 from attnaudit.report.tables import TableView, csv_name, view, write_csvs
-from attnaudit.target import Seq2SeqTarget, TargetError
+from attnaudit.target import Seq2SeqTarget
 
 __all__ = ["report_command", "write_report"]
 
@@ -48,9 +48,6 @@ __all__ = ["report_command", "write_report"]
 def report_command(args: argparse.Namespace) -> int:
     """The ``attnaudit report`` subcommand: load the target, write the report, print its path."""
     from attnaudit.cli import load_cli_target
-
-    if args.limit is not None and args.limit < 1:
-        raise TargetError(f"--limit must be a positive number of examples, got {args.limit}")
     from attnaudit.interventions.suite import memory_option
 
     max_memory = memory_option(args)
