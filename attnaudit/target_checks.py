@@ -146,7 +146,7 @@ def _check_ids(name: str, emitted: Any, rows: int) -> None:
             or emitted.dtype == torch.bool):
         got = (f"{emitted.dtype} {tuple(emitted.shape)}" if isinstance(emitted, torch.Tensor)
                else type(emitted).__name__)
-        raise TargetError(f"target {name!r}: greedy must return integer token ids of shape "
+        raise TargetError(f"target {name!r}: greedy must return integer ids of shape "
                           f"(batch={rows}, steps), got {got}")
     if emitted.numel() and int(emitted.min()) < 0:
         raise TargetError(f"target {name!r}: greedy returned negative token ids (smallest "

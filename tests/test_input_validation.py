@@ -117,9 +117,9 @@ def _broken(what: str):
     ("teacher_forced (B, T)", "teacher_forced must return floating logits (batch, steps, vocab)"
                               " = (3, 4) + (V,), got torch.float32 (3, 4)"),
     ("teacher_forced ids", "teacher_forced must return floating logits"),
-    ("greedy float", "greedy must return integer token ids of shape (batch=3, steps), got "
+    ("greedy float", "greedy must return integer ids of shape (batch=3, steps), got "
                      "torch.float32 (3, 4)"),
-    ("greedy rows", "greedy must return integer token ids of shape (batch=3, steps), got "
+    ("greedy rows", "greedy must return integer ids of shape (batch=3, steps), got "
                     "torch.int64 (1, 4)"),
     ("greedy negative", "greedy returned negative token ids"),
 ])
