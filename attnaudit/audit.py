@@ -60,6 +60,7 @@ from attnaudit.analysis import (
 )
 from attnaudit.analysis.numerics import row_sum_tolerance
 from attnaudit.analysis.scores import ScoreAnalyser
+from attnaudit.degenerate import DegenerateCounter
 from attnaudit.findings import (
     CAPTURED_RULE,
     Finding,
@@ -130,6 +131,7 @@ class ValidityAudit:
         performance: one row per batch (see :func:`run_validity_audit`).
         example: the first example's attention maps, when kept.
         truncation: how the target truncated its sources ("" when it does not say).
+        degenerate: rows per degenerate reason (:mod:`attnaudit.degenerate`).
         max_masked_mass, row_sum_tolerance: the tolerances rows were counted at; a
             row_sum_tolerance of None means each site's dtype rule (the sites table's
             ``row_sum_tolerance`` column).
@@ -145,6 +147,7 @@ class ValidityAudit:
     performance: pd.DataFrame
     example: ExampleMaps | None
     truncation: str = ""
+    degenerate: DegenerateCounter = field(default_factory=DegenerateCounter)
     max_masked_mass: float = DEFAULT_MAX_MASKED_MASS
     row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE
 
@@ -409,12 +412,15 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                              for e in (target.expectations if regions else ())}
     infos: dict[str, _SiteInfo] = {}
     performance: list[dict[str, Any]] = []
+    degenerate = DegenerateCounter()
     example: ExampleMaps | None = None
     examples = 0
     started = time.perf_counter()
     for index, batch in enumerate(_batches(target, limit)):
         emitted, greedy_s = _timed(lambda b=batch: _greedy(target, b))
         step_mask = target.step_mask(emitted)
+        degenerate.update(step_mask, target.explain_keys(batch),
+                          emitted[:, 0] == target.eos_id if emitted.shape[1] else step_mask[:, 0])
         plain_s = plain_peak = math.nan
         with torch.no_grad():  # alternate which runs first, so warm-up favours neither
             if timing and index % 2 == 0:
@@ -470,6 +476,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         performance=pd.DataFrame(performance, columns=PERFORMANCE_COLUMNS),
         example=example,
         truncation=target.truncation,
+        degenerate=degenerate,
         max_masked_mass=max_masked_mass,
         row_sum_tolerance=row_sum_tolerance,
     )

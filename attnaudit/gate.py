@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from attnaudit.audit import ValidityAudit, run_validity_audit
+from attnaudit.degenerate import input_findings
 from attnaudit.errors import AttnauditError
 from attnaudit.findings import GATE_CHECKS, Finding, failing_sites
 
@@ -44,7 +45,7 @@ def check_command(args: argparse.Namespace) -> int:
                                regions=False, timing=False, checks_only=True,
                                max_masked_mass=args.max_masked_mass,
                                row_sum_tolerance=args.row_sum_tolerance)
-    findings = audit.findings()
+    findings = audit.findings() + input_findings(audit.degenerate)
     seconds = time.perf_counter() - started
     status = UNHEALTHY if any(f.status == "fail" for f in findings) else HEALTHY
     if args.junit:

@@ -36,8 +36,8 @@ import torch
 from tqdm.auto import tqdm
 
 from attnaudit.capturing.recorder import capture
+from attnaudit.degenerate import row_reasons
 from attnaudit.errors import AttnauditError
-from attnaudit.interventions.degenerate import row_reasons
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes, tensor_bytes
 from attnaudit.interventions.outputs import flip, jsd, tvd
 from attnaudit.record import AttentionRecord, Site
@@ -68,7 +68,7 @@ class Reference:
     unedited decoder state before every step (``target.decode_states``) when edited items
     run one cached decoder step, else None. budget: sets how many edited sequences one
     forward pass folds. empty_output: bool (B,), the greedy output ends at step 0 (None:
-    no output is empty); see :mod:`.degenerate`.
+    no output is empty); see :mod:`attnaudit.degenerate`.
     """
 
     batch: Batch
@@ -117,7 +117,7 @@ class Reference:
     @property
     def reasons(self) -> torch.Tensor:
         """Long (B, T): why each row is degenerate, an index into
-        :data:`~attnaudit.interventions.degenerate.REASONS` (0: counted)."""
+        :data:`~attnaudit.degenerate.REASONS` (0: counted)."""
         empty = (torch.zeros(len(self.batch), dtype=torch.bool) if self.empty_output is None
                  else self.empty_output)
         return row_reasons(self.steps, self.eligible, empty)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from attnaudit.degenerate import degenerate_table, reason_counts
 from attnaudit.interventions.ablation import (
     cumulative_summary,
     cumulative_test,
@@ -30,7 +31,6 @@ from attnaudit.interventions.ablation import (
 from attnaudit.interventions.adversarial import EPS_SEQ2SEQ, adversarial_search
 from attnaudit.interventions.agreement import agreement, beside_reference, summarise_agreement
 from attnaudit.interventions.attribution import METHODS, attribute
-from attnaudit.interventions.degenerate import degenerate_table, reason_counts
 from attnaudit.interventions.loo import leave_one_out
 from attnaudit.interventions.memory import parse_memory
 from attnaudit.interventions.permutation import (
@@ -140,7 +140,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         raise InterventionError(
             f"no row to intervene on: all {len(degenerate)} rows of the {n_examples} "
             f"examples are degenerate ({_describe_counts(reason_counts(degenerate))}); see "
-            "attnaudit.interventions.degenerate")
+            "attnaudit.degenerate")
     tables = _assemble(parts)
     tables["summary"] = _summary(tables)
     return InterventionSuite(tables, {

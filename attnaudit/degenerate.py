@@ -14,13 +14,18 @@ values, cumulative removal, adversarial search), when:
 
 The suite lists these rows in its ``degenerate`` table (example, step, n_valid, reason) and
 their count per reason in its metadata; summaries never see them. Agreement keeps its own,
-finer exclusions (see :mod:`attnaudit.interventions.agreement`).
+finer exclusions (see :mod:`attnaudit.interventions.agreement`). The validity audit counts
+them with :class:`DegenerateCounter` (eligible keys: ``target.explain_keys``), and the CI
+gate fails when every row is degenerate: a gate that passes on no real input is worse
+than none.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 import torch
+
+from attnaudit.findings import Finding
 
 EMPTY_OUTPUT = "empty output"
 NO_ELIGIBLE_KEY = "no eligible key"
@@ -60,3 +65,44 @@ def reason_counts(table: pd.DataFrame) -> dict[str, int]:
     """Degenerate rows per reason, every reason present (0 when none)."""
     counts = table["reason"].value_counts()
     return {reason: int(counts.get(reason, 0)) for reason in REASONS[1:]}
+
+
+class DegenerateCounter:
+    """Rows per reason over a run's batches (``rows``: every row up to end of sequence)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.counts = dict.fromkeys(REASONS[1:], 0)
+
+    def update(self, steps: torch.Tensor, eligible: torch.Tensor, empty_output: torch.Tensor
+               ) -> None:
+        """steps: bool (B, T); eligible: bool (B, n) or (B, T, n); empty_output: bool (B,)."""
+        if eligible.ndim == 2:
+            eligible = eligible[:, None, :].expand(-1, steps.shape[1], -1)
+        reason = row_reasons(steps.cpu(), eligible.cpu(), empty_output.cpu())
+        self.rows += int(steps.sum())
+        for code, name in enumerate(REASONS[1:], start=1):
+            self.counts[name] += int((reason == code).sum())
+
+    @property
+    def counted(self) -> int:
+        """Rows that are not degenerate."""
+        return self.rows - sum(self.counts.values())
+
+
+INPUT_SITE = "(input)"
+
+
+def input_findings(counter: DegenerateCounter) -> list[Finding]:
+    """The gate's view of the audited data: ``fail`` when every row is degenerate (there
+    was no real input to judge), ``warn`` when some are, nothing when none is."""
+    degenerate = counter.rows - counter.counted
+    if not degenerate:
+        return []
+    reasons = ", ".join(f"{n} {reason}" for reason, n in counter.counts.items() if n)
+    if counter.counted:
+        return [Finding(INPUT_SITE, "degenerate", "warn", degenerate,
+                        f"{degenerate} of {counter.rows} rows are degenerate ({reasons})")]
+    return [Finding(INPUT_SITE, "degenerate", "fail", degenerate,
+                    f"every one of the {counter.rows} rows is degenerate ({reasons}): the "
+                    "audit saw no real input; check the tokenizer, the data and special_ids")]
