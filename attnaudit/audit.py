@@ -243,6 +243,8 @@ def row_groups(site: str, selected: torch.Tensor | None, batch: int, queries: in
     if tuple(selected.shape) != (batch, queries):
         raise ValueError(f"site {site!r}: row selection of shape {tuple(selected.shape)} "
                          f"does not match (batch, queries) = ({batch}, {queries})")
+    if not selected.any():  # also an output with no step: (B, 0)
+        return
     patterns, which = torch.unique(selected.cpu(), dim=0, return_inverse=True)
     for p, pattern in enumerate(patterns):
         examples = torch.nonzero(which == p).squeeze(1)
@@ -419,8 +421,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     for index, batch in enumerate(_batches(target, limit)):
         emitted, greedy_s = _timed(lambda b=batch: _greedy(target, b))
         step_mask = target.step_mask(emitted)
-        degenerate.update(step_mask, target.explain_keys(batch),
-                          emitted[:, 0] == target.eos_id if emitted.shape[1] else step_mask[:, 0])
+        degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
         plain_s = plain_peak = math.nan
         with torch.no_grad():  # alternate which runs first, so warm-up favours neither
             if timing and index % 2 == 0:

@@ -74,9 +74,16 @@ class DegenerateCounter:
         self.rows = 0
         self.counts = dict.fromkeys(REASONS[1:], 0)
 
-    def update(self, steps: torch.Tensor, eligible: torch.Tensor, empty_output: torch.Tensor
-               ) -> None:
-        """steps: bool (B, T); eligible: bool (B, n) or (B, T, n); empty_output: bool (B,)."""
+    def update(self, steps: torch.Tensor, eligible: torch.Tensor, emitted: torch.Tensor,
+               eos_id: int) -> None:
+        """steps: bool (B, T), up to end of sequence; eligible: bool (B, n) or (B, T, n);
+        emitted: the greedy ids (B, T). An output with no step at all (T = 0) counts as
+        one empty-output row per example."""
+        if emitted.shape[1] == 0:
+            self.rows += emitted.shape[0]
+            self.counts[EMPTY_OUTPUT] += emitted.shape[0]
+            return
+        empty_output = emitted[:, 0] == eos_id
         if eligible.ndim == 2:
             eligible = eligible[:, None, :].expand(-1, steps.shape[1], -1)
         reason = row_reasons(steps.cpu(), eligible.cpu(), empty_output.cpu())

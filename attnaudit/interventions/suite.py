@@ -136,6 +136,9 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         first += len(batch)
     assert ref is not None
     degenerate = pd.concat(parts["degenerate"], ignore_index=True)
+    if "permutation" not in parts and degenerate.empty:
+        raise InterventionError(f"no row to intervene on: the greedy outputs of the "
+                                f"{n_examples} examples have no step")
     if "permutation" not in parts:
         raise InterventionError(
             f"no row to intervene on: all {len(degenerate)} rows of the {n_examples} "

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from toy_targets import EOS, PAD, SOURCES, make_target
 
 from attnaudit.audit import run_validity_audit
+from attnaudit.degenerate import input_findings
+from attnaudit.report import write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -55,3 +58,15 @@ def test_some_degenerate_rows_are_counted_per_reason():
     assert audit.degenerate.rows == rows
     assert audit.degenerate.counts == counts
     assert sum(counts.values()) > 0 and audit.degenerate.counted > 0
+
+
+def test_outputs_without_any_step_are_empty_outputs_not_a_crash(tmp_path):
+    target = make_target("correct").with_options(
+        greedy=lambda batch: torch.zeros(len(batch), 0, dtype=torch.long))
+    audit = run_validity_audit(target, progress=False, timing=False)
+    assert (audit.degenerate.rows, audit.degenerate.counted) == (len(SOURCES), 0)
+    assert audit.degenerate.counts["empty output"] == len(SOURCES)
+    [finding] = input_findings(audit.degenerate)
+    assert (finding.status, finding.rows) == ("fail", len(SOURCES))
+    page = write_report(target, tmp_path / "report", quick=True, progress=False)
+    assert "the greedy outputs of the 5 examples have no step" in page.read_text()
