@@ -170,9 +170,11 @@ def crashing():
 def test_unexpected_error_is_one_line_and_debug_shows_the_traceback(tmp_path):
     spec = tmp_path / "broken.py"
     spec.write_text(BROKEN.format(here=str(TOYS.parent)))
-    result = attnaudit("intervene", f"{spec}:crashing", "--quick")
-    one_line_error(result, "intervene", "greedy", "ZeroDivisionError",
+    out = tmp_path / "report"
+    result = attnaudit("report", f"{spec}:crashing", "--quick", "--out", str(out))
+    one_line_error(result, "report", "greedy", "ZeroDivisionError",
                    "a bug in the target's own code")
+    assert not out.exists()  # a failed run leaves no (empty) output folder
     debug = attnaudit("intervene", f"{spec}:crashing", "--quick", "--debug")
     assert debug.returncode == 2
     assert "Traceback" in debug.stderr and "ZeroDivisionError" in debug.stderr
