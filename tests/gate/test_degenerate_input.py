@@ -39,6 +39,7 @@ def test_sources_of_special_tokens_only_fail_the_gate(tmp_path):
     assert "healthy" not in result.stdout and "Traceback" not in result.stderr
     assert "FAIL  (input)  degenerate: every one of the" in result.stdout
     assert "no eligible key" in result.stdout
+    assert "FAILED: 0 of 1 site(s) failing; every input row is degenerate" in result.stdout
 
 
 def test_some_degenerate_rows_are_counted_per_reason():
