@@ -25,6 +25,7 @@ from attnaudit.audit import ValidityAudit, run_validity_audit
 from attnaudit.degenerate import INPUT_SITE, input_findings
 from attnaudit.errors import AttnauditError
 from attnaudit.findings import GATE_CHECKS, Finding, failing_sites
+from attnaudit.output_folder import check_output_file
 
 HEALTHY, UNHEALTHY, USAGE_ERROR = 0, 1, 2
 
@@ -38,6 +39,8 @@ def check_command(args: argparse.Namespace) -> int:
     from attnaudit.cli import load_cli_target
 
     _check_options(args)
+    if args.junit is not None:
+        check_output_file(args.junit, "JUnit XML")  # before the audit, not after it
     started = time.perf_counter()
     print("attnaudit check: loading the target", file=sys.stderr, flush=True)
     target = load_cli_target(args)

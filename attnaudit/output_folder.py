@@ -159,6 +159,24 @@ def _signals_deferred() -> Iterator[None]:
             signal.raise_signal(signum)
 
 
+def check_output_file(path: str | Path, what: str) -> None:
+    """Refuse, before any work, a file path that cannot be written: empty, a folder, or in
+    a folder that is missing or not writable. ``what`` names the file in messages."""
+    if str(path).strip() == "":
+        raise OutputFolderError(f"cannot write {what}: the path is empty")
+    path = Path(os.path.abspath(path))
+    if path.is_dir():
+        raise OutputFolderError(f"cannot write {what} to {path}: it is a folder")
+    if not path.parent.is_dir():
+        raise OutputFolderError(f"cannot write {what} to {path}: the folder {path.parent} "
+                                "does not exist")
+    try:
+        Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=path.parent)).rmdir()
+    except OSError as exc:
+        raise OutputFolderError(f"cannot write {what} to {path}: "
+                                f"{exc.strerror or exc}") from None
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

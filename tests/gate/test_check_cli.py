@@ -147,7 +147,12 @@ def test_unwritable_junit_path_exits_2(toy_file, tmp_path, capsys):
     missing_dir = tmp_path / "no such dir" / "x.xml"
     assert attnaudit.cli.main(["check", f"{toy_file}:zero_fill", "--junit",
                                str(missing_dir)]) == 2
-    assert "cannot write JUnit XML" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot write JUnit XML" in err and "does not exist" in err
+    assert "audit toy_zero_fill" not in err  # refused before the audit ran
+    for path in ("", str(tmp_path)):
+        assert attnaudit.cli.main(["check", f"{toy_file}:zero_fill", "--junit", path]) == 2
+        assert "cannot write JUnit XML" in capsys.readouterr().err
 
 
 def test_max_masked_mass_option_sets_the_line(toy_file, capsys):
