@@ -227,10 +227,20 @@ def resolve_device(device: str | torch.device | None) -> torch.device | None:
     if device is None or isinstance(device, torch.device):
         return device
     try:
-        return torch.device(device)
+        resolved = torch.device(device)
     except (RuntimeError, ValueError) as exc:
         raise TargetError(f"unknown device {device!r}: use cpu, cuda, cuda:N, mps or "
                           "meta") from exc
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise TargetError(f"device {device!r}: CUDA is not available here (this torch "
+                              "build or machine has no GPU); use --device cpu")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise TargetError(f"device {device!r}: there are {torch.cuda.device_count()} "
+                              f"CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    if resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise TargetError(f"device {device!r}: MPS is not available here; use --device cpu")
+    return resolved
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:

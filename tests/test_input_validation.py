@@ -172,3 +172,14 @@ def test_source_beyond_the_position_limit_is_a_clear_error_not_an_index_error():
     assert "batch 1: sources span 5 positions, more than the model's position limit of 4 " \
            "(pos_embed)" in message
     assert "'5 3 6 7 4'" in message and "Truncate or drop longer sources" in message
+
+
+def test_a_device_this_machine_lacks_is_named_with_the_fix():
+    from attnaudit.target import resolve_device
+
+    if torch.cuda.is_available():
+        bad, message = f"cuda:{torch.cuda.device_count()}", "CUDA device(s), cuda:0 to"
+    else:
+        bad, message = "cuda:1", "CUDA is not available here"
+    with pytest.raises(TargetError, match=message):
+        resolve_device(bad)
