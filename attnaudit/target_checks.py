@@ -21,6 +21,7 @@ from attnaudit.errors import AttnauditError
 from attnaudit.target import Batch, Seq2SeqTarget, TargetError
 
 _CHECKED = "_attnaudit_checked"
+_END = object()  # what next() returns when the target's batches run out
 
 
 def position_limit(model: nn.Module) -> tuple[int, str] | None:
@@ -109,9 +110,6 @@ def _checked_iter(name: str, produced: Iterable[Any]) -> Iterator[Any]:
         if item is _END:
             return
         yield item
-
-
-_END = object()
 
 
 def _check_batch(name: str, index: int, batch: Any, limit: tuple[int, str] | None) -> None:
