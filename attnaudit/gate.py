@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from attnaudit.degenerate import INPUT_SITE
 from attnaudit.errors import AttnauditError
 from attnaudit.findings import GATE_CHECKS, Finding, failing_sites
 
@@ -91,8 +92,10 @@ def summary_text(result: GateResult) -> str:
             lines.append(f"{f.status.upper():4}  {f.site}  {f.check}: {f.detail}")
     failing = failing_sites(findings)
     if failing:
-        lines.append(f"FAILED: {len(failing)} of {len(sites)} site(s) failing: "
-                     + ", ".join(failing))
+        at_sites = [site for site in failing if site != INPUT_SITE]
+        lines.append(f"FAILED: {len(at_sites)} of {len(sites)} site(s) failing"
+                     + (": " + ", ".join(at_sites) if at_sites else "")
+                     + ("; every input row is degenerate" if INPUT_SITE in failing else ""))
     else:
         warnings = sum(f.status == "warn" for f in findings)
         lines.append(f"healthy: all {len(sites)} site(s) pass {', '.join(GATE_CHECKS)}"

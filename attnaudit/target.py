@@ -44,7 +44,9 @@ from torch import nn
 
 from attnaudit.capturing.hf import check_backends
 from attnaudit.capturing.sites import SiteSelection
+from attnaudit.datafile import read_pairs
 from attnaudit.errors import AttnauditError, CaptureError
+from attnaudit.tokenizer_checks import check_tokenization, check_tokenizer_files
 
 
 class TargetError(AttnauditError):
@@ -226,14 +228,20 @@ def resolve_device(device: str | torch.device | None) -> torch.device | None:
     if device is None:
         return None
     try:
-        device = torch.device(device)
+        resolved = torch.device(device)
     except (RuntimeError, ValueError) as exc:
         raise TargetError(f"unknown device {device!r}: use cpu, cuda, cuda:N, mps or "
                           "meta") from exc
-    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
-    if device.type in available and not available[device.type]():
-        raise TargetError(f"device {str(device)!r} is not available on this machine")
-    return device
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise TargetError(f"device {device!r}: CUDA is not available here (this torch "
+                              "build or machine has no GPU); use --device cpu")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise TargetError(f"device {device!r}: there are {torch.cuda.device_count()} "
+                              f"CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    if resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise TargetError(f"device {device!r}: MPS is not available here; use --device cpu")
+    return resolved
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
@@ -321,12 +329,18 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
             model = AutoModelForSeq2SeqLM.from_pretrained(model_dir,
                                                           local_files_only=True).eval()
             if tokenizer is None:
+                check_tokenizer_files(model_dir)
                 tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         except (OSError, ValueError) as exc:
             raise TargetError(f"cannot load a seq2seq model and tokenizer from {model_dir}: "
                               f"{exc}") from exc
         model.to(device=device, dtype=dtype)
         origin = label = model_dir.as_posix()
+    empty = check_tokenization(Path(label), tokenizer, sources)
+    if empty:
+        warnings.warn(f"attnaudit: the tokenizer turns {empty} of {len(sources)} sources into "
+                      "special tokens only; they are counted apart as degenerate",
+                      stacklevel=2)
     try:
         check_backends(list(model.named_modules()))
     except CaptureError as exc:
@@ -511,18 +525,11 @@ def _source_limit(tokenizer: Any, config: Any, sources: list[str],
 
 def _read_pairs(data: str | Path | Sequence[str]) -> tuple[list[str], list[str] | None]:
     if isinstance(data, str | Path):
-        path = Path(data)
-        if not path.is_file():
-            raise TargetError(f"data file not found: {path}")
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        cells = [line.split("\t") for line in lines]
-        sources = [c[0] for c in cells]
-        references = [c[1] for c in cells] if cells and all(len(c) > 1 for c in cells) else None
-    else:
-        sources, references = list(data), None
+        return read_pairs(data)
+    sources = list(data)
     if not sources:
         raise TargetError("the audit data is empty")
-    return sources, references
+    return sources, None
 
 
 def load_target(spec: str | None) -> Seq2SeqTarget:

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnaudit.datafile import DataFileError
 from attnaudit.target import Batch, Seq2SeqTarget, TargetError, from_hf, load_target
+from attnaudit.tokenizer_checks import TokenizerError
 
 DATE_BART = Path(__file__).resolve().parents[1] / "examples" / "date_transformer" / "model"
 
@@ -105,12 +107,17 @@ def test_from_hf_errors(tmp_path):
     pytest.importorskip("transformers")
     with pytest.raises(TargetError, match="model directory not found"):
         from_hf(tmp_path / "nothing", tmp_path / "data.tsv")
-    with pytest.raises(TargetError, match="data file not found"):
+    with pytest.raises(DataFileError, match="data file not found"):
         from_hf(DATE_BART, tmp_path / "data.tsv")
     empty = tmp_path / "empty.tsv"
     empty.write_text("\n  \n")
-    with pytest.raises(TargetError, match="the audit data is empty"):
+    with pytest.raises(DataFileError, match=r"empty\.tsv is empty"):
         from_hf(DATE_BART, empty)
+    with pytest.raises(TargetError, match="the audit data is empty"):
+        from_hf(DATE_BART, [])
+    with pytest.raises(TokenizerError, match="has no tokenizer files"):
+        from_hf(tmp_path, ["a source"])
+    (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(TargetError, match="cannot load a seq2seq model"):
         from_hf(tmp_path, ["a source"])
 

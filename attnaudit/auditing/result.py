@@ -26,6 +26,7 @@ from matplotlib.figure import Figure as MplFigure
 
 from attnaudit.auditing.validity import ValidityAudit
 from attnaudit.checklist import Checklist
+from attnaudit.degenerate import input_findings
 from attnaudit.errors import AttnauditError
 from attnaudit.findings import site_findings
 from attnaudit.gate import GateResult
@@ -88,19 +89,21 @@ class Audit:
                              "counted at (written by an older attnaudit); re-run the audit")
         return dict(self.manifest["thresholds"])
 
-    def save(self, out_dir: str | Path) -> Path:
+    def save(self, out_dir: str | Path, *, force: bool = False) -> Path:
         """Write the report (index.html, one CSV per table, manifest.json) to ``out_dir``;
-        return the path of index.html."""
+        return the path of index.html. A previous attnaudit output there is replaced whole
+        once the new report is complete; a folder holding other files is refused unless
+        ``force`` (:mod:`attnaudit.output_folder`)."""
         checklist = self._live("save", self.checklist)
         return write_report(out_dir, checklist=checklist, tables=self.tables,
                             manifest=self.manifest,
                             example=None if self.validity is None else self.validity.example,
                             max_masked_mass=self.thresholds["max_masked_mass"],
-                            description=self.description)
+                            description=self.description, force=force)
 
-    def to_html(self, out_dir: str | Path) -> Path:
+    def to_html(self, out_dir: str | Path, *, force: bool = False) -> Path:
         """The report, as :meth:`save` writes it (the page links its CSVs beside it)."""
-        return self.save(out_dir)
+        return self.save(out_dir, force=force)
 
     def gate(self, max_masked_mass: float | None = None,
              row_sum_tolerance: float | None = None) -> GateResult:
@@ -116,7 +119,7 @@ class Audit:
                                  "tolerance")
         sites = self.tables["sites"]
         if self.validity is not None:
-            findings = self.validity.findings()
+            findings = self.validity.findings() + input_findings(self.validity.degenerate)
         elif "row_sum_tolerance" not in sites.columns:
             raise AuditError("this report's sites table has no per-site row-sum tolerance "
                              "(written by an older attnaudit); re-run the audit")

@@ -66,6 +66,7 @@ from attnaudit.auditing.measurement import (
     timed,
 )
 from attnaudit.capturing import Capture, capture
+from attnaudit.degenerate import DegenerateCounter
 from attnaudit.errors import AttnauditError
 from attnaudit.findings import (
     CAPTURED_RULE,
@@ -76,6 +77,7 @@ from attnaudit.findings import (
 )
 from attnaudit.record import AttentionRecord, Site
 from attnaudit.target import Batch, Seq2SeqTarget, TargetError
+from attnaudit.target_checks import checked_target
 
 DEFAULT_MAX_MASKED_MASS = masking.DEFAULT_TOLERANCE
 DEFAULT_ROW_SUM_TOLERANCE = None  # the dtype rule of numerics.row_sum_tolerance
@@ -111,6 +113,7 @@ class ValidityAudit:
         performance: one row per batch (see :func:`run_validity_audit`).
         example: the first example's attention maps, when kept.
         truncation: how the target truncated its sources ("" when it does not say).
+        degenerate: rows per degenerate reason (:mod:`attnaudit.degenerate`).
         max_masked_mass, row_sum_tolerance: the tolerances rows were counted at; a
             row_sum_tolerance of None means each site's dtype rule (the sites table's
             ``row_sum_tolerance`` column).
@@ -126,6 +129,7 @@ class ValidityAudit:
     performance: pd.DataFrame
     example: ExampleMaps | None
     truncation: str = ""
+    degenerate: DegenerateCounter = field(default_factory=DegenerateCounter)
     max_masked_mass: float = DEFAULT_MAX_MASKED_MASS
     row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE
 
@@ -221,6 +225,8 @@ def row_groups(site: str, selected: torch.Tensor | None, batch: int, queries: in
     if tuple(selected.shape) != (batch, queries):
         raise ValueError(f"site {site!r}: row selection of shape {tuple(selected.shape)} "
                          f"does not match (batch, queries) = ({batch}, {queries})")
+    if not selected.any():  # also an output with no step: (B, 0)
+        return
     patterns, which = torch.unique(selected.cpu(), dim=0, return_inverse=True)
     for p, pattern in enumerate(patterns):
         examples = torch.nonzero(which == p).squeeze(1)
@@ -381,17 +387,20 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or limit < 1):
         raise ValueError(f"limit must be a positive number of examples, got {limit!r}")
+    target = checked_target(target)
     analysers = ValidityAnalysers(max_masked_mass, row_sum_tolerance, checks_only=checks_only)
     expectation_analysers = {e.name: RegionAnalyser()
                              for e in (target.expectations if regions else ())}
     infos: dict[str, _SiteInfo] = {}
     performance: list[dict[str, Any]] = []
+    degenerate = DegenerateCounter()
     example: ExampleMaps | None = None
     examples = 0
     started = time.perf_counter()
     for index, batch in enumerate(_batches(target, limit)):
         emitted, greedy_s = timed(lambda b=batch: _greedy(target, b))
         step_mask = target.step_mask(emitted)
+        degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
         plain_s = plain_peak = math.nan
         with torch.no_grad():  # alternate which runs first, so warm-up favours neither
             if timing and index % 2 == 0:
@@ -447,6 +456,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         performance=pd.DataFrame(performance, columns=PERFORMANCE_COLUMNS),
         example=example,
         truncation=target.truncation,
+        degenerate=degenerate,
         max_masked_mass=max_masked_mass,
         row_sum_tolerance=row_sum_tolerance,
     )

@@ -54,6 +54,12 @@ def _suite_settings(metadata: Mapping[str, Any]) -> list[str]:
                      f"seeded examples; attributions: "
                      f"{', '.join(metadata.get('attribution_methods', []))}"
                      f"{' (--quick)' if metadata.get('quick') else ''}.")
+    if "degenerate_rows" in metadata:
+        counts = ", ".join(f"{n} {reason}" for reason, n in metadata["degenerate_rows"].items())
+        lines.append(f"Degenerate rows, left out of every per-row protocol and listed in the "
+                     f"degenerate table: {counts} (empty output: end of sequence at step 0; "
+                     "no eligible key: only padding and special tokens; one eligible key: no "
+                     "other weighting exists).")
     return lines
 
 

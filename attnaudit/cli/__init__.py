@@ -9,8 +9,12 @@ lives in the library (:func:`attnaudit.audit` and the views of its result).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+import traceback
 from pathlib import Path
+from typing import NoReturn
 
 from attnaudit import __doc__ as DESCRIPTION
 from attnaudit import __version__
@@ -20,6 +24,33 @@ from attnaudit.errors import AttnauditError
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 USAGE_ERROR = 2
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every ``finally`` and output folder cleans up."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line naming where to read more."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (``--limit 0`` would audit nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _demo(_: argparse.Namespace) -> int:
@@ -42,19 +73,29 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf", metavar="DIR", help="a local Hugging Face seq2seq checkpoint")
     parser.add_argument("--data", metavar="FILE.tsv",
                         help="with --hf: source[<TAB>target] lines to audit")
-    parser.add_argument("--limit", type=int, metavar="N", help="audit only the first N examples")
+    parser.add_argument("--limit", type=positive_int, metavar="N",
+                        help="audit only the first N examples")
     parser.add_argument("--device", metavar="DEV",
                         help="run the model on DEV: cpu, cuda, cuda:N, mps (default: where "
                              "the target puts it)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                         help="cast the model's floating parameters to this dtype")
-    parser.add_argument("--batch-size", type=int, metavar="N",
+    parser.add_argument("--batch-size", type=positive_int, metavar="N",
                         help="with --hf: examples per batch (default 100)")
-    parser.add_argument("--max-new-tokens", type=int, metavar="N",
+    parser.add_argument("--max-new-tokens", type=positive_int, metavar="N",
                         help="with --hf: greedy decoding limit (default 64)")
-    parser.add_argument("--max-source-tokens", type=int, metavar="N",
+    parser.add_argument("--max-source-tokens", type=positive_int, metavar="N",
                         help="with --hf: truncate longer sources (default: the model's "
                              "position limit), with a warning")
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    parser.add_argument("--out", required=required, metavar="DIR",
+                        help="output folder: created if missing; a previous attnaudit output "
+                             "there is replaced whole, only once the new one is complete")
+    parser.add_argument("--force", action="store_true",
+                        help="replace DIR even when it holds files that are not an attnaudit "
+                             "output (they are deleted)")
 
 
 def _add_memory_argument(parser: argparse.ArgumentParser) -> None:
@@ -64,15 +105,20 @@ def _add_memory_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnaudit", description=DESCRIPTION)
+    debug = Parser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the Python traceback of an error")
+    parser = Parser(prog="attnaudit", description=DESCRIPTION, parents=[debug])
     parser.add_argument("--version", action="version", version=__version__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="capture the bundled date model's attention")
+    demo = commands.add_parser("demo", parents=[debug],
+                               help="capture the bundled date model's attention")
     demo.set_defaults(run=_demo)
 
     check = commands.add_parser(
-        "check", help="CI gate: exit 1 on non-finite weights, leaked mask mass, bad row sums")
+        "check", parents=[debug],
+        help="CI gate: exit 1 on non-finite weights, leaked mask mass, bad row sums")
     _add_target_arguments(check)
     check.add_argument("--max-masked-mass", type=float, default=DEFAULT_MAX_MASKED_MASS,
                        help="largest tolerated weight on an ineligible key (default %(default)g)")
@@ -84,9 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(run=check_command)
 
     intervene = commands.add_parser(
-        "intervene", help="run the intervention and attribution suite and print its tables")
+        "intervene", parents=[debug],
+        help="run the intervention and attribution suite and print its tables")
     _add_target_arguments(intervene)
-    intervene.add_argument("--out", metavar="DIR", help="also write the tables as CSV to DIR")
+    _add_output_arguments(intervene, required=False)
     intervene.add_argument("--quick", action="store_true",
                            help="skip the adversarial search and integrated gradients")
     intervene.add_argument("--site", action="append", metavar="NAME",
@@ -97,9 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_memory_argument(intervene)
     intervene.set_defaults(run=intervene_command)
 
-    report = commands.add_parser("report", help="write an HTML/CSV audit report")
+    report = commands.add_parser("report", parents=[debug], help="write an HTML/CSV audit report")
     _add_target_arguments(report)
-    report.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    _add_output_arguments(report, required=True)
     report.add_argument("--quick", action="store_true",
                         help="skip the adversarial search and integrated gradients")
     _add_memory_argument(report)
@@ -108,12 +155,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A user error prints one line, ``attnaudit CMD: error: ...``, and
+    exits 2 (``--debug``: the traceback too); Ctrl-C and SIGTERM print one line and exit
+    130, after every output folder has been cleaned up."""
     args = build_parser().parse_args(argv)
+    debug = getattr(args, "debug", False)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
         return args.run(args)
-    except AttnauditError as exc:
-        print(f"attnaudit {args.command}: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"attnaudit {args.command}: {what}; an output folder is replaced only by a "
+              "complete run", file=sys.stderr)
+        return INTERRUPTED
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"attnaudit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return USAGE_ERROR
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(exc: Exception) -> str:
+    """An attnaudit error's own message; anything else with its type, and how to see more."""
+    message = " ".join(str(exc).split())
+    if isinstance(exc, AttnauditError):
+        return message
+    return (f"{type(exc).__name__}: {message} (an unexpected error; run again with --debug "
+            "for the traceback)")
 
 
 if __name__ == "__main__":

@@ -14,12 +14,14 @@ from attnaudit.cli.display import print_suite
 from attnaudit.cli.loading import load_cli_target, memory_option
 from attnaudit.gate import GateError
 from attnaudit.interventions.suite import run_suite
-from attnaudit.target import TargetError
+from attnaudit.output_folder import OutputFolder, check_output_file
 
 
 def check_command(args: argparse.Namespace) -> int:
     """``attnaudit check``: the gate's checks only; 0 healthy, 1 failing (see the README)."""
     _check_options(args)
+    if args.junit is not None:
+        check_output_file(args.junit, "JUnit XML")  # before the audit, not after it
     started = time.perf_counter()
     print("attnaudit check: loading the target", file=sys.stderr, flush=True)
     target = load_cli_target(args)
@@ -37,8 +39,6 @@ def check_command(args: argparse.Namespace) -> int:
 
 
 def _check_options(args: argparse.Namespace) -> None:
-    if args.limit is not None and args.limit < 1:
-        raise GateError(f"--limit must be at least 1, got {args.limit}")
     for option, value in (("--max-masked-mass", args.max_masked_mass),
                           ("--row-sum-tolerance", args.row_sum_tolerance)):
         if value is not None and (not math.isfinite(value) or value < 0):
@@ -47,13 +47,12 @@ def _check_options(args: argparse.Namespace) -> None:
 
 def report_command(args: argparse.Namespace) -> int:
     """``attnaudit report``: the whole audit, written to ``--out``; prints the page's path."""
-    if args.limit is not None and args.limit < 1:
-        raise TargetError(f"--limit must be a positive number of examples, got {args.limit}")
     max_memory = memory_option(args)
+    OutputFolder.check(args.out, force=args.force)  # before the target loads
     target = load_cli_target(args)
     result = audit(target, quick=args.quick, limit=args.limit, progress=True,
                    max_memory=max_memory, command_line=report_command_line(args))
-    path = result.save(args.out)
+    path = result.save(args.out, force=args.force)
     print(f"attnaudit report: wrote {path}")
     return 0
 
@@ -72,18 +71,22 @@ def report_command_line(args: argparse.Namespace) -> list[str]:
         if value is not None:
             words += [flag, str(value)]
     words += ["--out", str(args.out)]
-    if args.quick:
-        words.append("--quick")
+    words += [flag for flag, given in (("--quick", args.quick), ("--force", args.force))
+              if given]
     return words
 
 
 def intervene_command(args: argparse.Namespace) -> int:
     """``attnaudit intervene``: run the suite, print its summaries, write CSVs to --out."""
+    max_memory = memory_option(args)
+    folder = None if args.out is None else OutputFolder.check(args.out, force=args.force)
     target = load_cli_target(args)
     suite = run_suite(target, quick=args.quick, limit=args.limit, progress=True,
-                      sites=args.site, heads=args.head, max_memory=memory_option(args))
+                      sites=args.site, heads=args.head, max_memory=max_memory)
     print_suite(suite)
-    if args.out:
-        paths = suite.write_csv(args.out)
-        print(f"\nwrote {len(paths)} tables to {args.out}")
+    if folder is not None:
+        with folder.assembling() as out:
+            paths = suite.write_csv(out)
+            suite.write_manifest(out)
+        print(f"\nwrote {len(paths)} tables to {folder.path}")
     return 0

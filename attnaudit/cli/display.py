@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from attnaudit.degenerate import describe_counts
 from attnaudit.interventions.agreement import beside_reference
 from attnaudit.interventions.suite import InterventionSuite
 
@@ -20,6 +21,8 @@ def print_suite(suite: InterventionSuite) -> None:
     print(f"cumulative test on {len(meta['cumulative_examples'])} seeded examples; adversarial "
           f"search on {len(meta['adversarial_examples'])} seeded examples "
           f"{meta['adversarial_examples']}; {meta['n_permutations']} permutations per row")
+    print(f"degenerate rows, left out of every per-row protocol: "
+          f"{describe_counts(meta['degenerate_rows'])}")
     with pd.option_context("display.width", 140, "display.max_columns", 20,
                            "display.max_colwidth", 60):
         for name in SUITE_TABLES:

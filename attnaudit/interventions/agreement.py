@@ -19,9 +19,11 @@ keys, all key pairs compared in one array operation), so thousands of (example, 
 cost milliseconds rather than one scipy call each; tests check every value against scipy
 row by row.
 
-A row with fewer than two eligible keys, or where either measure is constant over them, has
-no defined rank correlation: it is kept in the per-row table with ``excluded`` saying why
-and its metrics empty, and summaries count it in ``n_excluded`` instead of averaging it.
+A row with fewer than two eligible keys, where either measure is constant over them or is
+not finite on one of them (leave-one-out of a key the model cannot do without may give
+NaN), has no defined rank correlation: it is kept in the per-row table with ``excluded``
+saying why and its metrics empty, and summaries count it in ``n_excluded`` instead of
+averaging it.
 """
 
 from __future__ import annotations
@@ -79,8 +81,6 @@ def _check_inputs(importances: Mapping[str, torch.Tensor], keys: torch.Tensor,
         if tuple(value.shape) != expected:
             raise ValueError(f"importance {name!r} has shape {tuple(value.shape)}, expected "
                              f"(B, T, n) = {expected}")
-        if not torch.isfinite(value[steps[:, :, None] & keys]).all():
-            raise ValueError(f"importance {name!r} has non-finite values on eligible keys")
     names = list(importances)
     pairs = list(itertools.combinations(names, 2)) if pairs is None else list(pairs)
     unknown = sorted({m for pair in pairs for m in pair} - set(names))
@@ -209,8 +209,11 @@ def agreement(importances: Mapping[str, torch.Tensor], keys: torch.Tensor, steps
     for name_a, name_b in pairs:
         metrics = {name: np.full(len(example), np.nan) for name in METRIC_COLUMNS}
         excluded = np.where(n_valid < 2, "fewer than 2 eligible keys", "").astype(object)
-        for n in np.unique(n_valid[n_valid >= 2]):
-            rows = np.nonzero(n_valid == n)[0]
+        for name in (name_a, name_b):
+            broken = (n_valid >= 2) & ~np.where(eligible, np.isfinite(values[name]), True).all(-1)
+            excluded[broken & (excluded == "")] = f"non-finite {name}"
+        for n in np.unique(n_valid[excluded == ""]):
+            rows = np.nonzero((n_valid == n) & (excluded == ""))[0]
             a = values[name_a][rows][eligible[rows]].reshape(len(rows), n)
             b = values[name_b][rows][eligible[rows]].reshape(len(rows), n)
             constant = (a.min(-1) == a.max(-1)) | (b.min(-1) == b.max(-1))

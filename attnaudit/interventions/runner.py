@@ -36,6 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from attnaudit.capturing.recorder import capture
+from attnaudit.degenerate import row_reasons
 from attnaudit.errors import AttnauditError
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes, tensor_bytes
 from attnaudit.interventions.outputs import flip, jsd, tvd
@@ -66,7 +67,8 @@ class Reference:
     ``weights`` then holds only those heads, and the other heads run unedited. states: the
     unedited decoder state before every step (``target.decode_states``) when edited items
     run one cached decoder step, else None. budget: sets how many edited sequences one
-    forward pass folds.
+    forward pass folds. empty_output: bool (B,), the greedy output ends at step 0 (None:
+    no output is empty); see :mod:`attnaudit.degenerate`.
     """
 
     batch: Batch
@@ -82,6 +84,7 @@ class Reference:
     encoded: Any = None
     head_index: tuple[int, ...] | None = None
     states: Any = None
+    empty_output: torch.Tensor | None = None
 
     @property
     def heads(self) -> dict[str, int]:
@@ -111,10 +114,17 @@ class Reference:
         """(B, T): argmax of the reference output at each step."""
         return self.probs.argmax(-1)
 
+    @property
+    def reasons(self) -> torch.Tensor:
+        """Long (B, T): why each row is degenerate, an index into
+        :data:`~attnaudit.degenerate.REASONS` (0: counted)."""
+        empty = (torch.zeros(len(self.batch), dtype=torch.bool) if self.empty_output is None
+                 else self.empty_output)
+        return row_reasons(self.steps, self.eligible, empty)
+
     def rows(self) -> Rows:
-        """Every (example, step) row within the step mask that has an eligible key."""
-        valid = self.steps & self.eligible.any(-1)
-        example, step = valid.nonzero(as_tuple=True)
+        """Every (example, step) row within the step mask that is not degenerate."""
+        example, step = (self.steps & (self.reasons == 0)).nonzero(as_tuple=True)
         return Rows(example, step)
 
     def positions(self, step: int) -> int:
@@ -234,7 +244,9 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
                      probs=probs, sites=names, weights=weights,
                      eligible=eligible.contiguous(), first_example=first_example,
                      seed=target.seed, budget=budget, encoded=encoded,
-                     head_index=None if heads is None else tuple(heads), states=states)
+                     head_index=None if heads is None else tuple(heads), states=states,
+                     empty_output=(emitted[:, 0] == target.eos_id).cpu() if n_steps
+                     else torch.ones(n_examples, dtype=torch.bool))
 
 
 def _budget(target: Seq2SeqTarget, encoded: Any, states: Any, n_examples: int, n_keys: int,

@@ -11,6 +11,7 @@ on seeded subsets of examples (stated in ``InterventionSuite.metadata``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from attnaudit.degenerate import degenerate_table, describe_counts, reason_counts
 from attnaudit.interventions.ablation import (
     cumulative_summary,
     cumulative_test,
@@ -35,9 +37,10 @@ from attnaudit.interventions.permutation import (
     permutation_summary,
     permutation_test,
 )
-from attnaudit.interventions.runner import Reference, Rows, reference
+from attnaudit.interventions.runner import InterventionError, Reference, Rows, reference
 from attnaudit.interventions.values import value_replacement
 from attnaudit.target import Batch, Seq2SeqTarget
+from attnaudit.target_checks import checked_target
 
 CUMULATIVE_EXAMPLES = 50
 QUICK_PERMUTATIONS = 20
@@ -62,6 +65,18 @@ class InterventionSuite:
             table.to_csv(path, index=False)
             paths.append(path)
         return paths
+
+    def write_manifest(self, out: str | Path) -> Path:
+        """``out/manifest.json``: the suite's metadata, table names and library versions
+        (it also marks the folder as an attnaudit output, :mod:`attnaudit.output_folder`)."""
+        from attnaudit.report.manifest import library_versions
+
+        path = Path(out) / "manifest.json"
+        manifest = {"target": self.metadata.get("target"), "command": "attnaudit intervene",
+                    "tables": sorted(self.tables), "metadata": self.metadata,
+                    "libraries": library_versions()}
+        path.write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+        return path
 
 
 def seeded_examples(n_examples: int, count: int, seed: int) -> set[int]:
@@ -98,6 +113,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     """
     if n_permutations is None:
         n_permutations = QUICK_PERMUTATIONS if quick else N_PERMUTATIONS
+    target = checked_target(target)
     batches = list(target.iter_batches(limit))
     n_examples = sum(len(b) for b in batches)
     if n_examples == 0:
@@ -116,6 +132,15 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
                    adversarial_set, progress)
         first += len(batch)
     assert ref is not None
+    degenerate = pd.concat(parts["degenerate"], ignore_index=True)
+    if "permutation" not in parts and degenerate.empty:
+        raise InterventionError(f"no row to intervene on: the greedy outputs of the "
+                                f"{n_examples} examples have no step")
+    if "permutation" not in parts:
+        raise InterventionError(
+            f"no row to intervene on: all {len(degenerate)} rows of the {n_examples} "
+            f"examples are degenerate ({describe_counts(reason_counts(degenerate))}); see "
+            "attnaudit.degenerate")
     tables = _assemble(parts)
     tables["summary"] = _summary(tables)
     return InterventionSuite(tables, {
@@ -138,6 +163,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         "edited_items": "one cached decoder step" if ref.states is not None
                         else "decoder prefix re-run",
         "max_memory_bytes": ref.budget.max_memory,
+        "degenerate_rows": reason_counts(tables["degenerate"]),
     })
 
 
@@ -145,7 +171,30 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
                parts: dict[str, list[pd.DataFrame]], methods: tuple[str, ...],
                n_permutations: int, cumulative_set: set[int], adversarial_set: set[int],
                progress: bool) -> None:
+    _per_batch(parts, "degenerate", degenerate_table(ref.reasons, ref.eligible,
+                                                     ref.first_example))
     rows = ref.rows()
+    if len(rows):
+        _run_row_protocols(target, ref, rows, parts, n_permutations, cumulative_set,
+                           adversarial_set, progress)
+    found = attribute(target, batch, ref.emitted, methods, progress=progress)
+    loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
+                        max_memory=ref.budget.max_memory, progress=progress)
+    importances = {"attention": ref.attention, **found.importance, "loo": loo}
+    rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
+    rows_agree["example"] += ref.first_example
+    _per_batch(parts, "agreement", rows_agree)
+    if found.convergence_delta is not None:
+        delta = found.delta_frame()
+        delta["example"] += ref.first_example
+        _per_batch(parts, "attribution_delta", delta)
+
+
+def _run_row_protocols(target: Seq2SeqTarget, ref: Reference, rows: Rows,
+                       parts: dict[str, list[pd.DataFrame]], n_permutations: int,
+                       cumulative_set: set[int], adversarial_set: set[int],
+                       progress: bool) -> None:
+    """The per-row protocols on a batch's counted (not degenerate) rows."""
     run: dict[str, Callable[[], pd.DataFrame]] = {
         "permutation": lambda: permutation_test(target, ref, rows, n_permutations=n_permutations,
                                                 progress=progress),
@@ -165,17 +214,6 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
         per_row, per_candidate = adversarial_search(target, ref, chosen, progress=progress)
         _per_batch(parts, "adversarial", per_row)
         _per_batch(parts, "adversarial_candidates", per_candidate)
-    found = attribute(target, batch, ref.emitted, methods, progress=progress)
-    loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
-                        max_memory=ref.budget.max_memory, progress=progress)
-    importances = {"attention": ref.attention, **found.importance, "loo": loo}
-    rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
-    rows_agree["example"] += ref.first_example
-    _per_batch(parts, "agreement", rows_agree)
-    if found.convergence_delta is not None:
-        delta = found.delta_frame()
-        delta["example"] += ref.first_example
-        _per_batch(parts, "attribution_delta", delta)
 
 
 def _assemble(parts: dict[str, list[pd.DataFrame]]) -> dict[str, pd.DataFrame]:

@@ -24,6 +24,7 @@ import pandas as pd
 
 from attnaudit.auditing.example_maps import ExampleMaps
 from attnaudit.checklist import Checklist
+from attnaudit.output_folder import OutputFolder
 from attnaudit.report.definitions import definition_blocks
 from attnaudit.report.html import render_summary, write_html
 from attnaudit.report.item_figures import item_figures
@@ -38,22 +39,22 @@ SUMMARY_TABLES = ("verdicts", "checklist", "misconceptions")
 def write_report(out_dir: str | Path, *, checklist: Checklist,
                  tables: Mapping[str, pd.DataFrame], manifest: Mapping[str, Any],
                  example: ExampleMaps | None, max_masked_mass: float | None,
-                 description: str = "") -> Path:
+                 description: str = "", force: bool = False) -> Path:
     """Write the report of one audit to ``out_dir``; return the path of index.html.
 
     Args:
-        out_dir: created if missing; existing report files in it are overwritten.
+        out_dir: created if missing; a previous attnaudit output there is replaced whole
+            once the new report is complete (:mod:`attnaudit.output_folder`); a folder
+            holding other files is refused unless ``force``.
         checklist: the items, verdicts and misconceptions the page is organised by.
         tables: every table by CSV name (the checklist's evidence and its summaries).
         manifest: what reproduces the audit (target, model, data, options, command line).
         example: the first example's attention maps (heatmaps), or None.
         max_masked_mass: the masked-mass tolerance drawn on its figure.
         description: one paragraph on the target.
+        force: replace ``out_dir`` even when it holds files that are not an attnaudit output.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_csvs(tables, out)
-    write_manifest({**manifest, "tables": table_schema(tables)}, out)
+    folder = OutputFolder.check(out_dir, force=force)
     views = {item.key: [view(ev.name, ev.title, ev.caption, ev.frame) for ev in item.evidence]
              for item in checklist.items}
     command_line = manifest.get("command_line")
@@ -73,7 +74,11 @@ def write_report(out_dir: str | Path, *, checklist: Checklist,
         "summary_csvs": [csv_name(name) for name in SUMMARY_TABLES],
         "definitions": definition_blocks(),
     }
-    return write_html(context, out)
+    with folder.assembling() as out:
+        write_csvs(tables, out)
+        write_manifest({**manifest, "tables": table_schema(tables)}, out)
+        page = write_html(context, out).name
+    return folder.path / page
 
 
 KEY_NUMBERS = {

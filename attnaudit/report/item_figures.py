@@ -39,6 +39,8 @@ def _example_heatmaps(example: ExampleMaps | None) -> list[figs.Figure]:
         return []
     out = []
     for index, (site, amap) in enumerate(example.maps.items()):
+        if 0 in amap.weights.shape:  # an empty output, or no real source token: no map
+            continue
         heads = amap.weights.shape[0]
         weights = amap.weights.mean(0) if heads > 1 else amap.weights[0]
         what = f"the mean over {heads} heads" if heads > 1 else "its single head"

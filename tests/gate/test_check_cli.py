@@ -121,16 +121,20 @@ def test_factory_returning_a_wrong_type_exits_2(toy_file, capsys):
     assert "returned int, not a Seq2SeqTarget" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["check", "--limit", "many"], ["check", "--bogus"]])
-def test_argparse_usage_errors_exit_2(argv, capsys):
+@pytest.mark.parametrize(("argv", "prog", "message"), [
+    (["check", "--limit", "many"], "attnaudit check",
+     "argument --limit: expected a whole number, got 'many'"),
+    (["check", "--limit", "0"], "attnaudit check", "argument --limit: must be at least 1, got 0"),
+    (["check", "--bogus"], "attnaudit", "unrecognized arguments: --bogus"),
+])
+def test_argparse_usage_errors_exit_2_in_one_line(argv, prog, message, capsys):
     with pytest.raises(SystemExit) as stop:
         attnaudit.cli.main(argv)
     assert stop.value.code == 2
-    assert "usage: attnaudit" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"{prog}: error: {message} (see {prog} --help)\n"
 
 
 @pytest.mark.parametrize(("option", "value", "message"), [
-    ("--limit", "0", "--limit must be at least 1"),
     ("--max-masked-mass", "-1", "--max-masked-mass must be a finite number >= 0"),
     ("--row-sum-tolerance", "nan", "--row-sum-tolerance must be a finite number >= 0"),
 ])
@@ -143,7 +147,12 @@ def test_unwritable_junit_path_exits_2(toy_file, tmp_path, capsys):
     missing_dir = tmp_path / "no such dir" / "x.xml"
     assert attnaudit.cli.main(["check", f"{toy_file}:zero_fill", "--junit",
                                str(missing_dir)]) == 2
-    assert "cannot write JUnit XML" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot write JUnit XML" in err and "does not exist" in err
+    assert "audit toy_zero_fill" not in err  # refused before the audit ran
+    for path in ("", str(tmp_path)):
+        assert attnaudit.cli.main(["check", f"{toy_file}:zero_fill", "--junit", path]) == 2
+        assert "cannot write JUnit XML" in capsys.readouterr().err
 
 
 def test_max_masked_mass_option_sets_the_line(toy_file, capsys):

@@ -208,11 +208,26 @@ def test_bad_inputs_give_clear_errors() -> None:
         agreement(values, keys, steps, pairs=[("attention", "nope")])
     with pytest.raises(ValueError, match="at least two"):
         agreement({"attention": values["attention"]}, keys, steps)
-    with pytest.raises(ValueError, match="non-finite"):
-        agreement({**values, "grad": values["grad"].nan_to_num(0).index_fill(2, torch.tensor([0]),
-                                                                             float("nan"))},
-                  keys, steps)
     with pytest.raises(ValueError, match="top_k"):
         agreement(values, keys, steps, top_k=0)
     with pytest.raises(ValueError, match="missing columns"):
         summarise_agreement(pd.DataFrame({"method_a": []}))
+
+
+def test_non_finite_importance_excludes_its_rows_and_counts_them() -> None:
+    """Leave-one-out of a key the model cannot do without may give NaN: those rows are
+    counted apart, the others keep exactly the numbers they had."""
+    values, keys, steps = importances_with_edge_rows()
+    clean = agreement(values, keys, steps)
+    values["loo"][0, 2, 3] = float("nan")  # an eligible key of a counted row
+    values["loo"][2, 0, 0] = float("nan")  # the only key of a row with one eligible key
+    rows = agreement(values, keys, steps)
+    hit = (rows.example == 0) & (rows.step == 2) & (rows.method_b == "loo")
+    assert (rows[hit].excluded == "non-finite loo").all() and hit.sum() == 2
+    assert (rows[(rows.example == 2)].excluded == "fewer than 2 eligible keys").all()
+    pd.testing.assert_frame_equal(rows[~hit], clean[~hit])
+    summary = summarise_agreement(rows).set_index(["method_a", "method_b"])
+    assert summary.loc[("attention", "loo"), "n_excluded"] == (
+        summarise_agreement(clean).set_index(["method_a", "method_b"])
+        .loc[("attention", "loo"), "n_excluded"] + 1)
+    assert not summary.isna().any().any()

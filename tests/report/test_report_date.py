@@ -13,7 +13,6 @@ import torch
 from page import read_page
 
 from attnaudit.checklist import ITEM_KEYS, STATUSES
-from attnaudit.cli import main
 from examples.date.data import BOS, YEAR_CHARS, encode_sources, make_splits, vocabularies, year_span
 from examples.date.model import load_model
 from tests.conftest import DATE_LIMIT
@@ -101,10 +100,6 @@ def test_manifest_fields_and_hashes(date_report):
     assert manifest["options"] == {"quick": True, "limit": LIMIT}
 
 
-def test_bad_limit_is_a_usage_error(tmp_path, capsys):
-    assert main(["report", "--limit", "0", "--out", str(tmp_path)]) == 2
-    assert "--limit must be a positive number" in capsys.readouterr().err
-    assert not (tmp_path / "index.html").exists()
 
 
 # What the quick report on the first LIMIT sources says: every checklist item and verdict.
