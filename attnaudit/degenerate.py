@@ -70,9 +70,9 @@ def reason_counts(table: pd.DataFrame) -> dict[str, int]:
 class DegenerateCounter:
     """Rows per reason over a run's batches (``rows``: every row up to end of sequence)."""
 
-    def __init__(self) -> None:
-        self.rows = 0
-        self.counts = dict.fromkeys(REASONS[1:], 0)
+    def __init__(self, rows: int = 0, counts: dict[str, int] | None = None) -> None:
+        self.rows = rows
+        self.counts = dict.fromkeys(REASONS[1:], 0) | (counts or {})
 
     def update(self, steps: torch.Tensor, eligible: torch.Tensor, emitted: torch.Tensor,
                eos_id: int) -> None:

@@ -323,13 +323,14 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         if not model_dir.is_dir():
             raise TargetError(f"Hugging Face model directory not found: {model_dir}")
         sources, references = _audit_data(data)  # before the (slow) load
+        if tokenizer is None:
+            check_tokenizer_files(model_dir)
         try:
             # The model's own default backend: sdpa where it has one, else eager; both
             # expose weights to capture.
             model = AutoModelForSeq2SeqLM.from_pretrained(model_dir,
                                                           local_files_only=True).eval()
             if tokenizer is None:
-                check_tokenizer_files(model_dir)
                 tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         except (OSError, ValueError) as exc:
             raise TargetError(f"cannot load a seq2seq model and tokenizer from {model_dir}: "

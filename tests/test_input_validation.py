@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from attnaudit.audit import run_validity_audit
 from torch import nn
 
+from attnaudit.auditing.validity import run_validity_audit
 from attnaudit.datafile import DataFileError, read_pairs
 from attnaudit.interventions.suite import run_suite
 from attnaudit.target import TargetError

@@ -48,7 +48,7 @@ def test_device_and_dtype_reach_a_hugging_face_model():
 @pytest.mark.parametrize(("argv", "message"), [
     (["--device", "warp:9"], "unknown device 'warp:9'"),
     (["--batch-size", "4"], "--batch-size goes with --hf DIR"),
-    pytest.param(["--device", "cuda:0"], "device 'cuda:0' is not available",
+    pytest.param(["--device", "cuda:0"], "device 'cuda:0': CUDA is not available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present")),
 ])
 def test_bad_knobs_exit_2_with_a_clear_message(argv, message, capsys):

@@ -118,6 +118,8 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
     manifest["thresholds"] = {"max_masked_mass": validity.max_masked_mass,
                               "row_sum_tolerance": validity.row_sum_tolerance}
     manifest["description"] = target.description
+    manifest["input_rows"] = {"rows": validity.degenerate.rows,
+                              "degenerate": dict(validity.degenerate.counts)}
     result = Audit(target=target.name, description=target.description,
                    tables=checklist.all_tables(), manifest=manifest, validity=validity,
                    suite=suite, suite_reason=reason, checklist=checklist)

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure as MplFigure
 
 from attnaudit.auditing.validity import ValidityAudit
 from attnaudit.checklist import Checklist
-from attnaudit.degenerate import input_findings
+from attnaudit.degenerate import DegenerateCounter, input_findings
 from attnaudit.errors import AttnauditError
 from attnaudit.findings import site_findings
 from attnaudit.gate import GateResult
@@ -128,6 +128,10 @@ class Audit:
                                      thresholds["max_masked_mass"],
                                      dict(zip(sites["site"], sites["row_sum_tolerance"],
                                               strict=True)))
+            recorded = self.manifest.get("input_rows")
+            if recorded is not None:
+                findings += input_findings(DegenerateCounter(recorded["rows"],
+                                                             recorded["degenerate"]))
         return GateResult(self.target, int(self.manifest["data"]["examples"]), sites,
                           findings, thresholds["max_masked_mass"],
                           thresholds["row_sum_tolerance"])

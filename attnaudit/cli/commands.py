@@ -4,6 +4,7 @@ the library, and prints; each returns the exit status."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -13,8 +14,9 @@ from attnaudit.auditing.orchestration import audit
 from attnaudit.cli.display import print_suite
 from attnaudit.cli.loading import load_cli_target, memory_option
 from attnaudit.gate import GateError
-from attnaudit.interventions.suite import run_suite
+from attnaudit.interventions.suite import InterventionSuite, run_suite
 from attnaudit.output_folder import OutputFolder, check_output_file
+from attnaudit.report.manifest import library_versions
 
 
 def check_command(args: argparse.Namespace) -> int:
@@ -87,6 +89,16 @@ def intervene_command(args: argparse.Namespace) -> int:
     if folder is not None:
         with folder.assembling() as out:
             paths = suite.write_csv(out)
-            suite.write_manifest(out)
+            _write_suite_manifest(suite, out)
         print(f"\nwrote {len(paths)} tables to {folder.path}")
     return 0
+
+
+def _write_suite_manifest(suite: InterventionSuite, out: Path) -> None:
+    """``out/manifest.json``: the suite's metadata, table names and library versions (it
+    also marks the folder as an attnaudit output, :mod:`attnaudit.output_folder`)."""
+    manifest = {"target": suite.metadata.get("target"), "command": "attnaudit intervene",
+                "tables": sorted(suite.tables), "metadata": suite.metadata,
+                "libraries": library_versions()}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n",
+                                       encoding="utf-8")

@@ -11,7 +11,6 @@ on seeded subsets of examples (stated in ``InterventionSuite.metadata``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,18 +64,6 @@ class InterventionSuite:
             table.to_csv(path, index=False)
             paths.append(path)
         return paths
-
-    def write_manifest(self, out: str | Path) -> Path:
-        """``out/manifest.json``: the suite's metadata, table names and library versions
-        (it also marks the folder as an attnaudit output, :mod:`attnaudit.output_folder`)."""
-        from attnaudit.report.manifest import library_versions
-
-        path = Path(out) / "manifest.json"
-        manifest = {"target": self.metadata.get("target"), "command": "attnaudit intervene",
-                    "tables": sorted(self.tables), "metadata": self.metadata,
-                    "libraries": library_versions()}
-        path.write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
-        return path
 
 
 def seeded_examples(n_examples: int, count: int, seed: int) -> set[int]:

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import torch
-from attnaudit.audit import run_validity_audit
 from toy_targets import EOS, PAD, SOURCES, make_target
 
+import attnaudit
+from attnaudit.auditing.validity import run_validity_audit
 from attnaudit.degenerate import input_findings
-from attnaudit.report import write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -69,5 +69,5 @@ def test_outputs_without_any_step_are_empty_outputs_not_a_crash(tmp_path):
     assert audit.degenerate.counts["empty output"] == len(SOURCES)
     [finding] = input_findings(audit.degenerate)
     assert (finding.status, finding.rows) == ("fail", len(SOURCES))
-    page = write_report(target, tmp_path / "report", quick=True, progress=False)
+    page = attnaudit.audit(target, quick=True, progress=False).save(tmp_path / "report")
     assert "the greedy outputs of the 5 examples have no step" in page.read_text()
