@@ -115,7 +115,7 @@ def test_bfloat16_report_of_a_saved_hf_model_runs_end_to_end(tmp_path):
     out = tmp_path / "report"
     status = attnaudit.cli.main(["report", "--hf", str(saved), "--data", str(data), "--dtype",
                                  "bfloat16", "--quick", "--out", str(out),
-                                 "--max-memory", "64MiB"])
+                                 "--max-memory", "64MiB", "--limit", "1"])
     assert status == 0
     page = (out / "index.html").read_text()
     assert "--dtype bfloat16" in page and "no source was truncated" in page
