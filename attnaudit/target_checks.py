@@ -46,39 +46,40 @@ def checked_target(target: Seq2SeqTarget) -> Seq2SeqTarget:
     limit = position_limit(target.model)
 
     def batches() -> Iterator[Batch]:
-        produced = _call(name, "batches", target.batches)
+        produced = call_target(name, "batches", target.batches)
         for index, batch in enumerate(_checked_iter(name, produced)):
             _check_batch(name, index, batch, limit)
             yield batch
 
     def greedy(batch: Batch) -> torch.Tensor:
-        emitted = _call(name, "greedy", target.greedy, batch)
+        emitted = call_target(name, "greedy", target.greedy, batch)
         _check_ids(name, emitted, len(batch))
         return emitted
 
     def teacher_forced(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
         return _check_logits(name, "teacher_forced",
-                             _call(name, "teacher_forced", target.teacher_forced, batch,
+                             call_target(name, "teacher_forced", target.teacher_forced, batch,
                                    emitted), tuple(emitted.shape))
 
     changes: dict[str, Any] = {"batches": batches, "greedy": _mark(greedy),
                                "teacher_forced": teacher_forced}
     if target.encode is not None:
         encode = target.encode
-        changes["encode"] = lambda batch: _call(name, "encode", encode, batch)
+        changes["encode"] = lambda batch: call_target(name, "encode", encode, batch)
     if target.decode is not None:
         decode = target.decode
         changes["decode"] = lambda batch, encoded, emitted: _check_logits(
-            name, "decode", _call(name, "decode", decode, batch, encoded, emitted),
+            name, "decode", call_target(name, "decode", decode, batch, encoded, emitted),
             tuple(emitted.shape))
     if target.decode_states is not None:
         states = target.decode_states
-        changes["decode_states"] = lambda batch, encoded, emitted: _call(
+        changes["decode_states"] = lambda batch, encoded, emitted: call_target(
             name, "decode_states", states, batch, encoded, emitted)
     if target.decode_step is not None:
         step = target.decode_step
         changes["decode_step"] = lambda batch, encoded, st, emitted, t: _check_logits(
-            name, "decode_step", _call(name, "decode_step", step, batch, encoded, st, emitted, t),
+            name, "decode_step",
+            call_target(name, "decode_step", step, batch, encoded, st, emitted, t),
             (len(batch),))
     return target.with_options(**changes)
 
@@ -88,7 +89,7 @@ def _mark(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _call(name: str, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+def call_target(name: str, what: str, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``; an exception from the target's own code becomes a TargetError."""
     try:
         return fn(*args)
@@ -104,9 +105,9 @@ def _call(name: str, what: str, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _checked_iter(name: str, produced: Iterable[Any]) -> Iterator[Any]:
-    iterator = _call(name, "batches", iter, produced)
+    iterator = call_target(name, "batches", iter, produced)
     while True:
-        item = _call(name, "batches", next, iterator, _END)
+        item = call_target(name, "batches", next, iterator, _END)
         if item is _END:
             return
         yield item

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -67,7 +67,6 @@ from attnaudit.auditing.measurement import (
 )
 from attnaudit.capturing import Capture, capture
 from attnaudit.degenerate import DegenerateCounter
-from attnaudit.errors import AttnauditError
 from attnaudit.findings import (
     CAPTURED_RULE,
     Finding,
@@ -77,7 +76,7 @@ from attnaudit.findings import (
 )
 from attnaudit.record import AttentionRecord, Site
 from attnaudit.target import Batch, Seq2SeqTarget, TargetError
-from attnaudit.target_checks import checked_target
+from attnaudit.target_checks import call_target, checked_target
 
 DEFAULT_MAX_MASKED_MASS = masking.DEFAULT_TOLERANCE
 DEFAULT_ROW_SUM_TOLERANCE = None  # the dtype rule of numerics.row_sum_tolerance
@@ -462,48 +461,18 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     )
 
 
-def _target_call(target: Seq2SeqTarget, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """Call one of the target's callables; its failures become a TargetError naming it."""
-    try:
-        return fn(*args)
-    except AttnauditError:
-        raise
-    except Exception as exc:
-        raise TargetError(f"target {target.name!r}: {what} failed: "
-                          f"{type(exc).__name__}: {exc}") from exc
-
-
 def _batches(target: Seq2SeqTarget, limit: int | None) -> Iterator[Batch]:
-    """The target's batches; failures while producing them become a TargetError."""
-    batches = _target_call(target, "batches", target.iter_batches, limit)
-    while True:
-        batch = _target_call(target, "batches", next, batches, None)
-        if batch is None:
-            return
-        if not isinstance(batch, Batch):
-            raise TargetError(f"target {target.name!r}: batches must yield Batch objects, "
-                              f"got {type(batch).__name__}")
-        yield batch
+    """The checked target's batches (:func:`attnaudit.target_checks.checked_target`)."""
+    yield from target.iter_batches(limit)
 
 
 def _greedy(target: Seq2SeqTarget, batch: Batch) -> torch.Tensor:
     with torch.no_grad():
-        emitted = _target_call(target, "greedy", target.greedy, batch)
-    if (not isinstance(emitted, torch.Tensor) or emitted.ndim != 2
-            or emitted.shape[0] != len(batch) or emitted.is_floating_point()):
-        got = tuple(emitted.shape) if isinstance(emitted, torch.Tensor) else type(emitted)
-        raise TargetError(f"target {target.name!r}: greedy must return integer ids of shape "
-                          f"(batch={len(batch)}, steps), got {got}")
-    return emitted
+        return target.greedy(batch)
 
 
 def _teacher_forced(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) -> None:
-    logits = _target_call(target, "teacher_forced", target.teacher_forced, batch, emitted)
-    if not isinstance(logits, torch.Tensor) or tuple(logits.shape[:2]) != tuple(emitted.shape):
-        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits)
-        raise TargetError(f"target {target.name!r}: teacher_forced must return logits of "
-                          f"shape (batch, steps, vocab) = {tuple(emitted.shape)} + (V,), "
-                          f"got {got}")
+    target.teacher_forced(batch, emitted)
 
 
 def _plain_forward(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor
@@ -531,8 +500,8 @@ def _update_regions(target: Seq2SeqTarget, analysers: dict[str, RegionAnalyser],
     for expectation in target.expectations:
         if expectation.name not in analysers:
             continue
-        expected = _target_call(target, f"expectation {expectation.name!r}", expectation.keys,
-                                batch, emitted)
+        expected = call_target(target.name, f"expectation {expectation.name!r}",
+                               expectation.keys, batch, emitted)
         rows = step_mask.clone()
         if expectation.rows is not None:
             rows[:, expectation.rows:] = False
@@ -553,8 +522,9 @@ def _first_example(target: Seq2SeqTarget, records: dict[str, AttentionRecord],
                    roles: dict[str, str], batch: Batch, emitted: torch.Tensor,
                    step_mask: torch.Tensor) -> ExampleMaps:
     """Example 0's maps at every site, labelled with the target's own token names."""
-    source_tokens = _target_call(target, "source_tokens", target.source_tokens,
-                                 batch.select([0]))[0]
-    target_tokens = _target_call(target, "target_tokens", target.target_tokens, emitted[:1])[0]
+    source_tokens = call_target(target.name, "source_tokens", target.source_tokens,
+                                batch.select([0]))[0]
+    target_tokens = call_target(target.name, "target_tokens", target.target_tokens,
+                                emitted[:1])[0]
     return example_maps(records, roles, batch.texts[0], source_tokens, target_tokens,
                         batch.source_mask[0], step_mask[0])
