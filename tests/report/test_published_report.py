@@ -42,16 +42,35 @@ def test_checklist_logic_gives_them_from_the_committed_tables():
 
 
 def test_the_committed_report_loads_as_an_audit():
-    """Written before manifests recorded column types and tolerances: the tables load with
-    pandas' types, the verdicts and statuses are the published ones, and the gate says it
-    cannot judge rather than guessing the tolerances."""
+    """The committed report loads back: its tables, the published verdicts and statuses,
+    its figures, and the gate's judgement from its recorded tolerances."""
     import attnaudit
-    from attnaudit.auditing.result import AuditError
 
     loaded = attnaudit.Audit.load(REPORT)
     assert loaded.statuses == PUBLISHED_STATUSES and loaded.verdicts == PUBLISHED_VERDICTS
     assert len(loaded.tables["rows"]) == 4400
     assert {p.stem for p in REPORT.glob("*.csv")} == set(loaded.tables)
     assert {"permutation_tvd", "agreement", "entropy_by_head"} <= set(loaded.figure_names())
+    result = loaded.gate()
+    assert (result.status, result.failing_sites) == (0, [])
+    assert loaded.thresholds == {"max_masked_mass": 1e-6, "row_sum_tolerance": None}
+
+
+def test_a_report_without_recorded_tolerances_is_not_judged(tmp_path):
+    """An older report's manifest has no tolerances: the gate says it cannot judge."""
+    import json
+    import shutil
+
+    import attnaudit
+    from attnaudit.auditing.result import AuditError
+
+    older = tmp_path / "older"
+    shutil.copytree(REPORT, older)
+    manifest = json.loads((older / "manifest.json").read_text())
+    for recorded in ("thresholds", "tables", "input_rows"):
+        manifest.pop(recorded, None)
+    (older / "manifest.json").write_text(json.dumps(manifest))
+    loaded = attnaudit.Audit.load(older)
+    assert loaded.statuses == PUBLISHED_STATUSES
     with pytest.raises(AuditError, match="older attnaudit"):
         loaded.gate()
