@@ -70,6 +70,7 @@ class Capture:
         self._stack: ExitStack | None = None
         self._used = False
         self._owner_heads: dict[str, int | None] = {}
+        self._layouts: dict[tuple[str, tuple[int, ...], int], Layout] = {}  # this capture's
 
     @property
     def sites(self) -> list[str]:
@@ -132,11 +133,16 @@ class Capture:
         ``(batch, heads, queries, keys)``; ``names`` are the calling frame's locals. Resolved
         once per model, site, shape and stated head count, and kept with the model (weakly),
         so the many captures of an intervention run do not resolve it again."""
+        local_key = (site.name, shape, key_dim)
+        layout = self._layouts.get(local_key)
+        if layout is not None:
+            return layout
         stated = self.heads.get(site.name, self.heads.get(site_base(site.name)))
         known = _LAYOUTS.setdefault(self.model, {})
         key = (site.name, shape, key_dim, stated)
         layout = known.get(key)
         if layout is not None:
+            self._layouts[local_key] = layout
             return layout
         call_site = CallSite(
             heads=stated, names=None if names is None else int_locals(names()),
@@ -144,7 +150,8 @@ class Capture:
             query_last=query_last,
         )
         try:
-            layout = known[key] = resolve_layout(shape, key_dim, call_site)
+            layout = known[key] = self._layouts[local_key] = resolve_layout(shape, key_dim,
+                                                                            call_site)
         except ValueError as exc:
             raise CaptureError(f"site {site.name!r}: {exc}") from None
         return layout
