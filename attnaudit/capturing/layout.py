@@ -108,10 +108,7 @@ class Layout:
     @cached_property
     def bhqk(self) -> tuple[int, int, int, int]:
         """The record shape ``(B, H, Q, K)`` of a call's full tensor."""
-        size = dict.fromkeys("bhqk", 1)
-        for letter, n in self._letters:
-            size[letter] *= n
-        return size["b"], size["h"], size["q"], size["k"]
+        return _merged(self._letters)
 
     @cached_property
     def _plain(self) -> bool:
@@ -139,12 +136,9 @@ class Layout:
             raise ValueError(f"key mask of shape {tuple(t.shape)} does not broadcast to "
                              f"attention weights of shape {self.shape}") from None
         t = t.reshape((1,) * (len(self.shape) - t.ndim) + tuple(t.shape)).movedim(self.key_dim, -1)
-        order, letters, sizes = self._order, self._letters, self._sizes(t)
-        t = t.reshape(sizes).permute(order)
-        out = dict.fromkeys("bhqk", 1)
-        for i in order:
-            out[letters[i][0]] *= sizes[i]
-        return t.reshape(tuple(out.values()))
+        sizes = self._sizes(t)
+        merged = _merged([(x, n) for (x, _), n in zip(self._letters, sizes, strict=True)])
+        return t.reshape(sizes).permute(self._order).reshape(merged)
 
     def from_record(self, w: torch.Tensor) -> torch.Tensor:
         """An edit's ``(B, H, Q, K)`` result back in the call's shape."""
@@ -165,6 +159,14 @@ class Layout:
         as_weights = replace(self, shape=(*value.shape[:-2], d_v, value.shape[-2]),
                              groups=(*lead, queries, keys))
         return as_weights.to_record(value.transpose(-2, -1)).transpose(-2, -1)
+
+
+def _merged(letters: Sequence[tuple[str, int]]) -> tuple[int, int, int, int]:
+    """``(B, H, Q, K)``: the product of the sizes under each letter."""
+    size = dict.fromkeys("bhqk", 1)
+    for letter, n in letters:
+        size[letter] *= n
+    return size["b"], size["h"], size["q"], size["k"]
 
 
 def resolve_layout(shape: tuple[int, ...], key_dim: int, site: CallSite) -> Layout:

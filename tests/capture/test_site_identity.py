@@ -210,6 +210,27 @@ def test_a_compiled_model_is_captured_eagerly_and_left_compiled():
     assert torch.equal(after, before)  # no edit survives the context
 
 
+def test_compiled_code_runs_eagerly_while_a_capture_is_active():
+    """Inside a capture the compiler's stance is force_eager (no graph is built, nothing is
+    baked in with an edit); afterwards the stance is what it was."""
+    from torch._dynamo import eval_frame
+
+    torch.manual_seed(0)
+    module = FoldedAttention()
+    compiled = torch.compile(module, backend="eager")
+    seen = []
+
+    def spy(site, weights, key_mask):
+        seen.append(eval_frame._stance.stance)
+        return None
+
+    before = eval_frame._stance.stance
+    with torch.no_grad(), attnaudit.capture(compiled, edit=spy):
+        compiled(*cross_inputs())
+    assert seen == ["force_eager"]
+    assert eval_frame._stance.stance == before
+
+
 def test_two_attention_lines_in_one_method_are_numbered_by_first_call():
     class TwoStreams(nn.Module):
         def forward(self, main, extra):
