@@ -1,0 +1,57 @@
+"""``attnaudit.audit`` in a process group it is given (here a gloo group of one process, in
+this process): every merge runs through the collectives and the audit is the plain one."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch.distributed as dist
+
+import attnaudit
+from attnaudit.distributed import RankError, RankFailed, current_shard
+from attnaudit.errors import AttnauditError
+from attnaudit.target import load_target
+
+TIMED = {"performance", "performance_totals"}
+
+
+@pytest.fixture
+def group_of_one():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_audit_through_the_collectives_equals_the_plain_audit(group_of_one):
+    target = load_target("tests.distributed.targets:date_lstm")
+    merged = attnaudit.audit(target, limit=8, quick=True, progress=False,
+                             process_group=group_of_one)
+    assert merged.manifest["distributed"] == {"world_size": 1, "backend": "gloo"}
+    dist.destroy_process_group()  # the plain audit: no group anywhere
+    try:
+        assert not current_shard().is_distributed
+        plain = attnaudit.audit(target, limit=8, quick=True, progress=False)
+    finally:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    assert set(merged.tables) == set(plain.tables)
+    for name in set(plain.tables) - TIMED:
+        pd.testing.assert_frame_equal(merged.tables[name], plain.tables[name], obj=name)
+    assert merged.validity.example is not None  # rank 0 audited batch 0
+    assert merged.gate().status == plain.gate().status == 0
+
+
+def test_a_failure_inside_together_is_raised_naming_the_rank(group_of_one):
+    shard = current_shard()
+    assert (shard.rank, shard.world_size, shard.is_main) == (0, 1, True)
+    unexpected = pytest.raises(RankFailed, match=r"rank 0 of 1 failed during the test: "
+                                                 r"ZeroDivisionError: division by zero")
+    with unexpected, shard.together("the test"):
+        _ = 1 / 0
+    expected = pytest.raises(RankError, match="rank 0 of 1 failed during the test: "
+                                              "AttnauditError: a clear message")
+    with expected, shard.together("the test"):
+        raise AttnauditError("a clear message")
+    with shard.together("the test"):
+        pass
