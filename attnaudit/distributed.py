@@ -98,7 +98,7 @@ class Shard:
             return requested
         if requested is None and self.backend == "nccl":
             return f"cuda:{self.local_rank}"
-        if requested is not None and torch.device(requested) == torch.device("cuda"):
+        if requested is not None and str(requested) == "cuda":
             return f"cuda:{self.local_rank}"
         return requested
 

@@ -89,8 +89,9 @@ def intervene_command(args: argparse.Namespace) -> int:
     """``attnaudit intervene``: run the suite, print its summaries, write CSVs to --out."""
     max_memory = memory_option(args)
     folder = None if args.out is None else OutputFolder.check(args.out, force=args.force)
-    target = load_cli_target(args)
     shard = current_shard()
+    args.device = shard.device(args.device)  # cuda:LOCAL_RANK under torchrun with nccl
+    target = load_cli_target(args)
     suite = run_suite(target, quick=args.quick, limit=args.limit, progress=True,
                       sites=args.site, heads=args.head, max_memory=max_memory, shard=shard)
     print_suite(suite)
