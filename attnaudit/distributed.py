@@ -93,10 +93,10 @@ class Shard:
 
     def device(self, requested: str | torch.device | None) -> str | torch.device | None:
         """The device this rank runs on: ``cuda:LOCAL_RANK`` for a plain ``"cuda"``, or
-        for None under the nccl backend; anything else as requested."""
+        for None under a backend with nccl; anything else as requested."""
         if not self.is_distributed:
             return requested
-        if requested is None and self.backend == "nccl":
+        if requested is None and "nccl" in self.backend:
             return f"cuda:{self.local_rank}"
         if requested is not None and str(requested) == "cuda":
             return f"cuda:{self.local_rank}"

@@ -8,7 +8,7 @@ import pytest
 import torch.distributed as dist
 
 import attnaudit
-from attnaudit.distributed import RankError, RankFailed, current_shard
+from attnaudit.distributed import SINGLE, RankError, RankFailed, Shard, current_shard
 from attnaudit.errors import AttnauditError
 from attnaudit.target import load_target
 
@@ -55,3 +55,15 @@ def test_a_failure_inside_together_is_raised_naming_the_rank(group_of_one):
         raise AttnauditError("a clear message")
     with shard.together("the test"):
         pass
+
+
+def test_batches_are_dealt_round_robin_and_cuda_means_this_ranks_gpu():
+    second = Shard(rank=1, world_size=2, local_rank=1, backend="nccl")
+    assert [b for b in range(7) if second.owns(b)] == [1, 3, 5]
+    assert all(SINGLE.owns(b) for b in range(7))
+    assert (second.device(None), second.device("cuda"), second.device("cuda:0"),
+            second.device("cpu")) == ("cuda:1", "cuda:1", "cuda:0", "cpu")
+    on_cpu = Shard(rank=1, world_size=2, local_rank=1, backend="gloo")
+    assert (on_cpu.device(None), on_cpu.device("cuda")) == (None, "cuda:1")
+    assert SINGLE.device("cuda") == "cuda" and SINGLE.describe() == {"world_size": 1,
+                                                                     "backend": None}
