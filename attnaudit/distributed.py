@@ -6,7 +6,8 @@ examples ``b * batch_size`` onwards, numbered as in a single process) goes to ra
 ``b % world_size``. Each batch is therefore computed exactly as a single process computes
 it (same padding, same per-(example, step) seeds), so per-row tables gathered and put back
 in batch order equal the single-process tables bit for bit on the CPU, whatever the number
-of ranks.
+of ranks. Every rank reads every batch's texts and the ranks compare their digests
+(:meth:`Shard.agree`): a target that shuffles or shards on its own is refused.
 
 Results meet through collectives of the process group, never through files: analyser
 states (sums, counts, minima, maxima, histograms) are all-reduced as float64 tensors; the
@@ -142,6 +143,16 @@ class Shard:
         cls = RankError if first.expected else RankFailed
         raise cls(f"rank {first.rank} of {self.world_size} failed during {what}: "
                   f"{first.kind}: {first.message}") from exc
+
+    def agree(self, what: str, value: Any) -> None:
+        """Raise :class:`RankError` on every rank unless every rank holds the same
+        ``value`` (picklable, comparable) of ``what``."""
+        values = self.all_gather(value)
+        for rank, theirs in enumerate(values):
+            if theirs != values[0]:
+                raise RankError(f"ranks 0 and {rank} of {self.world_size} see different "
+                                f"{what}: every rank must read the same batches in the same "
+                                "order (no shuffling or sharding of its own in the target)")
 
     def merge_analyser(self, analyser: Analyser) -> None:
         """Merge every rank's state of ``analyser`` into it, on every rank: the streaming

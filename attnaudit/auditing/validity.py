@@ -35,6 +35,7 @@ counted anywhere. Besides the docs/metrics.md names the metrics table carries, p
 
 from __future__ import annotations
 
+import hashlib
 import math
 import sys
 import time
@@ -419,8 +420,10 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     example: ExampleMaps | None = None
     examples = 0
     started = time.perf_counter()
+    data = hashlib.sha256()  # what every rank must agree on: the batches' texts
     with shard.together("the validity audit"):
         for index, batch in enumerate(_batches(target, limit)):
+            data.update(repr(batch.texts).encode())
             if not shard.owns(index):
                 continue
             emitted, greedy_s = timed(lambda b=batch: _greedy(target, b))
@@ -464,6 +467,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                 print(f"audit {target.name}: batch {index + 1}, {examples} examples, "
                       f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     if shard.is_distributed:
+        shard.agree("data", data.hexdigest())
         infos, performance, degenerate, examples = _merged_shards(
             shard, analysers, expectation_analysers, infos, performance, degenerate, examples)
     if examples == 0:

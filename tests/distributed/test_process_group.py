@@ -8,6 +8,7 @@ import pytest
 import torch.distributed as dist
 
 import attnaudit
+from attnaudit.auditing.validity import run_validity_audit
 from attnaudit.distributed import SINGLE, RankError, RankFailed, Shard, current_shard
 from attnaudit.errors import AttnauditError
 from attnaudit.target import load_target
@@ -67,3 +68,19 @@ def test_batches_are_dealt_round_robin_and_cuda_means_this_ranks_gpu():
     assert (on_cpu.device(None), on_cpu.device("cuda")) == (None, "cuda:1")
     assert SINGLE.device("cuda") == "cuda" and SINGLE.describe() == {"world_size": 1,
                                                                      "backend": None}
+
+
+class OtherDataOnRank1(Shard):
+    """Rank 0 of two whose peer (simulated) iterates other data; the other meeting points
+    hear nothing wrong."""
+
+    def all_gather(self, obj):
+        return [obj, "another digest" if isinstance(obj, str) else obj]
+
+
+def test_ranks_that_read_other_data_are_refused():
+    target = load_target("tests.distributed.targets:date_lstm")
+    shard = OtherDataOnRank1(rank=0, world_size=2, backend="gloo")
+    with pytest.raises(RankError, match="ranks 0 and 1 of 2 see different data: every rank "
+                                        "must read the same batches"):
+        run_validity_audit(target, limit=8, progress=False, shard=shard)
