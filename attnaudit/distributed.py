@@ -27,8 +27,9 @@ one rank may wait for another at a meeting point, about one batch's work.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -202,6 +203,20 @@ class Shard:
 
 
 SINGLE = Shard()
+
+
+class TextsDigest:
+    """A digest of the texts of the batches a rank reads, in order, for the ranks to
+    :meth:`Shard.agree` on."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+
+    def update(self, texts: Sequence[str]) -> None:
+        self._hash.update(repr(list(texts)).encode())
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
 
 
 def _without_stats(analyser: Analyser) -> Analyser:

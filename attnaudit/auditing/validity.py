@@ -35,7 +35,6 @@ counted anywhere. Besides the docs/metrics.md names the metrics table carries, p
 
 from __future__ import annotations
 
-import hashlib
 import math
 import sys
 import time
@@ -68,7 +67,7 @@ from attnaudit.auditing.measurement import (
 )
 from attnaudit.capturing import Capture, capture
 from attnaudit.degenerate import DegenerateCounter
-from attnaudit.distributed import SINGLE, Shard
+from attnaudit.distributed import SINGLE, Shard, TextsDigest
 from attnaudit.findings import (
     CAPTURED_RULE,
     Finding,
@@ -420,10 +419,10 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     example: ExampleMaps | None = None
     examples = 0
     started = time.perf_counter()
-    data = hashlib.sha256()  # what every rank must agree on: the batches' texts
+    data = TextsDigest()  # what every rank must agree on
     with shard.together("the validity audit"):
         for index, batch in enumerate(_batches(target, limit)):
-            data.update(repr(batch.texts).encode())
+            data.update(batch.texts)
             if not shard.owns(index):
                 continue
             emitted, greedy_s = timed(lambda b=batch: _greedy(target, b))

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from attnaudit.degenerate import degenerate_table, describe_counts, reason_counts
-from attnaudit.distributed import SINGLE, Shard
+from attnaudit.distributed import SINGLE, Shard, TextsDigest
 from attnaudit.interventions.ablation import (
     cumulative_summary,
     cumulative_test,
@@ -115,6 +115,11 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     adversarial_set = set() if quick else seeded_examples(n_examples, adversarial_examples,
                                                           target.seed + 1)
     methods = tuple(m for m in METHODS if not (quick and m == "integrated_gradients"))
+    if shard.is_distributed:
+        data = TextsDigest()
+        for batch in batches:
+            data.update(batch.texts)
+        shard.agree("data", data.hexdigest())
     local: list[tuple[int, dict[str, list[pd.DataFrame]]]] = []
     starts = [0, *accumulate(len(b) for b in batches)]
     ref = None

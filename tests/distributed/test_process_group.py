@@ -11,6 +11,7 @@ import attnaudit
 from attnaudit.auditing.validity import run_validity_audit
 from attnaudit.distributed import SINGLE, RankError, RankFailed, Shard, current_shard
 from attnaudit.errors import AttnauditError
+from attnaudit.interventions.suite import run_suite
 from attnaudit.target import load_target
 
 TIMED = {"performance", "performance_totals"}
@@ -78,9 +79,10 @@ class OtherDataOnRank1(Shard):
         return [obj, "another digest" if isinstance(obj, str) else obj]
 
 
-def test_ranks_that_read_other_data_are_refused():
+@pytest.mark.parametrize("run", [run_validity_audit, run_suite])
+def test_ranks_that_read_other_data_are_refused(run):
     target = load_target("tests.distributed.targets:date_lstm")
     shard = OtherDataOnRank1(rank=0, world_size=2, backend="gloo")
     with pytest.raises(RankError, match="ranks 0 and 1 of 2 see different data: every rank "
                                         "must read the same batches"):
-        run_validity_audit(target, limit=8, progress=False, shard=shard)
+        run(target, limit=8, progress=False, shard=shard)
