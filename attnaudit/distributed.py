@@ -55,6 +55,10 @@ class RankFailed(RuntimeError):
     """An unexpected error on one rank of a distributed audit, raised on every rank."""
 
 
+class CollectiveError(AttnauditError):
+    """A collective failed: a peer rank died, or did not arrive within the timeout."""
+
+
 @dataclass(frozen=True)
 class _Failure:
     rank: int
@@ -113,8 +117,22 @@ class Shard:
         if not self.is_distributed:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.group)
+        with self._meeting():
+            dist.all_gather_object(out, obj, group=self.group)
         return out
+
+    @contextlib.contextmanager
+    def _meeting(self) -> Iterator[None]:
+        """A collective, whose failure (a peer that died, or did not come within the
+        timeout) becomes a :class:`CollectiveError`."""
+        try:
+            yield
+        except RuntimeError as exc:
+            raise CollectiveError(
+                f"rank {self.rank} of {self.world_size}: another rank did not take part in a "
+                "collective (it died, or did not arrive within the collective timeout; "
+                f"{TIMEOUT_ENV} sets it for the attnaudit command): "
+                f"{' '.join(str(exc).split())}") from exc
 
     @contextlib.contextmanager
     def together(self, what: str) -> Iterator[None]:
@@ -198,7 +216,8 @@ class Shard:
         tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64))
         if device is not None:
             tensor = tensor.to(device)
-        dist.all_reduce(tensor, op=op, group=self.group)
+        with self._meeting():
+            dist.all_reduce(tensor, op=op, group=self.group)
         return tensor.cpu().numpy().reshape(array.shape)
 
 
@@ -254,7 +273,7 @@ def collective_timeout() -> timedelta:
         seconds = float(text)
     except ValueError:
         seconds = -1.0
-    if not seconds > 0:
+    if not 0 < seconds < 10**9:  # also refuses nan and inf
         raise AttnauditError(f"{TIMEOUT_ENV} must be a positive number of seconds, "
                              f"got {text!r}")
     return timedelta(seconds=seconds)

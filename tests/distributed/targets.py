@@ -4,6 +4,7 @@ deal out across ranks; and one that fails on rank 1 only."""
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -40,3 +41,16 @@ def date_lstm_failing_on_rank_1() -> Seq2SeqTarget:
         return greedy(batch)
 
     return target.with_options(greedy=failing)
+
+
+def date_lstm_stuck_on_rank_1() -> Seq2SeqTarget:
+    """The date model whose greedy decoding stalls for a minute in the process of rank 1."""
+    target = date_lstm()
+    greedy = target.greedy
+
+    def stuck(batch: Batch) -> torch.Tensor:
+        if os.environ.get("RANK") == "1":
+            time.sleep(60)
+        return greedy(batch)
+
+    return target.with_options(greedy=stuck)

@@ -3,13 +3,24 @@ this process): every merge runs through the collectives and the audit is the pla
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pandas as pd
 import pytest
 import torch.distributed as dist
 
 import attnaudit
 from attnaudit.auditing.validity import run_validity_audit
-from attnaudit.distributed import SINGLE, RankError, RankFailed, Shard, current_shard
+from attnaudit.distributed import (
+    DEFAULT_TIMEOUT,
+    SINGLE,
+    TIMEOUT_ENV,
+    RankError,
+    RankFailed,
+    Shard,
+    collective_timeout,
+    current_shard,
+)
 from attnaudit.errors import AttnauditError
 from attnaudit.interventions.suite import run_suite
 from attnaudit.target import load_target
@@ -86,3 +97,14 @@ def test_ranks_that_read_other_data_are_refused(run):
     with pytest.raises(RankError, match="ranks 0 and 1 of 2 see different data: every rank "
                                         "must read the same batches"):
         run(target, limit=8, progress=False, shard=shard)
+
+
+def test_the_collective_timeout_is_read_from_the_environment(monkeypatch):
+    monkeypatch.delenv(TIMEOUT_ENV, raising=False)
+    assert collective_timeout() == DEFAULT_TIMEOUT == timedelta(minutes=30)
+    monkeypatch.setenv(TIMEOUT_ENV, "90")
+    assert collective_timeout() == timedelta(seconds=90)
+    for bad in ("0", "-5", "soon", "nan", "inf"):
+        monkeypatch.setenv(TIMEOUT_ENV, bad)
+        with pytest.raises(AttnauditError, match="must be a positive number of seconds"):
+            collective_timeout()

@@ -1,7 +1,8 @@
 """``torchrun --nproc_per_node 2 -m attnaudit ...`` (gloo, CPU) is the single-process audit:
 on both bundled models (in batches of four, so that both ranks get examples) the per-row
 tables are the same bytes, summaries agree to 1e-9, analyser summaries to 1e-6, the gate
-says the same; a rank that fails stops the job, named, within a bounded time."""
+says the same; a rank that fails stops the job, named, within a bounded time, and a rank
+that stalls is given up after the collective timeout."""
 
 from __future__ import annotations
 
@@ -38,11 +39,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def torchrun(*args: str, timeout: float = 240, **env: str) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
             "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
             "-m", "attnaudit", *args]
-    return subprocess.run(argv, cwd=ROOT, env=ENV, capture_output=True, text=True,
+    return subprocess.run(argv, cwd=ROOT, env={**ENV, **env}, capture_output=True, text=True,
                           check=False, timeout=timeout)
 
 
@@ -148,3 +149,14 @@ def test_a_failing_rank_stops_the_job_and_is_named(tmp_path):
     assert "deliberate failure in this rank's shard" in result.stderr
     assert not (tmp_path / "out").exists()  # no report, partial or otherwise
     assert elapsed < 120
+
+
+def test_a_stuck_rank_is_given_up_after_the_collective_timeout():
+    started = time.perf_counter()
+    result = torchrun("check", f"{TARGETS}:date_lstm_stuck_on_rank_1", "--limit", "12",
+                      timeout=120, ATTNAUDIT_DIST_TIMEOUT="5")
+    elapsed = time.perf_counter() - started
+    assert result.returncode != 0
+    assert "attnaudit check: error: rank 0 of 2: another rank did not take part in a " \
+        "collective" in result.stderr, result.stderr[-3000:]
+    assert elapsed < 55  # rank 1 stalls for 60 s; rank 0 gives up 5 s after it waits
