@@ -282,18 +282,24 @@ def collective_timeout() -> timedelta:
 @contextlib.contextmanager
 def torchrun_session() -> Iterator[Shard]:
     """Under ``torchrun``: initialise the default process group from the environment
-    (nccl when CUDA is available, with this process on ``cuda:LOCAL_RANK``; gloo
-    otherwise; :func:`collective_timeout`), yield this process's shard, and destroy the
-    group afterwards. Elsewhere, or when a group is already initialised, yield
-    :func:`current_shard` and leave the group alone."""
+    (nccl when each process of this machine has a GPU of its own, this process on
+    ``cuda:LOCAL_RANK``; gloo otherwise; :func:`collective_timeout`), yield this process's
+    shard, and destroy the group afterwards. Elsewhere, or when a group is already
+    initialised, yield :func:`current_shard` and leave the group alone."""
     if not launched_by_torchrun() or not dist.is_available() or dist.is_initialized():
         yield current_shard()
         return
     local_rank = int(os.environ["LOCAL_RANK"])
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = "nccl" if gpus >= local_world else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend=backend, timeout=collective_timeout())
+    try:
+        dist.init_process_group(backend=backend, timeout=collective_timeout())
+    except RuntimeError as exc:
+        raise CollectiveError(f"rank {os.environ['RANK']} cannot join the {backend} process "
+                              f"group torchrun set up: {' '.join(str(exc).split())}") from exc
     try:
         yield current_shard()
     finally:
