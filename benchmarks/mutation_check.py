@@ -36,6 +36,7 @@ CAPTURE_PINS = "tests/capture/test_pinned_numbers.py"
 ROW_SUM_GATE = "tests/gate/test_row_sum_gate.py"
 REPORT = "tests/report/test_report_date.py"
 ALIGNMENT = "tests/examples/test_alignment_audit.py::test_date_numbers_match_a_hand_written_decoder"
+TORCHRUN = "tests/distributed/test_torchrun.py::test_two_ranks_write_the_single_process_report"
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,12 @@ MUTATIONS = (
              "attnaudit/checklist/explanation.py", "if insensitive < 0.5 and top_matters",
              "if insensitive < 0.05 and top_matters",
              (REPORT + "::test_checklist_statuses_and_verdicts_are_pinned",)),
+    Mutation("shard_rank_order", "distributed suite: gathered batches kept in rank order",
+             "attnaudit/interventions/suite.py", "key=lambda part: part[0])",
+             "key=lambda part: 0)", (TORCHRUN + "[date_lstm]",)),
+    Mutation("shard_stats_own_only", "distributed audit: each rank keeps its own analyser "
+             "statistics", "attnaudit/distributed.py",
+             "self._all_reduce_stats(analyser.stats)", "None", (TORCHRUN + "[date_lstm]",)),
 )
 
 

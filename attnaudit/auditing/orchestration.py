@@ -24,6 +24,7 @@ from attnaudit.auditing.validity import (
     run_validity_audit,
 )
 from attnaudit.checklist import build_checklist
+from attnaudit.distributed import Shard, current_shard
 from attnaudit.errors import AttnauditError
 from attnaudit.interventions.suite import InterventionSuite, run_suite
 from attnaudit.report.manifest import build_manifest
@@ -38,7 +39,7 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
           max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
           row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
           progress: bool = True, command_line: Sequence[str] | str | None = None,
-          **hf_options: Any) -> Audit:
+          process_group: Any = None, **hf_options: Any) -> Audit:
     """Audit the attention of a seq2seq model: validity, interventions, checklist.
 
     Args:
@@ -66,6 +67,13 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             None: per site from the weights' dtype and key count).
         progress: progress lines on stderr.
         command_line: recorded in the manifest and shown in the report.
+        process_group: audit across the processes of this ``torch.distributed`` group
+            (default: the initialised default group, if any; see
+            :mod:`attnaudit.distributed`). Each rank audits its share of the batches on
+            its own device (``cuda:LOCAL_RANK`` for ``"cuda"``, or for no device under
+            nccl) and every rank returns the merged audit (the first example's maps on
+            rank 0 only); progress is printed by rank 0 only. Every rank must call
+            ``audit`` with the same arguments; only one should save the report.
 
     Returns:
         The :class:`~attnaudit.auditing.result.Audit`. The model is left as it was.
@@ -73,38 +81,40 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or limit < 1):
         raise TargetError(f"limit must be a positive number of examples, got {limit!r}")
+    shard = current_shard(process_group)
+    device, progress = shard.device(device), progress and shard.is_main
     if isinstance(target_or_model, Seq2SeqTarget):
         if data is not None or tokenizer is not None or hf_options:
             raise TargetError("data, tokenizer and from_hf options go with a model or a "
                               "model folder, not with a Seq2SeqTarget")
         with placed(target_or_model, device, dtype) as target:
             return _run(target, quick, limit, interventions, checks_only, max_memory,
-                        max_masked_mass, row_sum_tolerance, progress, command_line)
+                        max_masked_mass, row_sum_tolerance, progress, command_line, shard)
     if data is None:
         raise TargetError("auditing a model needs data=: source strings, a TSV path, or a "
                           "pandas column")
     target = from_hf(target_or_model, data, tokenizer=tokenizer, device=device, dtype=dtype,
                      **hf_options)
     return _run(target, quick, limit, interventions, checks_only, max_memory,
-                max_masked_mass, row_sum_tolerance, progress, command_line)
+                max_masked_mass, row_sum_tolerance, progress, command_line, shard)
 
 
 def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: bool,
          checks_only: bool, max_memory: int | str | None, max_masked_mass: float,
          row_sum_tolerance: float | None, progress: bool,
-         command_line: Sequence[str] | str | None) -> Audit:
+         command_line: Sequence[str] | str | None, shard: Shard) -> Audit:
     started = time.perf_counter()
     validity = run_validity_audit(target, limit=limit, progress=progress,
                                   keep_example=not checks_only, regions=not checks_only,
                                   timing=not checks_only, checks_only=checks_only,
                                   max_masked_mass=max_masked_mass,
-                                  row_sum_tolerance=row_sum_tolerance)
+                                  row_sum_tolerance=row_sum_tolerance, shard=shard)
     if checks_only or not interventions:
         suite = None
         reason = ("the audit ran the gate's checks only" if checks_only else
                   "the intervention suite was not requested (interventions=False)")
     else:
-        suite, reason = _run_suite(target, quick, limit, progress, max_memory)
+        suite, reason = _run_suite(target, quick, limit, progress, max_memory, shard)
     checklist = build_checklist(target.model, validity, suite, suite_reason=reason)
     texts = [text for batch in target.iter_batches(limit) for text in batch.texts]
     seeds: dict[str, Any] = {"target": target.seed}
@@ -118,6 +128,7 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
     manifest["thresholds"] = {"max_masked_mass": validity.max_masked_mass,
                               "row_sum_tolerance": validity.row_sum_tolerance}
     manifest["description"] = target.description
+    manifest["distributed"] = shard.describe()
     manifest["input_rows"] = {"rows": validity.degenerate.rows,
                               "degenerate": dict(validity.degenerate.counts)}
     result = Audit(target=target.name, description=target.description,
@@ -130,10 +141,11 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
 
 
 def _run_suite(target: Seq2SeqTarget, quick: bool, limit: int | None, progress: bool,
-               max_memory: int | str | None) -> tuple[InterventionSuite | None, str | None]:
+               max_memory: int | str | None, shard: Shard
+               ) -> tuple[InterventionSuite | None, str | None]:
     try:
         return run_suite(target, quick=quick, limit=limit, progress=progress,
-                         max_memory=max_memory), None
+                         max_memory=max_memory, shard=shard), None
     except AttnauditError as exc:
         if progress:
             print(f"audit {target.name}: interventions not recorded: {exc}", file=sys.stderr)

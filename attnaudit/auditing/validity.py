@@ -67,6 +67,7 @@ from attnaudit.auditing.measurement import (
 )
 from attnaudit.capturing import Capture, capture
 from attnaudit.degenerate import DegenerateCounter
+from attnaudit.distributed import SINGLE, Shard, TextsDigest
 from attnaudit.findings import (
     CAPTURED_RULE,
     Finding,
@@ -310,8 +311,13 @@ class _SiteInfo:
     weights_dtype: str = ""
     rules: set[str] = field(default_factory=set)
     roles: set[str] = field(default_factory=set)
+    first_batch: int = -1
+    last_batch: int = -1
 
-    def update(self, record: AttentionRecord, role: str) -> None:
+    def update(self, record: AttentionRecord, role: str, batch: int) -> None:
+        if self.first_batch < 0:
+            self.first_batch = batch
+        self.last_batch = batch
         _, h, q, k = record.weights.shape
         self.heads, self.queries, self.keys = h, max(self.queries, q), max(self.keys, k)
         self.scores_available &= record.scores is not None
@@ -321,6 +327,20 @@ class _SiteInfo:
         self.weights_dtype = str(record.weights.dtype).removeprefix("torch.")
         self.roles.add(role)
         self.rules.add(DECLARED_RULES.get(role, CAPTURED_RULE))
+
+    def merge(self, other: _SiteInfo) -> None:
+        """Fold in what another shard saw of the same site (its batches' facts); the
+        facts kept from the last batch come from whichever saw the later batch."""
+        later = other.last_batch > self.last_batch
+        if later:
+            self.heads, self.key_mask_shape = other.heads, other.key_mask_shape
+            self.weights_dtype, self.last_batch = other.weights_dtype, other.last_batch
+        self.queries, self.keys = max(self.queries, other.queries), max(self.keys, other.keys)
+        self.scores_available &= other.scores_available
+        self.values_available &= other.values_available
+        self.roles |= other.roles
+        self.rules |= other.rules
+        self.first_batch = min(self.first_batch, other.first_batch)
 
     def row(self, row_sum_tolerance: float) -> dict[str, Any]:
         site = self.record_site
@@ -351,7 +371,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                        regions: bool = True, timing: bool = True,
                        max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
                        row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
-                       checks_only: bool = False) -> ValidityAudit:
+                       checks_only: bool = False, shard: Shard = SINGLE) -> ValidityAudit:
     """Audit every attention site of ``target`` over its data (see the module docstring).
 
     Args:
@@ -368,6 +388,9 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         checks_only: only what the gate judges: capture without scores and values, the
             masking and numerics analysers only (no entropy, no score ranges), so the
             audit costs little more than the greedy decode and one teacher-forced pass.
+        shard: this process's part of a distributed audit (:mod:`attnaudit.distributed`):
+            it audits its own batches, and every rank returns the merged audit (the first
+            example's maps, from batch 0, on rank 0 only).
 
     The performance table has one row per batch: examples; real source tokens and
     emitted steps up to EOS; seconds for greedy decoding and for the teacher-forced
@@ -396,47 +419,56 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     example: ExampleMaps | None = None
     examples = 0
     started = time.perf_counter()
-    for index, batch in enumerate(_batches(target, limit)):
-        emitted, greedy_s = timed(lambda b=batch: _greedy(target, b))
-        step_mask = target.step_mask(emitted)
-        degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
-        plain_s = plain_peak = math.nan
-        with torch.no_grad():  # alternate which runs first, so warm-up favours neither
-            if timing and index % 2 == 0:
-                plain_s, plain_peak = _plain_forward(target, batch, emitted)
-            cap, captured_s, captured_peak = _captured_forward(target, batch, emitted,
-                                                               keep=not checks_only)
-            if timing and index % 2 == 1:
-                plain_s, plain_peak = _plain_forward(target, batch, emitted)
-        n_source, n_target = batch.source_ids.shape[1], emitted.shape[1]
-        roles = {}
-        for name, record in cap.records.items():
-            _, _, q, k = record.weights.shape
-            role = roles[name] = site_role(name, record.kind, q, k, n_source, n_target)
-            declared, rows = declared_rule(role, batch, step_mask)
-            infos.setdefault(name, _SiteInfo(record.site)).update(record, role)
-            analysers.update(record, eligible=declared, rows=rows)
-            if role == "cross" and expectation_analysers:
-                _update_regions(target, expectation_analysers, declared_rows(record, declared),
-                                batch, emitted, step_mask)
-        if keep_example and example is None:
-            example = _first_example(target, cap.records, roles, batch, emitted, step_mask)
-        source_tokens, target_tokens = int(batch.source_mask.sum()), int(step_mask.sum())
-        performance.append({
-            "batch": index, "examples": len(batch), "source_tokens": source_tokens,
-            "target_tokens": target_tokens, "greedy_s": greedy_s, "plain_s": plain_s,
-            "captured_s": captured_s, "capture_overhead": ratio(captured_s, plain_s),
-            "tokens_per_s_plain": ratio(source_tokens + target_tokens, plain_s),
-            "tokens_per_s_captured": ratio(source_tokens + target_tokens, captured_s),
-            "plain_peak_mib": plain_peak, "captured_peak_mib": captured_peak,
-            "capture_mib": capture_bytes(cap.records.values()) / 2**20,
-            "materialised_sites": sum(r.site.mechanism in MATERIALISED_BY_CAPTURE
-                                      for r in cap.records.values()),
-        })
-        examples += len(batch)
-        if progress:
-            print(f"audit {target.name}: batch {index + 1}, {examples} examples, "
-                  f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    data = TextsDigest()  # what every rank must agree on
+    with shard.together("the validity audit"):
+        for index, batch in enumerate(_batches(target, limit)):
+            data.update(batch.texts)
+            if not shard.owns(index):
+                continue
+            emitted, greedy_s = timed(lambda b=batch: _greedy(target, b))
+            step_mask = target.step_mask(emitted)
+            degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
+            plain_s = plain_peak = math.nan
+            with torch.no_grad():  # alternate which runs first, so warm-up favours neither
+                if timing and index % 2 == 0:
+                    plain_s, plain_peak = _plain_forward(target, batch, emitted)
+                cap, captured_s, captured_peak = _captured_forward(target, batch, emitted,
+                                                                   keep=not checks_only)
+                if timing and index % 2 == 1:
+                    plain_s, plain_peak = _plain_forward(target, batch, emitted)
+            n_source, n_target = batch.source_ids.shape[1], emitted.shape[1]
+            roles = {}
+            for name, record in cap.records.items():
+                _, _, q, k = record.weights.shape
+                role = roles[name] = site_role(name, record.kind, q, k, n_source, n_target)
+                declared, rows = declared_rule(role, batch, step_mask)
+                infos.setdefault(name, _SiteInfo(record.site)).update(record, role, index)
+                analysers.update(record, eligible=declared, rows=rows)
+                if role == "cross" and expectation_analysers:
+                    _update_regions(target, expectation_analysers, declared_rows(record, declared),
+                                    batch, emitted, step_mask)
+            if keep_example and example is None:
+                example = _first_example(target, cap.records, roles, batch, emitted, step_mask)
+            source_tokens, target_tokens = int(batch.source_mask.sum()), int(step_mask.sum())
+            performance.append({
+                "batch": index, "examples": len(batch), "source_tokens": source_tokens,
+                "target_tokens": target_tokens, "greedy_s": greedy_s, "plain_s": plain_s,
+                "captured_s": captured_s, "capture_overhead": ratio(captured_s, plain_s),
+                "tokens_per_s_plain": ratio(source_tokens + target_tokens, plain_s),
+                "tokens_per_s_captured": ratio(source_tokens + target_tokens, captured_s),
+                "plain_peak_mib": plain_peak, "captured_peak_mib": captured_peak,
+                "capture_mib": capture_bytes(cap.records.values()) / 2**20,
+                "materialised_sites": sum(r.site.mechanism in MATERIALISED_BY_CAPTURE
+                                          for r in cap.records.values()),
+            })
+            examples += len(batch)
+            if progress:
+                print(f"audit {target.name}: batch {index + 1}, {examples} examples, "
+                      f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    if shard.is_distributed:
+        shard.agree("data", data.hexdigest())
+        infos, performance, degenerate, examples = _merged_shards(
+            shard, analysers, expectation_analysers, infos, performance, degenerate, examples)
     if examples == 0:
         raise TargetError(f"target {target.name!r} yielded no examples to audit")
     metrics = analysers.metrics()
@@ -459,6 +491,41 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         max_masked_mass=max_masked_mass,
         row_sum_tolerance=row_sum_tolerance,
     )
+
+
+def _merged_shards(shard: Shard, analysers: ValidityAnalysers,
+                   expectation_analysers: dict[str, RegionAnalyser],
+                   infos: dict[str, _SiteInfo], performance: list[dict[str, Any]],
+                   degenerate: DegenerateCounter, examples: int
+                   ) -> tuple[dict[str, _SiteInfo], list[dict[str, Any]], DegenerateCounter, int]:
+    """Every rank's validity state merged, on every rank: analysers through
+    :meth:`Shard.merge_analyser`; sites in the order a single process meets them; the
+    performance rows in batch order; degenerate rows and examples summed."""
+    for analyser in (*analysers.row_analysers, analysers.scores,
+                     *expectation_analysers.values()):
+        if analyser is not None:
+            shard.merge_analyser(analyser)
+    gathered = shard.all_gather((infos, analysers.site_row_sum_tolerance, performance,
+                                 degenerate.rows, degenerate.counts, examples))
+    merged: dict[str, _SiteInfo] = {}
+    seen = [(info.first_batch, at, name, info) for rank_infos, *_ in gathered
+            for at, (name, info) in enumerate(rank_infos.items())]
+    for _, _, name, info in sorted(seen, key=lambda item: item[:2]):
+        if name in merged:
+            merged[name].merge(info)
+        else:
+            merged[name] = info
+    tolerances = analysers.site_row_sum_tolerance
+    total = DegenerateCounter()
+    for _, rank_tolerances, _, rows, counts, _ in gathered:
+        for name, used in rank_tolerances.items():
+            tolerances[name] = max(tolerances.get(name, used), used)
+        total.rows += rows
+        for reason, n in counts.items():
+            total.counts[reason] += n
+    rows = sorted((row for _, _, rank_rows, *_ in gathered for row in rank_rows),
+                  key=lambda row: row["batch"])
+    return merged, rows, total, sum(part[-1] for part in gathered)
 
 
 def _batches(target: Seq2SeqTarget, limit: int | None) -> Iterator[Batch]:

@@ -20,6 +20,7 @@ from attnaudit import __doc__ as DESCRIPTION
 from attnaudit import __version__
 from attnaudit.auditing.validity import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
 from attnaudit.cli.commands import check_command, intervene_command, report_command
+from attnaudit.distributed import main_rank_output, torchrun_session
 from attnaudit.errors import AttnauditError
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -157,13 +158,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command. A user error prints one line, ``attnaudit CMD: error: ...``, and
     exits 2 (``--debug``: the traceback too); Ctrl-C and SIGTERM print one line and exit
-    130, after every output folder has been cleaned up."""
+    130, after every output folder has been cleaned up. Under ``torchrun`` the command runs
+    on every rank (:mod:`attnaudit.distributed`): rank 0 prints and writes, every rank
+    prints its error and exits with the same status."""
     args = build_parser().parse_args(argv)
     debug = getattr(args, "debug", False)
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
-        return args.run(args)
+        with torchrun_session() as shard, main_rank_output(shard):
+            return args.run(args)
     except KeyboardInterrupt as exc:
         what = "terminated" if isinstance(exc, Terminated) else "interrupted"
         print(f"attnaudit {args.command}: {what}; an output folder is replaced only by a "

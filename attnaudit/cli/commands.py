@@ -13,6 +13,7 @@ from pathlib import Path
 from attnaudit.auditing.orchestration import audit
 from attnaudit.cli.display import print_suite
 from attnaudit.cli.loading import load_cli_target, memory_option
+from attnaudit.distributed import Shard, current_shard
 from attnaudit.gate import GateError
 from attnaudit.interventions.suite import InterventionSuite, run_suite
 from attnaudit.output_folder import OutputFolder, check_output_file
@@ -30,12 +31,16 @@ def check_command(args: argparse.Namespace) -> int:
     result = audit(target, checks_only=True, limit=args.limit, progress=True,
                    max_masked_mass=args.max_masked_mass,
                    row_sum_tolerance=args.row_sum_tolerance).gate()
-    if args.junit:
-        path = Path(args.junit)
-        try:
-            path.write_text(result.junit_xml(time.perf_counter() - started), encoding="utf-8")
-        except OSError as exc:
-            raise GateError(f"cannot write JUnit XML to {path}: {exc.strerror or exc}") from exc
+    shard = current_shard()
+    with shard.together("writing the JUnit XML"):
+        if args.junit and shard.is_main:
+            path = Path(args.junit)
+            try:
+                path.write_text(result.junit_xml(time.perf_counter() - started),
+                                encoding="utf-8")
+            except OSError as exc:
+                raise GateError(f"cannot write JUnit XML to {path}: "
+                                f"{exc.strerror or exc}") from exc
     print(result.to_json() if args.json else result.summary())
     return result.status
 
@@ -54,8 +59,10 @@ def report_command(args: argparse.Namespace) -> int:
     target = load_cli_target(args)
     result = audit(target, quick=args.quick, limit=args.limit, progress=True,
                    max_memory=max_memory, command_line=report_command_line(args))
-    path = result.save(args.out, force=args.force)
-    print(f"attnaudit report: wrote {path}")
+    shard = current_shard()
+    with shard.together("writing the report"):
+        if shard.is_main:  # rank 0 alone writes; the others wait for it to finish
+            print(f"attnaudit report: wrote {result.save(args.out, force=args.force)}")
     return 0
 
 
@@ -82,23 +89,26 @@ def intervene_command(args: argparse.Namespace) -> int:
     """``attnaudit intervene``: run the suite, print its summaries, write CSVs to --out."""
     max_memory = memory_option(args)
     folder = None if args.out is None else OutputFolder.check(args.out, force=args.force)
+    shard = current_shard()
+    args.device = shard.device(args.device)  # cuda:LOCAL_RANK under torchrun with nccl
     target = load_cli_target(args)
     suite = run_suite(target, quick=args.quick, limit=args.limit, progress=True,
-                      sites=args.site, heads=args.head, max_memory=max_memory)
+                      sites=args.site, heads=args.head, max_memory=max_memory, shard=shard)
     print_suite(suite)
-    if folder is not None:
-        with folder.assembling() as out:
-            paths = suite.write_csv(out)
-            _write_suite_manifest(suite, out)
-        print(f"\nwrote {len(paths)} tables to {folder.path}")
+    with shard.together("writing the tables"):
+        if folder is not None and shard.is_main:
+            with folder.assembling() as out:
+                paths = suite.write_csv(out)
+                _write_suite_manifest(suite, out, shard)
+            print(f"\nwrote {len(paths)} tables to {folder.path}")
     return 0
 
 
-def _write_suite_manifest(suite: InterventionSuite, out: Path) -> None:
+def _write_suite_manifest(suite: InterventionSuite, out: Path, shard: Shard) -> None:
     """``out/manifest.json``: the suite's metadata, table names and library versions (it
     also marks the folder as an attnaudit output, :mod:`attnaudit.output_folder`)."""
     manifest = {"target": suite.metadata.get("target"), "command": "attnaudit intervene",
                 "tables": sorted(suite.tables), "metadata": suite.metadata,
-                "libraries": library_versions()}
+                "distributed": shard.describe(), "libraries": library_versions()}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n",
                                        encoding="utf-8")

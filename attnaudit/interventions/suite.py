@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
 
 from attnaudit.degenerate import degenerate_table, describe_counts, reason_counts
+from attnaudit.distributed import SINGLE, Shard, TextsDigest
 from attnaudit.interventions.ablation import (
     cumulative_summary,
     cumulative_test,
@@ -88,7 +91,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
               n_permutations: int | None = None,
               cumulative_examples: int = CUMULATIVE_EXAMPLES,
               adversarial_examples: int = ADVERSARIAL_EXAMPLES,
-              max_memory: int | str | None = None) -> InterventionSuite:
+              max_memory: int | str | None = None, shard: Shard = SINGLE) -> InterventionSuite:
     """Run every intervention, attribution and agreement statistic on ``target``'s data.
 
     quick skips the adversarial search and integrated gradients and draws
@@ -97,6 +100,9 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     site); heads: edit only these heads at each edited site (default all). max_memory: the
     budget of one chunk of edited sequences (bytes or "2GiB"). Batches are processed one at
     a time and only per-row tables are kept, so memory does not grow with the data.
+    shard: this process's part of a distributed suite (:mod:`attnaudit.distributed`): it
+    runs its own batches and every rank returns the whole suite, its tables gathered in
+    batch order (the same tables as one process).
     """
     if n_permutations is None:
         n_permutations = QUICK_PERMUTATIONS if quick else N_PERMUTATIONS
@@ -109,16 +115,32 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     adversarial_set = set() if quick else seeded_examples(n_examples, adversarial_examples,
                                                           target.seed + 1)
     methods = tuple(m for m in METHODS if not (quick and m == "integrated_gradients"))
-    parts: dict[str, list[pd.DataFrame]] = {}
-    first = 0
+    if shard.is_distributed:
+        data = TextsDigest()
+        for batch in batches:
+            data.update(batch.texts)
+        shard.agree("data", data.hexdigest())
+    local: list[tuple[int, dict[str, list[pd.DataFrame]]]] = []
+    starts = [0, *accumulate(len(b) for b in batches)]
     ref = None
-    for batch in batches:
-        ref = reference(target, batch, sites=sites, heads=heads, first_example=first,
-                        max_memory=max_memory)
-        _run_batch(target, ref, batch, parts, methods, n_permutations, cumulative_set,
-                   adversarial_set, progress)
-        first += len(batch)
-    assert ref is not None
+    with shard.together("the intervention suite"):
+        for index, batch in enumerate(batches):
+            if not shard.owns(index):
+                continue
+            ref = reference(target, batch, sites=sites, heads=heads,
+                            first_example=starts[index],
+                            max_memory=max_memory)
+            local.append((index, {}))
+            _run_batch(target, ref, batch, local[-1][1], methods, n_permutations,
+                       cumulative_set, adversarial_set, progress)
+    shared = _reference_facts(ref) if ref is not None else None
+    gathered = shard.all_gather((local, shared))
+    facts = next(facts for _, facts in gathered if facts is not None)
+    parts: dict[str, list[pd.DataFrame]] = {}
+    for _, batch_parts in sorted((part for rank_parts, _ in gathered for part in rank_parts),
+                                 key=lambda part: part[0]):
+        for name, frames in batch_parts.items():
+            parts.setdefault(name, []).extend(frames)
     degenerate = pd.concat(parts["degenerate"], ignore_index=True)
     if "permutation" not in parts and degenerate.empty:
         raise InterventionError(f"no row to intervene on: the greedy outputs of the "
@@ -134,8 +156,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         "target": target.name,
         "examples": n_examples,
         "rows": len(tables["rows"]),
-        "sites": list(ref.sites),
-        "heads": ref.heads,
+        "sites": facts["sites"],
+        "heads": facts["heads"],
         "edited_heads": "all" if heads is None else list(heads),
         "seed": target.seed,
         "protocol": "teacher-forced greedy output; one target step edited at a time; "
@@ -147,11 +169,18 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         "adversarial_eps": EPS_SEQ2SEQ,
         "attribution_methods": list(methods),
         "quick": quick,
-        "edited_items": "one cached decoder step" if ref.states is not None
-                        else "decoder prefix re-run",
-        "max_memory_bytes": ref.budget.max_memory,
+        "edited_items": facts["edited_items"],
+        "max_memory_bytes": facts["max_memory_bytes"],
         "degenerate_rows": reason_counts(tables["degenerate"]),
     })
+
+
+def _reference_facts(ref: Reference) -> dict[str, Any]:
+    """What the suite's metadata says of its references (the same for every batch)."""
+    return {"sites": list(ref.sites), "heads": ref.heads,
+            "edited_items": "one cached decoder step" if ref.states is not None
+                            else "decoder prefix re-run",
+            "max_memory_bytes": ref.budget.max_memory}
 
 
 def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,

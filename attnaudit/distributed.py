@@ -1,0 +1,318 @@
+"""One audit across processes: ``torch.distributed`` (``torchrun``), sharded data, merged results.
+
+A :class:`Shard` says which part of the data this process audits and how its results meet
+the others'. Examples are dealt out in the target's own batches: batch ``b`` (global
+examples ``b * batch_size`` onwards, numbered as in a single process) goes to rank
+``b % world_size``. Each batch is therefore computed exactly as a single process computes
+it (same padding, same per-(example, step) seeds), so per-row tables gathered and put back
+in batch order equal the single-process tables bit for bit on the CPU, whatever the number
+of ranks. Every rank reads every batch's texts and the ranks compare their digests
+(:meth:`Shard.agree`): a target that shuffles or shards on its own is refused.
+
+Results meet through collectives of the process group, never through files: analyser
+states (sums, counts, minima, maxima, histograms) are all-reduced as float64 tensors; the
+small per-site facts, the per-batch performance rows and the intervention tables are
+all-gathered as objects, so every rank holds the merged audit.
+
+A failure on one rank is exchanged at the next meeting point (:meth:`Shard.together`):
+every rank then raises :class:`RankError` (an attnaudit error on that rank) or
+:class:`RankFailed` (anything else) naming the rank, so the job stops without a partial
+report. A rank that dies outright is seen by its peers as a broken connection, and
+``torchrun`` stops the others; a rank that hangs is given up after the collective
+timeout, :data:`DEFAULT_TIMEOUT` (30 minutes; ``ATTNAUDIT_DIST_TIMEOUT`` in seconds
+overrides it for a group attnaudit initialises). The timeout must exceed the longest time
+one rank may wait for another at a meeting point, about one batch's work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from attnaudit.analysis.base import Analyser
+from attnaudit.analysis.stats import Cells, RowStats
+from attnaudit.errors import AttnauditError
+
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+TIMEOUT_ENV = "ATTNAUDIT_DIST_TIMEOUT"
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+class RankError(AttnauditError):
+    """An attnaudit error on one rank of a distributed audit, raised on every rank."""
+
+
+class RankFailed(RuntimeError):
+    """An unexpected error on one rank of a distributed audit, raised on every rank."""
+
+
+class CollectiveError(AttnauditError):
+    """A collective failed: a peer rank died, or did not arrive within the timeout."""
+
+
+@dataclass(frozen=True)
+class _Failure:
+    rank: int
+    kind: str
+    message: str
+    expected: bool  # an AttnauditError
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's part of an audit (the defaults: a single process, the whole data).
+
+    Attributes:
+        rank, world_size: this process's rank in the group and the group's size.
+        local_rank: its index on its machine (``LOCAL_RANK``), which picks its GPU.
+        backend: the group's backend (``gloo``, ``nccl``), None for a single process.
+        group: the process group (None: the default group).
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+    group: Any = None
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.backend is not None
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the rank that prints progress and writes the report."""
+        return self.rank == 0
+
+    def owns(self, batch: int) -> bool:
+        """Whether this rank audits the target's batch number ``batch`` (from 0)."""
+        return batch % self.world_size == self.rank
+
+    def device(self, requested: str | torch.device | None) -> str | torch.device | None:
+        """The device this rank runs on: ``cuda:LOCAL_RANK`` for a plain ``"cuda"``, or
+        for None under a backend with nccl; anything else as requested."""
+        if not self.is_distributed:
+            return requested
+        if requested is None and "nccl" in self.backend:
+            return f"cuda:{self.local_rank}"
+        if requested is not None and str(requested) == "cuda":
+            return f"cuda:{self.local_rank}"
+        return requested
+
+    def describe(self) -> dict[str, Any]:
+        """What the manifest records: ``world_size`` and ``backend`` (None: one process)."""
+        return {"world_size": self.world_size, "backend": self.backend}
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        if not self.is_distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        with self._meeting():
+            dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    @contextlib.contextmanager
+    def _meeting(self) -> Iterator[None]:
+        """A collective, whose failure (a peer that died, or did not come within the
+        timeout) becomes a :class:`CollectiveError`."""
+        try:
+            yield
+        except RuntimeError as exc:
+            raise CollectiveError(
+                f"rank {self.rank} of {self.world_size}: another rank did not take part in a "
+                "collective (it died, or did not arrive within the collective timeout; "
+                f"{TIMEOUT_ENV} sets it for the attnaudit command): "
+                f"{' '.join(str(exc).split())}") from exc
+
+    @contextlib.contextmanager
+    def together(self, what: str) -> Iterator[None]:
+        """Run a block on every rank, then exchange whether it failed anywhere.
+
+        When any rank raised, every rank raises :class:`RankError` or :class:`RankFailed`
+        naming the first failing rank, ``what`` it was doing and its error. A single process
+        lets the error through unchanged.
+        """
+        if not self.is_distributed:
+            yield
+            return
+        try:
+            yield
+        except Exception as exc:
+            self._settle(what, _Failure(self.rank, type(exc).__name__,
+                                        " ".join(str(exc).split()),
+                                        isinstance(exc, AttnauditError)), exc)
+            raise
+        self._settle(what, None, None)
+
+    def _settle(self, what: str, mine: _Failure | None, exc: Exception | None) -> None:
+        failures = [f for f in self.all_gather(mine) if f is not None]
+        if not failures:
+            return
+        first = failures[0]
+        cls = RankError if first.expected else RankFailed
+        raise cls(f"rank {first.rank} of {self.world_size} failed during {what}: "
+                  f"{first.kind}: {first.message}") from exc
+
+    def agree(self, what: str, value: Any) -> None:
+        """Raise :class:`RankError` on every rank unless every rank holds the same
+        ``value`` (picklable, comparable) of ``what``."""
+        values = self.all_gather(value)
+        for rank, theirs in enumerate(values):
+            if theirs != values[0]:
+                raise RankError(f"ranks 0 and {rank} of {self.world_size} see different "
+                                f"{what}: every rank must read the same batches in the same "
+                                "order (no shuffling or sharding of its own in the target)")
+
+    def merge_analyser(self, analyser: Analyser) -> None:
+        """Merge every rank's state of ``analyser`` into it, on every rank: the streaming
+        statistics by all-reduce, anything else the analyser holds (kinds, counters) by
+        gathering it without its statistics and folding it in with its own ``merge``."""
+        if not self.is_distributed:
+            return
+        if analyser.example_rows is not None:
+            raise ValueError("per-example rows are numbered by arrival and cannot be merged "
+                             "across ranks; use per_example=False")
+        self._all_reduce_stats(analyser.stats)
+        shell = _without_stats(analyser)
+        for rank, other in enumerate(self.all_gather(shell)):
+            if rank != self.rank:
+                analyser.merge(other)
+
+    def _all_reduce_stats(self, stats: RowStats) -> None:
+        shapes = {key: cells.n.shape for key, cells in stats.cells.items()}
+        merged: dict[tuple[str, str], tuple[int, int]] = {}
+        for theirs in self.all_gather(shapes):
+            for key, (heads, steps) in theirs.items():
+                known = merged.setdefault(key, (heads, steps))
+                if known[0] != heads:
+                    raise ValueError(f"cannot merge site {key[0]!r}: {known[0]} heads on one "
+                                     f"rank, {heads} on another")
+                merged[key] = (heads, max(known[1], steps))
+        device = torch.device("cuda", self.local_rank) if self.backend == "nccl" else None
+        for key in sorted(merged):
+            heads, steps = merged[key]
+            cells = (stats.cells.get(key) or Cells.empty(heads, 0)).grown(steps)
+            sums = self._reduced(np.concatenate([cells.n.ravel(), cells.total.ravel(),
+                                                 cells.hist.ravel()]), dist.ReduceOp.SUM, device)
+            size = heads * steps
+            stats.cells[key] = Cells(
+                n=sums[:size].reshape(heads, steps),
+                total=sums[size:2 * size].reshape(heads, steps),
+                minimum=self._reduced(cells.minimum, dist.ReduceOp.MIN, device),
+                maximum=self._reduced(cells.maximum, dist.ReduceOp.MAX, device),
+                hist=sums[2 * size:].reshape(cells.hist.shape))
+
+    def _reduced(self, array: np.ndarray, op: Any, device: torch.device | None) -> np.ndarray:
+        tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64))
+        if device is not None:
+            tensor = tensor.to(device)
+        with self._meeting():
+            dist.all_reduce(tensor, op=op, group=self.group)
+        return tensor.cpu().numpy().reshape(array.shape)
+
+
+SINGLE = Shard()
+
+
+class TextsDigest:
+    """A digest of the texts of the batches a rank reads, in order, for the ranks to
+    :meth:`Shard.agree` on."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+
+    def update(self, texts: Sequence[str]) -> None:
+        self._hash.update(repr(list(texts)).encode())
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def _without_stats(analyser: Analyser) -> Analyser:
+    """A shallow copy of ``analyser`` whose statistics hold only the site kinds."""
+    shell = object.__new__(type(analyser))
+    shell.__dict__.update(analyser.__dict__)
+    shell.stats = RowStats(tuple(analyser.stats.specs.values()))
+    shell.stats.kinds.update(analyser.stats.kinds)
+    return shell
+
+
+def current_shard(group: Any = None) -> Shard:
+    """The shard of this process in ``group``, or in the initialised default group; a
+    single process (:data:`SINGLE`) when torch.distributed is not initialised."""
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return SINGLE
+    local = os.environ.get("LOCAL_RANK")
+    rank = dist.get_rank(group)
+    return Shard(rank=rank, world_size=dist.get_world_size(group),
+                 local_rank=int(local) if local is not None else rank,
+                 backend=str(dist.get_backend(group)), group=group)
+
+
+def launched_by_torchrun() -> bool:
+    """Whether the environment names this process's rank (``torchrun`` sets it)."""
+    return all(name in os.environ for name in TORCHRUN_ENV)
+
+
+def collective_timeout() -> timedelta:
+    """:data:`DEFAULT_TIMEOUT`, or ``ATTNAUDIT_DIST_TIMEOUT`` seconds when set."""
+    text = os.environ.get(TIMEOUT_ENV)
+    if text is None:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < 10**9:  # also refuses nan and inf
+        raise AttnauditError(f"{TIMEOUT_ENV} must be a positive number of seconds, "
+                             f"got {text!r}")
+    return timedelta(seconds=seconds)
+
+
+@contextlib.contextmanager
+def torchrun_session() -> Iterator[Shard]:
+    """Under ``torchrun``: initialise the default process group from the environment
+    (nccl when each process of this machine has a GPU of its own, this process on
+    ``cuda:LOCAL_RANK``; gloo otherwise; :func:`collective_timeout`), yield this process's
+    shard, and destroy the group afterwards. Elsewhere, or when a group is already
+    initialised, yield :func:`current_shard` and leave the group alone."""
+    if not launched_by_torchrun() or not dist.is_available() or dist.is_initialized():
+        yield current_shard()
+        return
+    local_rank = int(os.environ["LOCAL_RANK"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = "nccl" if gpus >= local_world else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    try:
+        dist.init_process_group(backend=backend, timeout=collective_timeout())
+    except RuntimeError as exc:
+        raise CollectiveError(f"rank {os.environ['RANK']} cannot join the {backend} process "
+                              f"group torchrun set up: {' '.join(str(exc).split())}") from exc
+    try:
+        yield current_shard()
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def main_rank_output(shard: Shard) -> Iterator[None]:
+    """Inside the block, what a rank other than 0 prints (progress, logs, results) is
+    dropped; rank 0 prints as usual. Errors raised out of the block are printed after it."""
+    if shard.is_main:
+        yield
+        return
+    with (open(os.devnull, "w", encoding="utf-8") as sink, contextlib.redirect_stdout(sink),
+          contextlib.redirect_stderr(sink)):
+        yield
