@@ -268,7 +268,11 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
             batch_size: int = 100, max_new_tokens: int = 64,
             max_source_tokens: int | None = None, device: str | torch.device | None = None,
             dtype: str | torch.dtype | None = None, name: str | None = None) -> Seq2SeqTarget:
-    """A target from a Hugging Face seq2seq model and its tokenizer: loaded, or a local folder.
+    """A target from a Hugging Face model and its tokenizer: loaded, or a local folder.
+
+    A seq2seq model (``config.is_encoder_decoder``) audits source -> output; a decoder-only
+    model (GPT-2, Llama ...) audits prompt -> greedy continuation, the prompts being the
+    sources (see :mod:`attnaudit.causal_target`).
 
     Args:
         model_or_dir: a loaded ``PreTrainedModel`` (give ``tokenizer``), or a directory with
@@ -301,9 +305,15 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
     step.
     """
     try:
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        from transformers import (
+            AutoConfig,
+            AutoModelForCausalLM,
+            AutoModelForSeq2SeqLM,
+            AutoTokenizer,
+        )
     except ImportError as exc:
         raise TargetError("--hf needs transformers: pip install 'attnaudit[hf]'") from exc
+    from attnaudit.causal_target import causal_lm_target, is_causal_lm  # imports this module
     for option, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens),
                           ("max_source_tokens", max_source_tokens)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -325,15 +335,18 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         sources, references = _audit_data(data)  # before the (slow) load
         if tokenizer is None:
             check_tokenizer_files(model_dir)
+        causal = False
         try:
+            causal = is_causal_lm(AutoConfig.from_pretrained(model_dir, local_files_only=True))
+            auto = AutoModelForCausalLM if causal else AutoModelForSeq2SeqLM
             # The model's own default backend: sdpa where it has one, else eager; both
             # expose weights to capture.
-            model = AutoModelForSeq2SeqLM.from_pretrained(model_dir,
-                                                          local_files_only=True).eval()
+            model = auto.from_pretrained(model_dir, local_files_only=True).eval()
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         except (OSError, ValueError) as exc:
-            raise TargetError(f"cannot load a seq2seq model and tokenizer from {model_dir}: "
+            what = "causal LM" if causal else "seq2seq model"
+            raise TargetError(f"cannot load a {what} and tokenizer from {model_dir}: "
                               f"{exc}") from exc
         model.to(device=device, dtype=dtype)
         origin = label = model_dir.as_posix()
@@ -346,6 +359,11 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         check_backends(list(model.named_modules()))
     except CaptureError as exc:
         raise TargetError(f"{label}: {exc}") from None
+    if is_causal_lm(getattr(model, "config", None)):
+        return causal_lm_target(model, tokenizer, sources, references, batch_size=batch_size,
+                                max_new_tokens=max_new_tokens,
+                                max_source_tokens=max_source_tokens, label=label,
+                                origin=origin, name=name)
     config = model.config
     start = config.decoder_start_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.pad_token_id
@@ -447,9 +465,12 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
 def _loaded_model(model: nn.Module, device: torch.device | None,
                   dtype: torch.dtype | None) -> nn.Module:
     """The user's model itself, or a copy on ``device`` in ``dtype`` when either differs."""
-    if not hasattr(model, "generate") or not hasattr(model, "get_encoder"):
+    from attnaudit.causal_target import is_causal_lm  # imports this module
+
+    causal = is_causal_lm(getattr(model, "config", None))
+    if not hasattr(model, "generate") or not (causal or hasattr(model, "get_encoder")):
         raise TargetError(f"from_hf needs a Hugging Face seq2seq model (generate, "
-                          f"get_encoder), got {type(model).__name__}")
+                          f"get_encoder) or causal LM (generate), got {type(model).__name__}")
     param = next(model.parameters(), None)
     # "cuda" names whichever GPU the model is on: only a type or an explicit index moves it
     moves = device is not None and param is not None and (
@@ -506,14 +527,20 @@ def _cache_tensors(cache: Any) -> tuple[torch.Tensor, ...]:
 
 
 def _source_limit(tokenizer: Any, config: Any, sources: list[str],
-                  max_source_tokens: int | None) -> tuple[int | None, str]:
+                  max_source_tokens: int | None, reserved: int = 0) -> tuple[int | None, str]:
     """The source token limit (the smaller of ``max_source_tokens`` and the model's position
-    limit) and a sentence on what truncation did; warns when sources are cut."""
-    limits = [x for x in (max_source_tokens, getattr(config, "max_position_embeddings", None))
+    limit less ``reserved`` positions) and a sentence on what truncation did; warns when
+    sources are cut."""
+    positions = getattr(config, "max_position_embeddings", None)
+    limits = [x for x in (max_source_tokens,
+                          positions - reserved if isinstance(positions, int) else None)
               if isinstance(x, int)]
     if not limits:
         return None, "sources were not truncated (no token limit known)"
     limit = min(limits)
+    if limit < 1:
+        raise TargetError(f"no room for the source: {positions} positions, {reserved} of "
+                          "them for the output; lower max_new_tokens")
     lengths = [len(ids) for ids in tokenizer(sources)["input_ids"]]
     cut = sum(n > limit for n in lengths)
     if not cut:
