@@ -39,19 +39,16 @@ def is_causal_lm(config: Any) -> bool:
     return config is not None and not getattr(config, "is_encoder_decoder", False)
 
 
-def left_padded(prompts: list[list[int]], pad_id: int, limit: int | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token id lists -> ids (B, P) long and mask (B, P) bool, left-padded with ``pad_id``;
-    a prompt longer than ``limit`` keeps its last ``limit`` tokens."""
-    kept = [ids[-limit:] if limit is not None else ids for ids in prompts]
-    width = max(len(ids) for ids in kept)
-    ids = torch.full((len(kept), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(kept), width), dtype=torch.bool)
-    for row, tokens in enumerate(kept):
-        if tokens:
-            ids[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
-            mask[row, width - len(tokens):] = True
-    return ids, mask
+def left_padded(rows: list[list[Any]], fill: Any, limit: int | None) -> torch.Tensor:
+    """Per-token lists (ids, or offset pairs) -> a (B, P, ...) tensor, left-padded with
+    ``fill``; a list longer than ``limit`` keeps its last ``limit`` items."""
+    kept = [row[-limit:] if limit is not None else row for row in rows]
+    width = max(len(row) for row in kept)
+    out = torch.tensor(fill).expand(len(kept), width, *torch.tensor(fill).shape).clone()
+    for at, row in enumerate(kept):
+        if row:
+            out[at, width - len(row):] = torch.tensor(row, dtype=out.dtype)
+    return out
 
 
 def causal_lm_target(model: nn.Module, tokenizer: Any, sources: list[str],
@@ -78,13 +75,18 @@ def causal_lm_target(model: nn.Module, tokenizer: Any, sources: list[str],
         truncation += " (a cut prompt keeps its last tokens)"
     where = next(model.parameters()).device
     embed = model.get_input_embeddings()
+    fast = bool(getattr(tokenizer, "is_fast", False))  # offsets: word-level tables
 
     def batches() -> Iterator[Batch]:
         for at in range(0, len(sources), batch_size):
             texts = sources[at : at + batch_size]
-            ids, mask = left_padded(tokenizer(texts)["input_ids"], pad, limit)
+            enc = tokenizer(texts, return_offsets_mapping=fast)
+            ids = left_padded(enc["input_ids"], pad, limit)
+            mask = left_padded([[True] * len(row) for row in enc["input_ids"]], False, limit)
+            inputs = {"offsets": left_padded(enc["offset_mapping"], (0, 0), limit)} if fast else {}
             yield Batch(ids.to(where), mask.to(where), texts,
-                        None if references is None else references[at : at + batch_size])
+                        None if references is None else references[at : at + batch_size],
+                        inputs)
 
     @torch.no_grad()
     def greedy(batch: Batch) -> torch.Tensor:

@@ -4,7 +4,8 @@ A :class:`Seq2SeqTarget` bundles the model with plain callables, so any model ca
 audited without changing its code:
 
 - ``batches()`` yields :class:`Batch` objects (source ids ``(B, n)``, source mask, texts,
-  and whatever else the model needs in ``inputs``);
+  and whatever else the model needs in ``inputs``; ``inputs["offsets"]``, when given,
+  is ``(B, n, 2)`` character offsets of the source tokens, which word-level tables use);
 - ``greedy(batch)`` returns the emitted ids ``(B, T)`` (the decoder start token excluded,
   end-of-sequence included, anything after it is padding);
 - ``teacher_forced(batch, emitted)`` returns logits ``(B, T, V)`` where position ``t``
@@ -376,13 +377,17 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
     cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
                  else "past_key_values")
 
+    fast = bool(getattr(tokenizer, "is_fast", False))  # offsets: word-level tables
+
     def batches() -> Iterator[Batch]:
         for at in range(0, len(sources), batch_size):
             texts = sources[at : at + batch_size]
             enc = tokenizer(texts, padding=True, truncation=limit is not None,
-                            max_length=limit, return_tensors="pt")
+                            max_length=limit, return_tensors="pt",
+                            return_offsets_mapping=fast)
             yield Batch(enc["input_ids"].to(where), enc["attention_mask"].bool().to(where),
-                        texts, None if references is None else references[at : at + batch_size])
+                        texts, None if references is None else references[at : at + batch_size],
+                        {"offsets": enc["offset_mapping"]} if fast else {})
 
     @torch.no_grad()
     def greedy(batch: Batch) -> torch.Tensor:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -206,6 +207,11 @@ def test_cli_check_report_intervene_on_a_saved_gpt2(saved, tmp_path):
     result = cli("report", *common, "--quick", "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "transformer.h.0.attn:cross" in (out / "index.html").read_text()
+    words = pd.read_csv(out / "word_attention.csv")  # the first prompt, word by word
+    assert set(words["rule"]) == {"offsets"}
+    assert list(words.loc[words["step"] == 0, "word_text"])[:5] == PROMPTS[0].split()
+    sums = words.groupby(["site", "step"])["attention"].sum()
+    assert ((sums - 1).abs() < 1e-5).all()  # every prompt token is in a word
     out = tmp_path / "intervene"
     result = cli("intervene", *common, "--quick", "--out", str(out))
     assert result.returncode == 0, result.stderr

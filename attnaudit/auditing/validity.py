@@ -57,7 +57,7 @@ from attnaudit.analysis import (
 )
 from attnaudit.analysis.numerics import row_sum_tolerance
 from attnaudit.analysis.scores import ScoreAnalyser
-from attnaudit.auditing.example_maps import ExampleMaps, example_maps
+from attnaudit.auditing.example_maps import ExampleMaps, example_maps, source_words
 from attnaudit.auditing.measurement import (
     PERFORMANCE_COLUMNS,
     PeakMemory,
@@ -526,5 +526,6 @@ def _first_example(target: Seq2SeqTarget, records: dict[str, AttentionRecord],
                                 batch.select([0]))[0]
     target_tokens = call_target(target.name, "target_tokens", target.target_tokens,
                                 emitted[:1])[0]
+    words, rule = source_words(target, batch.select([0]))
     return example_maps(records, roles, batch.texts[0], source_tokens, target_tokens,
-                        batch.source_mask[0], step_mask[0])
+                        batch.source_mask[0], step_mask[0], words[0], rule)
