@@ -215,4 +215,7 @@ def test_cli_check_report_intervene_on_a_saved_gpt2(saved, tmp_path):
     out = tmp_path / "intervene"
     result = cli("intervene", *common, "--quick", "--out", str(out))
     assert result.returncode == 0, result.stderr
-    assert any(out.iterdir())
+    importance = pd.read_csv(out / "word_importance.csv")
+    assert {"attention", "saliency", "loo"} <= set(importance["method"])
+    attention = importance[importance["method"] == "attention"]
+    assert ((attention.groupby("step")["value"].sum() - 1).abs() < 1e-5).all()

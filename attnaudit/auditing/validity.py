@@ -57,7 +57,7 @@ from attnaudit.analysis import (
 )
 from attnaudit.analysis.numerics import row_sum_tolerance
 from attnaudit.analysis.scores import ScoreAnalyser
-from attnaudit.auditing.example_maps import ExampleMaps, example_maps, source_words
+from attnaudit.auditing.example_maps import ExampleMaps, example_maps
 from attnaudit.auditing.measurement import (
     PERFORMANCE_COLUMNS,
     PeakMemory,
@@ -77,6 +77,7 @@ from attnaudit.findings import (
 from attnaudit.record import AttentionRecord, Site
 from attnaudit.target import Batch, Seq2SeqTarget, TargetError
 from attnaudit.target_checks import call_target, checked_target
+from attnaudit.words import source_words
 
 DEFAULT_MAX_MASKED_MASS = masking.DEFAULT_TOLERANCE
 DEFAULT_ROW_SUM_TOLERANCE = None  # the dtype rule of numerics.row_sum_tolerance

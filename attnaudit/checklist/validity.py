@@ -15,7 +15,6 @@ from typing import Any
 import pandas as pd
 from torch import nn
 
-from attnaudit.auditing.example_maps import word_attention_table
 from attnaudit.checklist.items import (
     FAIL,
     ITEM_BY_KEY,
@@ -29,6 +28,7 @@ from attnaudit.checklist.items import (
     worst,
 )
 from attnaudit.findings import Finding, describe_tolerance, findings_frame
+from attnaudit.words import word_attention_table
 
 
 def parameter_table(model: nn.Module, site_modules: Mapping[str, str]) -> pd.DataFrame:

@@ -143,3 +143,28 @@ def test_expected_keys_from_word_spans(byte_bpe):
     expected = keys_from_word_spans(words, [(1, 2), range(5, 6)], len(enc.tokens) + 2)
     wanted = [w in (1, 5) for w in words] + [False, False]  # 'cat', 'mat'; padding
     assert expected.tolist() == wanted and any(wanted)
+
+
+def test_word_importance_table_of_a_character_model_equals_hand_sums():
+    """The bundled date model's tokens are the characters of the text: each whitespace
+    word's value is the sum over its characters' positions."""
+    from attnaudit.target import load_target
+    from attnaudit.words import word_importance_table
+
+    target = load_target(None)
+    batch = next(target.iter_batches(2))
+    torch.manual_seed(2)
+    n_steps = 3
+    importances = {"saliency": torch.randn(2, n_steps, batch.source_ids.shape[1])}
+    steps = torch.tensor([[True, True, False], [True, True, True]])
+    emitted = torch.full((2, n_steps), 5)
+    table = word_importance_table(target, batch, emitted, importances, steps)
+    text = batch.texts[0]
+    spans = [m.span() for m in re.finditer(r"\S+", text)]
+    assert set(table["rule"]) == {"located"} and list(table["step"].unique()) == [0, 1]
+    for row in table.itertuples(index=False):
+        start, end = spans[row.word]
+        assert row.word_text == text[start:end]
+        assert row.value == pytest.approx(float(importances["saliency"][0, row.step,
+                                                                        start:end].sum()))
+    assert len(table) == 2 * len(spans)
