@@ -45,6 +45,7 @@ from torch import nn
 
 from attnaudit.capturing.hf import check_backends
 from attnaudit.capturing.sites import SiteSelection
+from attnaudit.causal_target import CausalLM, is_causal_lm
 from attnaudit.datafile import read_pairs
 from attnaudit.errors import AttnauditError, CaptureError
 from attnaudit.tokenizer_checks import check_tokenization, check_tokenizer_files
@@ -314,7 +315,6 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         )
     except ImportError as exc:
         raise TargetError("--hf needs transformers: pip install 'attnaudit[hf]'") from exc
-    from attnaudit.causal_target import causal_lm_target, is_causal_lm  # imports this module
     for option, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens),
                           ("max_source_tokens", max_source_tokens)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -361,10 +361,9 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
     except CaptureError as exc:
         raise TargetError(f"{label}: {exc}") from None
     if is_causal_lm(getattr(model, "config", None)):
-        return causal_lm_target(model, tokenizer, sources, references, batch_size=batch_size,
-                                max_new_tokens=max_new_tokens,
-                                max_source_tokens=max_source_tokens, label=label,
-                                origin=origin, name=name)
+        return _causal_target(CausalLM(model, tokenizer, max_new_tokens), sources, references,
+                              batch_size=batch_size, max_source_tokens=max_source_tokens,
+                              label=label, origin=origin, name=name)
     config = model.config
     start = config.decoder_start_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.pad_token_id
@@ -467,11 +466,43 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
     )
 
 
+def _causal_target(lm: CausalLM, sources: list[str], references: list[str] | None, *,
+                   batch_size: int, max_source_tokens: int | None, label: str, origin: str,
+                   name: str | None) -> Seq2SeqTarget:
+    """Prompt -> continuation (:mod:`attnaudit.causal_target`): prompts cut to the smaller of
+    ``max_source_tokens`` and the position limit less the continuation, keeping their end."""
+    if lm.eos_id is None:
+        raise TargetError(f"{label}: a causal LM target needs an end-of-sequence id "
+                          "(tokenizer.eos_token_id or config.eos_token_id)")
+    lm.limit, truncation = _source_limit(lm.tokenizer, lm.model.config, sources,
+                                         max_source_tokens, reserved=lm.max_new_tokens)
+    if lm.limit is not None:
+        truncation += " (a cut prompt keeps its last tokens)"
+    where = next(lm.model.parameters()).device
+
+    def batches() -> Iterator[Batch]:
+        for at in range(0, len(sources), batch_size):
+            texts = sources[at : at + batch_size]
+            ids, mask, inputs = lm.prompts(texts)
+            yield Batch(ids.to(where), mask.to(where), texts,
+                        None if references is None else references[at : at + batch_size],
+                        inputs)
+
+    return Seq2SeqTarget(
+        name=name or label, model=lm.model, batches=batches,
+        greedy=lambda batch: lm.greedy(batch.source_ids, batch.source_mask),
+        teacher_forced=lambda batch, emitted: lm.teacher_forced(
+            batch.source_ids, batch.source_mask, emitted),
+        source_embedding=lm.model.get_input_embeddings(),
+        source_tokens=lambda batch: lm.tokens(batch.source_ids), target_tokens=lm.tokens,
+        eos_id=lm.eos_id, special_ids=lm.special_ids,
+        description=lm.description(origin, len(sources)), device=where,
+        truncation=truncation)
+
+
 def _loaded_model(model: nn.Module, device: torch.device | None,
                   dtype: torch.dtype | None) -> nn.Module:
     """The user's model itself, or a copy on ``device`` in ``dtype`` when either differs."""
-    from attnaudit.causal_target import is_causal_lm  # imports this module
-
     causal = is_causal_lm(getattr(model, "config", None))
     if not hasattr(model, "generate") or not (causal or hasattr(model, "get_encoder")):
         raise TargetError(f"from_hf needs a Hugging Face seq2seq model (generate, "
