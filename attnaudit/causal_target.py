@@ -19,7 +19,8 @@ an encoder-decoder. The mapping:
 
 Eligible prompt keys come from the attention mask (left padding is out) and the special
 tokens; causality holds by construction (every prompt key precedes every continuation row).
-There is no encoder to reuse, so an edited step re-runs prompt and prefix.
+An edited step runs one position from the key/value cache of the unedited pass
+(``decode_states`` / ``decode_step``); the prompt ids stand in for an encoder state.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from attnaudit.capturing.views import prompt_views
+from attnaudit.hf_cache import cache_argument, cache_prefix, cache_tensors
 
 
 def is_causal_lm(config: Any) -> bool:
@@ -48,6 +50,11 @@ def left_padded(rows: list[list[Any]], fill: Any, limit: int | None) -> torch.Te
         if row:
             out[at, width - len(row):] = torch.tensor(row, dtype=out.dtype)
     return out
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids (B, L) counting real tokens only (padding at 0), as generate() sets them."""
+    return (mask.cumsum(-1) - 1).clamp_min(0)
 
 
 @dataclass
@@ -110,11 +117,37 @@ class CausalLM:
         prompt, prefix = ids.shape[1], emitted[:, :-1]
         embedded = torch.cat([embed(ids), embed(prefix)], dim=1)
         full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
-        positions = (full_mask.cumsum(-1) - 1).clamp_min(0)
         with prompt_views(prompt):
             out = self.model(inputs_embeds=embedded, attention_mask=full_mask,
-                             position_ids=positions, use_cache=False)
+                             position_ids=_positions(full_mask), use_cache=False)
         return out.logits[:, prompt - 1:]
+
+    def states(self, ids: torch.Tensor, mask: torch.Tensor,
+               emitted: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The key/value cache of one teacher-forced pass (k0, v0, k1, v1, ...), each
+        (B, H, P + T - 1, d): position ``P-1 + t`` is the input of step ``t``."""
+        embed = self.model.get_input_embeddings()
+        prefix = emitted[:, :-1]
+        full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
+        out = self.model(inputs_embeds=torch.cat([embed(ids), embed(prefix)], dim=1),
+                         attention_mask=full_mask, position_ids=_positions(full_mask),
+                         use_cache=True)
+        return cache_tensors(getattr(out, cache_argument(self.model)))
+
+    def step(self, ids: torch.Tensor, mask: torch.Tensor, states: tuple[torch.Tensor, ...],
+             emitted: torch.Tensor, step: int) -> torch.Tensor:
+        """Logits (B, V) of continuation step ``step``, one position run from the cached
+        ones before it (``states``), under prompt views."""
+        prompt = ids.shape[1]
+        before = prompt - 1 + step  # cached positions
+        token = ids[:, -1:] if step == 0 else emitted[:, step - 1 : step]
+        full_mask = torch.cat([mask.long(), torch.ones_like(emitted[:, :step])], dim=1)
+        with prompt_views(prompt):
+            out = self.model(input_ids=token, attention_mask=full_mask,
+                             position_ids=full_mask.sum(-1, keepdim=True) - 1,
+                             use_cache=True,
+                             **{cache_argument(self.model): cache_prefix(states, before)})
+        return out.logits[:, -1]
 
     def tokens(self, ids: torch.Tensor) -> list[list[str]]:
         return [self.tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids]

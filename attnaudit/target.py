@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.util
-import inspect
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -48,6 +47,7 @@ from attnaudit.capturing.sites import SiteSelection
 from attnaudit.causal_target import CausalLM, is_causal_lm
 from attnaudit.datafile import read_pairs
 from attnaudit.errors import AttnauditError, CaptureError
+from attnaudit.hf_cache import cache_argument, cache_prefix, cache_tensors
 from attnaudit.tokenizer_checks import check_tokenization, check_tokenizer_files
 
 
@@ -372,9 +372,7 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         raise TargetError(f"{label}: config needs decoder_start_token_id, pad and eos ids")
     limit, truncation = _source_limit(tokenizer, config, sources, max_source_tokens)
     where = next(model.parameters()).device
-    # transformers 5 renamed past_key_values to cache
-    cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
-                 else "past_key_values")
+    cache_arg = cache_argument(model)
 
     fast = bool(getattr(tokenizer, "is_fast", False))  # offsets: word-level tables
 
@@ -419,18 +417,15 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         (B, H, T, d) per layer (position t = step t), cross-attention ones (B, H, n, d)."""
         out = run_decoder(batch, encoded, decoder_inputs(emitted), use_cache=True)
         cache = getattr(out, cache_arg)
-        return {"self": _cache_tensors(cache.self_attention_cache),
-                "cross": _cache_tensors(cache.cross_attention_cache)}
+        return {"self": cache_tensors(cache.self_attention_cache),
+                "cross": cache_tensors(cache.cross_attention_cache)}
 
     def decode_step(batch: Batch, encoded: Any, states: dict[str, tuple[torch.Tensor, ...]],
                     emitted: torch.Tensor, step: int) -> torch.Tensor:
-        from transformers import DynamicCache, EncoderDecoderCache
+        from transformers import EncoderDecoderCache
 
-        prefix = [(k[:, :, :step], v[:, :, :step])
-                  for k, v in zip(states["self"][::2], states["self"][1::2], strict=True)]
-        cross = list(zip(states["cross"][::2], states["cross"][1::2], strict=True))
-        cache = EncoderDecoderCache(DynamicCache(prefix if step else None),
-                                    DynamicCache(cross))
+        cache = EncoderDecoderCache(cache_prefix(states["self"], step),
+                                    cache_prefix(states["cross"], states["cross"][0].shape[2]))
         previous = decoder_inputs(emitted)[:, step : step + 1]
         return run_decoder(batch, encoded, previous, use_cache=True,
                            **{cache_arg: cache}).logits[:, -1]
@@ -493,6 +488,15 @@ def _causal_target(lm: CausalLM, sources: list[str], references: list[str] | Non
         greedy=lambda batch: lm.greedy(batch.source_ids, batch.source_mask),
         teacher_forced=lambda batch, emitted: lm.teacher_forced(
             batch.source_ids, batch.source_mask, emitted),
+        # nothing to encode: the prompt ids stand in for an encoder state, so that an
+        # edited step runs one position from the unedited pass's key/value cache
+        encode=lambda batch: batch.source_ids,
+        decode=lambda batch, encoded, emitted: lm.teacher_forced(
+            batch.source_ids, batch.source_mask, emitted),
+        decode_states=lambda batch, encoded, emitted: lm.states(
+            batch.source_ids, batch.source_mask, emitted),
+        decode_step=lambda batch, encoded, states, emitted, step: lm.step(
+            batch.source_ids, batch.source_mask, states, emitted, step),
         source_embedding=lm.model.get_input_embeddings(),
         source_tokens=lambda batch: lm.tokens(batch.source_ids), target_tokens=lm.tokens,
         eos_id=lm.eos_id, special_ids=lm.special_ids,
@@ -552,14 +556,6 @@ def _source_embedding(model: nn.Module) -> nn.Module:
     except (AttributeError, NotImplementedError):
         embed = getattr(encoder, "embed_tokens", None)
         return embed if isinstance(embed, nn.Module) else model.get_input_embeddings()
-
-
-def _cache_tensors(cache: Any) -> tuple[torch.Tensor, ...]:
-    """A Hugging Face DynamicCache as keys and values per layer: (k0, v0, k1, v1, ...)."""
-    if hasattr(cache, "layers"):
-        return tuple(t for layer in cache.layers for t in (layer.keys, layer.values))
-    return tuple(t for pair in zip(cache.key_cache, cache.value_cache, strict=True)
-                 for t in pair)
 
 
 def _source_limit(tokenizer: Any, config: Any, sources: list[str],

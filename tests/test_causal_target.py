@@ -138,11 +138,20 @@ def test_protocols_equal_a_hand_written_rerun(saved):
     truth_model = loaded(name, folder, "eager")
     batch = next(target.iter_batches())
     ref = reference(target, batch)
+    assert ref.states is not None  # edited steps run one position from the cache
     rows = Rows(torch.tensor([0, 1, 2]), torch.tensor([0, 2, 1]))
     n_perm = 3
     permutation = permutation_test(target, ref, rows, n_permutations=n_perm)
     uniform = uniform_test(target, ref, rows)
     zeroing = zeroing_test(target, ref, rows)
+    rerun = reference(target, batch, incremental=False)  # the prefix re-run path
+    assert rerun.states is None
+    for got, again in ((permutation, permutation_test(target, rerun, rows,
+                                                      n_permutations=n_perm)),
+                       (uniform, uniform_test(target, rerun, rows)),
+                       (zeroing, zeroing_test(target, rerun, rows))):
+        tvds = [c for c in got.columns if c.endswith("_tvd")]
+        assert (got[tvds] - again[tvds]).abs().max().max() <= 1e-5
     draws = _PermutationEdit(ref, rows, n_perm)
     n_prompt = batch.source_ids.shape[1]
     n_layers = len(ref.sites)
