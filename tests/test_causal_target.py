@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import attnaudit
+from attnaudit.auditing.validity import run_validity_audit
 from attnaudit.interventions.ablation import uniform_test, zeroing_test
 from attnaudit.interventions.permutation import _PermutationEdit, permutation_test
 from attnaudit.interventions.runner import Rows, reference
@@ -98,6 +99,22 @@ def test_views_equal_eager_output_attentions_with_left_padding(saved):
     assert cross.weights.shape == (3, 4, n_steps, n_prompt)
     assert cross.weights[1, :, :, :3].abs().max() == 0  # padding keys hold nothing
     assert not cross.key_mask.expand_as(cross.weights)[1, :, :, :3].any()
+
+
+def test_an_empty_prompt_is_degenerate_and_square_prefix_views_are_decoder_self(saved):
+    name, folder = saved
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    with pytest.warns(UserWarning, match="1 of 3 sources into special tokens only"):
+        target = from_hf(loaded(name, folder, "sdpa"), ["w5 w6 w7", " ", "w8"],
+                         tokenizer=tokenizer, max_new_tokens=3)
+    batch = next(target.iter_batches())
+    assert target.greedy(batch).shape[1] == batch.source_ids.shape[1] == 3  # (T, T) = (P, P)
+    audit = run_validity_audit(target, progress=False)
+    roles = dict(zip(audit.sites["site"], audit.sites["role"], strict=True))
+    assert sorted(set(roles.values())) == ["cross", "decoder_self"]
+    assert all(roles[n] == ("cross" if n.endswith(":cross") else "decoder_self") for n in roles)
+    assert [f for f in audit.findings() if f.status != "pass"] == []
+    assert audit.degenerate.counts["no eligible key"] == 3  # the empty prompt's steps
 
 
 def hand_edited_probs(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
