@@ -4,7 +4,8 @@ A :class:`Seq2SeqTarget` bundles the model with plain callables, so any model ca
 audited without changing its code:
 
 - ``batches()`` yields :class:`Batch` objects (source ids ``(B, n)``, source mask, texts,
-  and whatever else the model needs in ``inputs``);
+  and whatever else the model needs in ``inputs``; ``inputs["offsets"]``, when given,
+  is ``(B, n, 2)`` character offsets of the source tokens, which word-level tables use);
 - ``greedy(batch)`` returns the emitted ids ``(B, T)`` (the decoder start token excluded,
   end-of-sequence included, anything after it is padding);
 - ``teacher_forced(batch, emitted)`` returns logits ``(B, T, V)`` where position ``t``
@@ -31,7 +32,6 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.util
-import inspect
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -44,8 +44,10 @@ from torch import nn
 
 from attnaudit.capturing.hf import check_backends
 from attnaudit.capturing.sites import SiteSelection
+from attnaudit.causal_target import CausalLM, is_causal_lm
 from attnaudit.datafile import read_pairs
 from attnaudit.errors import AttnauditError, CaptureError
+from attnaudit.hf_cache import cache_argument, cache_prefix, cache_tensors
 from attnaudit.tokenizer_checks import check_tokenization, check_tokenizer_files
 
 
@@ -268,7 +270,11 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
             batch_size: int = 100, max_new_tokens: int = 64,
             max_source_tokens: int | None = None, device: str | torch.device | None = None,
             dtype: str | torch.dtype | None = None, name: str | None = None) -> Seq2SeqTarget:
-    """A target from a Hugging Face seq2seq model and its tokenizer: loaded, or a local folder.
+    """A target from a Hugging Face model and its tokenizer: loaded, or a local folder.
+
+    A seq2seq model (``config.is_encoder_decoder``) audits source -> output; a decoder-only
+    model (GPT-2, Llama ...) audits prompt -> greedy continuation, the prompts being the
+    sources (see :mod:`attnaudit.causal_target`).
 
     Args:
         model_or_dir: a loaded ``PreTrainedModel`` (give ``tokenizer``), or a directory with
@@ -301,7 +307,12 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
     step.
     """
     try:
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        from transformers import (
+            AutoConfig,
+            AutoModelForCausalLM,
+            AutoModelForSeq2SeqLM,
+            AutoTokenizer,
+        )
     except ImportError as exc:
         raise TargetError("--hf needs transformers: pip install 'attnaudit[hf]'") from exc
     for option, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens),
@@ -325,15 +336,18 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         sources, references = _audit_data(data)  # before the (slow) load
         if tokenizer is None:
             check_tokenizer_files(model_dir)
+        causal = False
         try:
+            causal = is_causal_lm(AutoConfig.from_pretrained(model_dir, local_files_only=True))
+            auto = AutoModelForCausalLM if causal else AutoModelForSeq2SeqLM
             # The model's own default backend: sdpa where it has one, else eager; both
             # expose weights to capture.
-            model = AutoModelForSeq2SeqLM.from_pretrained(model_dir,
-                                                          local_files_only=True).eval()
+            model = auto.from_pretrained(model_dir, local_files_only=True).eval()
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         except (OSError, ValueError) as exc:
-            raise TargetError(f"cannot load a seq2seq model and tokenizer from {model_dir}: "
+            what = "causal LM" if causal else "seq2seq model"
+            raise TargetError(f"cannot load a {what} and tokenizer from {model_dir}: "
                               f"{exc}") from exc
         model.to(device=device, dtype=dtype)
         origin = label = model_dir.as_posix()
@@ -346,6 +360,10 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         check_backends(list(model.named_modules()))
     except CaptureError as exc:
         raise TargetError(f"{label}: {exc}") from None
+    if is_causal_lm(getattr(model, "config", None)):
+        return _causal_target(CausalLM(model, tokenizer, max_new_tokens), sources, references,
+                              batch_size=batch_size, max_source_tokens=max_source_tokens,
+                              label=label, origin=origin, name=name)
     config = model.config
     start = config.decoder_start_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.pad_token_id
@@ -354,17 +372,19 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         raise TargetError(f"{label}: config needs decoder_start_token_id, pad and eos ids")
     limit, truncation = _source_limit(tokenizer, config, sources, max_source_tokens)
     where = next(model.parameters()).device
-    # transformers 5 renamed past_key_values to cache
-    cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
-                 else "past_key_values")
+    cache_arg = cache_argument(model)
+
+    fast = bool(getattr(tokenizer, "is_fast", False))  # offsets: word-level tables
 
     def batches() -> Iterator[Batch]:
         for at in range(0, len(sources), batch_size):
             texts = sources[at : at + batch_size]
             enc = tokenizer(texts, padding=True, truncation=limit is not None,
-                            max_length=limit, return_tensors="pt")
+                            max_length=limit, return_tensors="pt",
+                            return_offsets_mapping=fast)
             yield Batch(enc["input_ids"].to(where), enc["attention_mask"].bool().to(where),
-                        texts, None if references is None else references[at : at + batch_size])
+                        texts, None if references is None else references[at : at + batch_size],
+                        {"offsets": enc["offset_mapping"]} if fast else {})
 
     @torch.no_grad()
     def greedy(batch: Batch) -> torch.Tensor:
@@ -397,18 +417,15 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         (B, H, T, d) per layer (position t = step t), cross-attention ones (B, H, n, d)."""
         out = run_decoder(batch, encoded, decoder_inputs(emitted), use_cache=True)
         cache = getattr(out, cache_arg)
-        return {"self": _cache_tensors(cache.self_attention_cache),
-                "cross": _cache_tensors(cache.cross_attention_cache)}
+        return {"self": cache_tensors(cache.self_attention_cache),
+                "cross": cache_tensors(cache.cross_attention_cache)}
 
     def decode_step(batch: Batch, encoded: Any, states: dict[str, tuple[torch.Tensor, ...]],
                     emitted: torch.Tensor, step: int) -> torch.Tensor:
-        from transformers import DynamicCache, EncoderDecoderCache
+        from transformers import EncoderDecoderCache
 
-        prefix = [(k[:, :, :step], v[:, :, :step])
-                  for k, v in zip(states["self"][::2], states["self"][1::2], strict=True)]
-        cross = list(zip(states["cross"][::2], states["cross"][1::2], strict=True))
-        cache = EncoderDecoderCache(DynamicCache(prefix if step else None),
-                                    DynamicCache(cross))
+        cache = EncoderDecoderCache(cache_prefix(states["self"], step),
+                                    cache_prefix(states["cross"], states["cross"][0].shape[2]))
         previous = decoder_inputs(emitted)[:, step : step + 1]
         return run_decoder(batch, encoded, previous, use_cache=True,
                            **{cache_arg: cache}).logits[:, -1]
@@ -444,12 +461,56 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
     )
 
 
+def _causal_target(lm: CausalLM, sources: list[str], references: list[str] | None, *,
+                   batch_size: int, max_source_tokens: int | None, label: str, origin: str,
+                   name: str | None) -> Seq2SeqTarget:
+    """Prompt -> continuation (:mod:`attnaudit.causal_target`): prompts cut to the smaller of
+    ``max_source_tokens`` and the position limit less the continuation, keeping their end."""
+    if lm.eos_id is None:
+        raise TargetError(f"{label}: a causal LM target needs an end-of-sequence id "
+                          "(tokenizer.eos_token_id or config.eos_token_id)")
+    lm.limit, truncation = _source_limit(lm.tokenizer, lm.model.config, sources,
+                                         max_source_tokens, reserved=lm.max_new_tokens)
+    if lm.limit is not None:
+        truncation += " (a cut prompt keeps its last tokens)"
+    where = next(lm.model.parameters()).device
+
+    def batches() -> Iterator[Batch]:
+        for at in range(0, len(sources), batch_size):
+            texts = sources[at : at + batch_size]
+            ids, mask, inputs = lm.prompts(texts)
+            yield Batch(ids.to(where), mask.to(where), texts,
+                        None if references is None else references[at : at + batch_size],
+                        inputs)
+
+    return Seq2SeqTarget(
+        name=name or label, model=lm.model, batches=batches,
+        greedy=lambda batch: lm.greedy(batch.source_ids, batch.source_mask),
+        teacher_forced=lambda batch, emitted: lm.teacher_forced(
+            batch.source_ids, batch.source_mask, emitted),
+        # nothing to encode: the prompt ids stand in for an encoder state, so that an
+        # edited step runs one position from the unedited pass's key/value cache
+        encode=lambda batch: batch.source_ids,
+        decode=lambda batch, encoded, emitted: lm.teacher_forced(
+            batch.source_ids, batch.source_mask, emitted),
+        decode_states=lambda batch, encoded, emitted: lm.states(
+            batch.source_ids, batch.source_mask, emitted),
+        decode_step=lambda batch, encoded, states, emitted, step: lm.step(
+            batch.source_ids, batch.source_mask, states, emitted, step),
+        source_embedding=lm.model.get_input_embeddings(),
+        source_tokens=lambda batch: lm.tokens(batch.source_ids), target_tokens=lm.tokens,
+        eos_id=lm.eos_id, special_ids=lm.special_ids,
+        description=lm.description(origin, len(sources)), device=where,
+        truncation=truncation)
+
+
 def _loaded_model(model: nn.Module, device: torch.device | None,
                   dtype: torch.dtype | None) -> nn.Module:
     """The user's model itself, or a copy on ``device`` in ``dtype`` when either differs."""
-    if not hasattr(model, "generate") or not hasattr(model, "get_encoder"):
+    causal = is_causal_lm(getattr(model, "config", None))
+    if not hasattr(model, "generate") or not (causal or hasattr(model, "get_encoder")):
         raise TargetError(f"from_hf needs a Hugging Face seq2seq model (generate, "
-                          f"get_encoder), got {type(model).__name__}")
+                          f"get_encoder) or causal LM (generate), got {type(model).__name__}")
     param = next(model.parameters(), None)
     # "cuda" names whichever GPU the model is on: only a type or an explicit index moves it
     moves = device is not None and param is not None and (
@@ -497,23 +558,21 @@ def _source_embedding(model: nn.Module) -> nn.Module:
         return embed if isinstance(embed, nn.Module) else model.get_input_embeddings()
 
 
-def _cache_tensors(cache: Any) -> tuple[torch.Tensor, ...]:
-    """A Hugging Face DynamicCache as keys and values per layer: (k0, v0, k1, v1, ...)."""
-    if hasattr(cache, "layers"):
-        return tuple(t for layer in cache.layers for t in (layer.keys, layer.values))
-    return tuple(t for pair in zip(cache.key_cache, cache.value_cache, strict=True)
-                 for t in pair)
-
-
 def _source_limit(tokenizer: Any, config: Any, sources: list[str],
-                  max_source_tokens: int | None) -> tuple[int | None, str]:
+                  max_source_tokens: int | None, reserved: int = 0) -> tuple[int | None, str]:
     """The source token limit (the smaller of ``max_source_tokens`` and the model's position
-    limit) and a sentence on what truncation did; warns when sources are cut."""
-    limits = [x for x in (max_source_tokens, getattr(config, "max_position_embeddings", None))
+    limit less ``reserved`` positions) and a sentence on what truncation did; warns when
+    sources are cut."""
+    positions = getattr(config, "max_position_embeddings", None)
+    limits = [x for x in (max_source_tokens,
+                          positions - reserved if isinstance(positions, int) else None)
               if isinstance(x, int)]
     if not limits:
         return None, "sources were not truncated (no token limit known)"
     limit = min(limits)
+    if limit < 1:
+        raise TargetError(f"no room for the source: {positions} positions, {reserved} of "
+                          "them for the output; lower max_new_tokens")
     lengths = [len(ids) for ids in tokenizer(sources)["input_ids"]]
     cut = sum(n > limit for n in lengths)
     if not cut:

@@ -1,5 +1,12 @@
 """Streaming analysers over attention records (definitions: docs/metrics.md)."""
 
+from attnaudit.analysis.aggregation import (
+    aggregate,
+    group_labels,
+    span_groups,
+    words_from_offsets,
+    words_from_tokens,
+)
 from attnaudit.analysis.alignment import AlignmentAnalyser
 from attnaudit.analysis.base import Analyser, Rows
 from attnaudit.analysis.entropy import EntropyAnalyser
@@ -8,6 +15,7 @@ from attnaudit.analysis.expectations import (
     expected_from_callable,
     expected_from_spans,
     keys_from_char_spans,
+    keys_from_word_spans,
     read_pharaoh,
 )
 from attnaudit.analysis.masking import MaskingAnalyser
@@ -27,11 +35,17 @@ __all__ = [
     "RowStats",
     "Rows",
     "ScoreAnalyser",
+    "aggregate",
     "char_offsets",
     "expected_from_callable",
     "expected_from_spans",
+    "group_labels",
     "keys_from_char_spans",
+    "keys_from_word_spans",
     "layer_of",
     "mean_over_heads",
     "read_pharaoh",
+    "span_groups",
+    "words_from_offsets",
+    "words_from_tokens",
 ]

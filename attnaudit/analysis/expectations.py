@@ -1,6 +1,9 @@
 """Build expected key sets (for :class:`~attnaudit.analysis.regions.RegionAnalyser`) and read
 gold word alignments (for :class:`~attnaudit.analysis.alignment.AlignmentAnalyser`).
 
+Word spans (:func:`keys_from_word_spans`) are half-open ``(first, end)`` word indices, the
+words of :mod:`attnaudit.analysis.aggregation`.
+
 Character spans are half-open ``(start, end)`` offsets into the source text, the convention
 of Python slices and of Hugging Face fast tokenizers' ``return_offsets_mapping``. A token
 is expected when its own character range ``[t_start, t_end)`` overlaps a span:
@@ -67,6 +70,26 @@ def keys_from_char_spans(offsets: Offsets, spans: Iterable[Span | range],
     for k, pair in enumerate(pairs):
         start, end = (int(x) for x in pair)
         out[k] = any(max(start, s) < min(end, e) for s, e in wanted)
+    return out
+
+
+def keys_from_word_spans(words: Sequence[int] | torch.Tensor,
+                         spans: Iterable[Span | range], n_keys: int) -> torch.Tensor:
+    """Bool (n_keys,): True on tokens whose word lies in one of ``spans``.
+
+    Args:
+        words: per token its word index, -1 for none (padding, special tokens), as
+            :func:`~attnaudit.analysis.aggregation.words_from_offsets` or
+            :func:`~attnaudit.auditing.example_maps.source_words` give it; length <= n_keys.
+        spans: half-open ``(first word, end word)`` pairs (or step-1 ranges) of word indices.
+        n_keys: length of the key axis.
+    """
+    index = torch.as_tensor(words, dtype=torch.long).reshape(-1)
+    if index.numel() > n_keys:
+        raise ValueError(f"{index.numel()} token words do not fit in n_keys={n_keys}")
+    out = torch.zeros(n_keys, dtype=torch.bool)
+    for start, end in _spans(spans):
+        out[: index.numel()] |= (index >= start) & (index < end)
     return out
 
 

@@ -1,10 +1,10 @@
 """The first audited example's attention at every site, trimmed to real tokens and labelled:
-what the report's heatmaps draw."""
+what the report's heatmaps draw (and, per word, :mod:`attnaudit.words`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -29,17 +29,25 @@ class AttentionMap:
 
 @dataclass
 class ExampleMaps:
-    """The first audited example and its attention map at every site."""
+    """The first audited example and its attention map at every site.
+
+    words: per real source token (the maps' key axis of cross sites), its word index or -1;
+    word_rule: how words were found (``offsets``, ``located`` or ``markers``; empty: not
+    known).
+    """
 
     source: str
     source_tokens: list[str]
     target_tokens: list[str]
     maps: dict[str, AttentionMap]
+    words: list[int] = field(default_factory=list)
+    word_rule: str = ""
 
 
 def example_maps(records: Mapping[str, AttentionRecord], roles: Mapping[str, str],
                  source: str, source_tokens: Sequence[object], target_tokens: Sequence[object],
-                 source_mask: torch.Tensor, step_mask: torch.Tensor) -> ExampleMaps:
+                 source_mask: torch.Tensor, step_mask: torch.Tensor,
+                 words: Sequence[int] = (), word_rule: str = "") -> ExampleMaps:
     """Example 0 of ``records`` at every site, on its real source tokens and steps up to EOS.
 
     Args:
@@ -49,6 +57,8 @@ def example_maps(records: Mapping[str, AttentionRecord], roles: Mapping[str, str
         source: the example's source text.
         source_tokens, target_tokens: a label per source position and per emitted step.
         source_mask: bool (n,), real source tokens. step_mask: bool (T,), steps up to EOS.
+        words, word_rule: per source position its word index and the rule
+            (:func:`attnaudit.words.source_words`).
     """
     src = torch.nonzero(source_mask).squeeze(1)
     tgt = torch.nonzero(step_mask).squeeze(1)
@@ -68,4 +78,5 @@ def example_maps(records: Mapping[str, AttentionRecord], roles: Mapping[str, str
             q_labels = [str(i) for i in range(weights.shape[1])]
             k_labels = [str(i) for i in range(weights.shape[2])]
         maps[name] = AttentionMap(name, role, weights.float().cpu().numpy(), q_labels, k_labels)
-    return ExampleMaps(source, src_labels, tgt_labels, maps)
+    kept_words = [int(words[i]) for i in src.tolist()] if len(words) else []
+    return ExampleMaps(source, src_labels, tgt_labels, maps, kept_words, word_rule)

@@ -20,10 +20,11 @@ captured       any other shape          the key mask capture saw    every row
 =============  =======================  ==========================  ======================
 
 n source positions, T emitted steps. When n == T, a square site is cross-attention only
-if its kind says so, and encoder or decoder self-attention by its module path; a site
-neither decides stays "captured". The declared rule is combined (AND) with the key mask
-capture saw, so keys a model masks on purpose (local windows...) stay out of the
-distribution metrics; weight on them still counts as masked mass.
+if its kind says so, and encoder or decoder self-attention by its module path (a
+decoder-only model's prefix view, whose module also shows a prompt view, is decoder
+self-attention); a site neither decides stays "captured". The declared rule is combined
+(AND) with the key mask capture saw, so keys a model masks on purpose (local windows...)
+stay out of the distribution metrics; weight on them still counts as masked mass.
 
 Rows after the first end-of-sequence step (``target.step_mask``) are padding and are not
 counted anywhere. Besides the docs/metrics.md names the metrics table carries, per row:
@@ -66,6 +67,7 @@ from attnaudit.auditing.measurement import (
     timed,
 )
 from attnaudit.capturing import Capture, capture
+from attnaudit.capturing.sites import site_base
 from attnaudit.degenerate import DegenerateCounter
 from attnaudit.distributed import SINGLE, Shard, TextsDigest
 from attnaudit.findings import (
@@ -78,6 +80,7 @@ from attnaudit.findings import (
 from attnaudit.record import AttentionRecord, Site
 from attnaudit.target import Batch, Seq2SeqTarget, TargetError
 from attnaudit.target_checks import call_target, checked_target
+from attnaudit.words import source_words
 
 DEFAULT_MAX_MASKED_MASS = masking.DEFAULT_TOLERANCE
 DEFAULT_ROW_SUM_TOLERANCE = None  # the dtype rule of numerics.row_sum_tolerance
@@ -249,14 +252,19 @@ def _runs(steps: list[int]) -> Iterator[tuple[int, int]]:
 
 
 def site_role(name: str, kind: str | None, queries: int, keys: int, n_source: int,
-              n_target: int) -> str:
-    """cross, encoder_self, decoder_self or captured (no declared rule fits); see module doc."""
+              n_target: int, prefix_view: bool = False) -> str:
+    """cross, encoder_self, decoder_self or captured (no declared rule fits); see module doc.
+
+    prefix_view: the site is a decoder-only model's prefix view (its module also shows a
+    prompt view, :mod:`attnaudit.capturing.views`): its queries are steps."""
     if (queries, keys) == (n_target, n_source) and (kind == "cross" or n_target != n_source):
         return "cross"
     if kind == "cross":
         return "captured"
     encoder = (queries, keys) == (n_source, n_source)
     decoder = (queries, keys) == (n_target, n_target)
+    if encoder and decoder and prefix_view:
+        return "decoder_self"
     if encoder and decoder:
         module = name.split(":", 1)[0].lower()
         encoder, decoder = "encoder" in module, "decoder" in module
@@ -438,9 +446,12 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                     plain_s, plain_peak = _plain_forward(target, batch, emitted)
             n_source, n_target = batch.source_ids.shape[1], emitted.shape[1]
             roles = {}
+            prompt_views = {site_base(n) for n, r in cap.records.items() if r.kind == "cross"}
             for name, record in cap.records.items():
                 _, _, q, k = record.weights.shape
-                role = roles[name] = site_role(name, record.kind, q, k, n_source, n_target)
+                role = roles[name] = site_role(name, record.kind, q, k, n_source, n_target,
+                                               record.kind == "self"
+                                               and site_base(name) in prompt_views)
                 declared, rows = declared_rule(role, batch, step_mask)
                 infos.setdefault(name, _SiteInfo(record.site)).update(record, role, index)
                 analysers.update(record, eligible=declared, rows=rows)
@@ -593,5 +604,6 @@ def _first_example(target: Seq2SeqTarget, records: dict[str, AttentionRecord],
                                 batch.select([0]))[0]
     target_tokens = call_target(target.name, "target_tokens", target.target_tokens,
                                 emitted[:1])[0]
+    words, rule = source_words(target, batch.select([0]))
     return example_maps(records, roles, batch.texts[0], source_tokens, target_tokens,
-                        batch.source_mask[0], step_mask[0])
+                        batch.source_mask[0], step_mask[0], words[0], rule)

@@ -18,6 +18,13 @@ from attnaudit.capturing import hf, mha, sdpa, softmax
 from attnaudit.capturing.layout import CallSite, Layout, int_locals, module_heads, resolve_layout
 from attnaudit.capturing.sites import SiteRegistry, SiteSelection, make_selector, site_base
 from attnaudit.capturing.state import ACTIVE, compiled_code_runs_eagerly
+from attnaudit.capturing.views import (
+    ACTIVE_VIEWS,
+    VIEW_KINDS,
+    View,
+    active_views,
+    view_mask_source,
+)
 from attnaudit.errors import CaptureError, EditError, NoAttentionFound, SiteNotFound
 from attnaudit.record import AttentionCall, AttentionRecord, Kind, Site
 
@@ -63,7 +70,8 @@ class Capture:
         self.heads = _checked_heads(heads)
         select, self._requested = make_selector(sites)
         self._modules = list(model.named_modules())
-        self.sites_registry = SiteRegistry(self._modules, select, kinds)
+        self._select = select
+        self.sites_registry = SiteRegistry(self._modules, _view_aware(select), kinds)
         self.records: dict[str, AttentionRecord] = {}
         self.busy = False
         self.mha_stack: list[mha.MhaCall] = []
@@ -166,7 +174,37 @@ class Capture:
                mask_source: Callable[[], torch.Tensor | None] | None,
                scores: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor | None:
         """Store one call's weights ``(B, H, Q, K)`` (mapped from the call by ``layout``);
-        return the edit's replacement, in the record layout, if any."""
+        return the edit's replacement, in the record layout, if any. While prompt views are
+        active (:mod:`attnaudit.capturing.views`), a self-attention call is stored as its
+        views instead."""
+        views = None if site.kind == "cross" else active_views(tuple(weights.shape))
+        if views is not None:
+            return self._record_views(views, site, layout, weights, mask_source)
+        return self._store(site, layout, weights, mask_source, scores, values)
+
+    def _record_views(self, views: list[View], site: Site, layout: Layout,
+                      weights: torch.Tensor,
+                      mask_source: Callable[[], torch.Tensor | None] | None
+                      ) -> torch.Tensor | None:
+        """Store each selected view of one call; return the call's weights with the edited
+        views written back, or None when nothing was edited."""
+        registry, current = self.sites_registry, weights
+        shared_mask = _once(mask_source)
+        for view in views:
+            name = f"{site_base(site.name)}:{view.kind}"
+            view_site = replace(site, name=name, kind=view.kind)
+            registry.found.setdefault(name, view_site)
+            if not self._select(name):
+                continue
+            edited = self._store(view_site, layout, view.of(current),
+                                 view_mask_source(view, shared_mask), None, None)
+            if edited is not None:
+                current = view.write(current, edited)
+        return None if current is weights else current
+
+    def _store(self, site: Site, layout: Layout, weights: torch.Tensor,
+               mask_source: Callable[[], torch.Tensor | None] | None,
+               scores: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor | None:
         rec = self.records.get(site.name)
         if rec is None:
             site = replace(site, layout=layout.pattern, layout_source=layout.source)
@@ -240,6 +278,34 @@ def _checked_edit(site: Site, weights: torch.Tensor, new: Any,
                 "model's were valid; pass capture(..., allow_invalid=True) to use them anyway"
             )
     return new
+
+
+def _view_aware(select: Callable[[str], bool]) -> Callable[[str], bool]:
+    """``select``, also taking a self-attention site one of whose prompt views it takes
+    while prompt views are active."""
+
+    def selected(name: str) -> bool:
+        if select(name):
+            return True
+        return ACTIVE_VIEWS.prompt_length is not None and any(
+            select(f"{site_base(name)}:{kind}") for kind in VIEW_KINDS)
+
+    return selected
+
+
+def _once(source: Callable[[], torch.Tensor | None] | None
+          ) -> Callable[[], torch.Tensor | None] | None:
+    """``source`` computed on its first call only (two views read one call's key mask)."""
+    if source is None:
+        return None
+    kept: list[torch.Tensor | None] = []
+
+    def read() -> torch.Tensor | None:
+        if not kept:
+            kept.append(source())
+        return kept[0]
+
+    return read
 
 
 def _checked_heads(heads: Mapping[str, int] | None) -> dict[str, int]:

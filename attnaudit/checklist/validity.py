@@ -28,6 +28,7 @@ from attnaudit.checklist.items import (
     worst,
 )
 from attnaudit.findings import Finding, describe_tolerance, findings_frame
+from attnaudit.words import word_attention_table
 
 
 def parameter_table(model: nn.Module, site_modules: Mapping[str, str]) -> pd.DataFrame:
@@ -325,6 +326,16 @@ def distributions_item(audit: Any, findings: Sequence[Any]) -> ItemResult:
             "region_mass and top_weight_hit per expectation, site, head and step; "
             "':head_mean' sites average the heads first. Concentration on expected keys "
             "describes the retrieval, not why the output was produced.", audit.regions))
+    words = (word_attention_table(audit.example) if audit.example is not None
+             else pd.DataFrame())
+    if not words.empty:
+        evidence.append(Evidence(
+            "word_attention", "Cross-attention per source word (first example)",
+            "Per cross site, step and source word: the sum of the word's token weights, "
+            "averaged over heads. Words: rule 'offsets' = whitespace-separated words of the "
+            "text, a token in the word of its first non-space character; 'located' = token "
+            "labels found in the text, then the same; 'markers' = Ġ / ▁ start a word, ## "
+            "continues one.", words))
     not_recorded = [f"{m} (no site exposes it)" for m in ("output_norm", "score_min")
                     if m not in recorded]
     observations = []

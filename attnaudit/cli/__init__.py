@@ -71,7 +71,9 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="?", metavar="TARGET",
                         help="package.module:factory or path/to/file.py:factory returning a "
                              "Seq2SeqTarget (default: the bundled date model)")
-    parser.add_argument("--hf", metavar="DIR", help="a local Hugging Face seq2seq checkpoint")
+    parser.add_argument("--hf", metavar="DIR",
+                        help="a local Hugging Face checkpoint: seq2seq, or a decoder-only LM "
+                             "(prompt -> continuation)")
     parser.add_argument("--data", metavar="FILE.tsv",
                         help="with --hf: source[<TAB>target] lines to audit")
     parser.add_argument("--limit", type=positive_int, metavar="N",

@@ -43,6 +43,7 @@ from attnaudit.interventions.runner import InterventionError, Reference, Rows, r
 from attnaudit.interventions.values import value_replacement
 from attnaudit.target import Batch, Seq2SeqTarget
 from attnaudit.target_checks import checked_target
+from attnaudit.words import word_importance_table
 
 CUMULATIVE_EXAMPLES = 50
 QUICK_PERMUTATIONS = 20
@@ -197,6 +198,9 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
     loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
                         max_memory=ref.budget.max_memory, progress=progress)
     importances = {"attention": ref.attention, **found.importance, "loo": loo}
+    if ref.first_example == 0:  # the first example, per source word (a bounded table)
+        _per_batch(parts, "word_importance", word_importance_table(
+            target, batch, ref.emitted, importances, ref.steps))
     rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
     rows_agree["example"] += ref.first_example
     _per_batch(parts, "agreement", rows_agree)

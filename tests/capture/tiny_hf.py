@@ -156,8 +156,12 @@ def special_tokens(config: Any) -> dict[int, str]:
     return tokens
 
 
-def save_checkpoint(model_cls: type, config: Any, folder: Path, seed: int = 0) -> list[str]:
-    """Save a seeded random-init model and a word-level tokenizer; return the word list."""
+def save_checkpoint(model_cls: type, config: Any, folder: Path, seed: int = 0,
+                    eos_after: bool = True) -> list[str]:
+    """Save a seeded random-init model and a word-level tokenizer; return the word list.
+
+    eos_after: the tokenizer ends every text with the end-of-sequence token (a seq2seq
+    source does; a causal LM's prompt does not)."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
@@ -178,8 +182,9 @@ def save_checkpoint(model_cls: type, config: Any, folder: Path, seed: int = 0) -
     tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = WhitespaceSplit()
     eos = specials[config.eos_token_id]
-    tok.post_processor = TemplateProcessing(single=f"$A {eos}",
-                                            special_tokens=[(eos, config.eos_token_id)])
+    if eos_after:
+        tok.post_processor = TemplateProcessing(single=f"$A {eos}",
+                                                special_tokens=[(eos, config.eos_token_id)])
     roles = {"pad_token_id": "pad_token", "eos_token_id": "eos_token",
              "bos_token_id": "bos_token"}
     kwargs = {role: specials[getattr(config, attr)] for attr, role in roles.items()

@@ -1,0 +1,159 @@
+"""Decoder-only (causal) language models as audit targets: prompt -> continuation.
+
+:class:`CausalLM` runs a Hugging Face causal LM (GPT-2, Llama ...) and its tokenizer as
+the callables of the same :class:`~attnaudit.target.Seq2SeqTarget` the protocols use;
+:func:`attnaudit.target.from_hf` builds that target for a checkpoint whose config is not
+an encoder-decoder. The mapping:
+
+- the *source* is the prompt, left-padded as Hugging Face batches it: ``source_ids`` (B, P),
+  ``source_mask`` True on real tokens; prompts longer than the limit keep their last tokens;
+- the *output* is the greedy continuation of at most ``max_new_tokens`` tokens, ending at
+  the first end-of-sequence token; ``teacher_forced`` runs prompt + continuation once, and
+  the row at position ``P-1 + t`` gives the logits of continuation token ``t``;
+- the model's self-attention is presented to capture as two views per layer
+  (:mod:`attnaudit.capturing.views`): ``:cross``, the continuation rows over the prompt
+  keys (renormalised over the prompt), and ``:self``, the same rows over the prompt's last
+  token and the generated prefix (renormalised over those, causal);
+- ``source_embedding`` is the model's input embedding, called on the prompt first in every
+  teacher-forced pass, so attribution and leave-one-out see the prompt positions.
+
+Eligible prompt keys come from the attention mask (left padding is out) and the special
+tokens; causality holds by construction (every prompt key precedes every continuation row).
+An edited step runs one position from the key/value cache of the unedited pass
+(``decode_states`` / ``decode_step``); the prompt ids stand in for an encoder state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnaudit.capturing.views import prompt_views
+from attnaudit.hf_cache import cache_argument, cache_prefix, cache_tensors
+
+
+def is_causal_lm(config: Any) -> bool:
+    """True for a Hugging Face config of a decoder-only model (not an encoder-decoder)."""
+    return config is not None and not getattr(config, "is_encoder_decoder", False)
+
+
+def left_padded(rows: list[list[Any]], fill: Any, limit: int | None) -> torch.Tensor:
+    """Per-token lists (ids, or offset pairs) -> a (B, P, ...) tensor, left-padded with
+    ``fill``; a list longer than ``limit`` keeps its last ``limit`` items."""
+    kept = [row[-limit:] if limit is not None else row for row in rows]
+    width = max(len(row) for row in kept)
+    out = torch.tensor(fill).expand(len(kept), width, *torch.tensor(fill).shape).clone()
+    for at, row in enumerate(kept):
+        if row:
+            out[at, width - len(row):] = torch.tensor(row, dtype=out.dtype)
+    return out
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids (B, L) counting real tokens only (padding at 0), as generate() sets them."""
+    return (mask.cumsum(-1) - 1).clamp_min(0)
+
+
+@dataclass
+class CausalLM:
+    """How a causal LM runs prompt -> continuation: what the target's callables call.
+
+    eos_id: ends a continuation (None: neither tokenizer nor config names one). pad_id:
+    pads prompts on the left (the tokenizer's or config's pad, else ``eos_id``). limit:
+    prompt tokens kept (the last ones), or None.
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    max_new_tokens: int
+    limit: int | None = None
+
+    @property
+    def eos_id(self) -> int | None:
+        eos = self.tokenizer.eos_token_id
+        eos = self.model.config.eos_token_id if eos is None else eos
+        if isinstance(eos, list | tuple):
+            return eos[0] if eos else None
+        return eos
+
+    @property
+    def pad_id(self) -> int | None:
+        return next((i for i in (self.tokenizer.pad_token_id, self.model.config.pad_token_id)
+                     if i is not None), self.eos_id)
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        tok = self.tokenizer
+        return tuple(sorted({i for i in (self.pad_id, self.eos_id, tok.bos_token_id,
+                                         tok.cls_token_id, tok.sep_token_id)
+                             if i is not None}))
+
+    def prompts(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """Left-padded ids (B, P), mask (B, P) bool, and inputs: the tokens' character
+        offsets (B, P, 2) when the tokenizer is a fast one."""
+        fast = bool(getattr(self.tokenizer, "is_fast", False))
+        enc = self.tokenizer(texts, return_offsets_mapping=fast)
+        ids = left_padded(enc["input_ids"], self.pad_id, self.limit)
+        mask = left_padded([[True] * len(row) for row in enc["input_ids"]], False, self.limit)
+        offsets = {"offsets": left_padded(enc["offset_mapping"], (0, 0), self.limit)}
+        return ids, mask, offsets if fast else {}
+
+    @torch.no_grad()
+    def greedy(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The greedy continuation (B, T) of prompts ``ids`` (B, P), ``mask`` bool."""
+        out = self.model.generate(input_ids=ids, attention_mask=mask.long(), do_sample=False,
+                                  num_beams=1, max_new_tokens=self.max_new_tokens,
+                                  pad_token_id=self.pad_id, eos_token_id=self.eos_id)
+        return out[:, ids.shape[1]:]
+
+    def teacher_forced(self, ids: torch.Tensor, mask: torch.Tensor,
+                       emitted: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, V): prompt + emitted[:, :-1] in one pass, the prompt embedded
+        first; position ids count real tokens only, as generate() sets them."""
+        embed = self.model.get_input_embeddings()
+        prompt, prefix = ids.shape[1], emitted[:, :-1]
+        embedded = torch.cat([embed(ids), embed(prefix)], dim=1)
+        full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
+        with prompt_views(prompt):
+            out = self.model(inputs_embeds=embedded, attention_mask=full_mask,
+                             position_ids=_positions(full_mask), use_cache=False)
+        return out.logits[:, prompt - 1:]
+
+    def states(self, ids: torch.Tensor, mask: torch.Tensor,
+               emitted: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The key/value cache of one teacher-forced pass (k0, v0, k1, v1, ...), each
+        (B, H, P + T - 1, d): position ``P-1 + t`` is the input of step ``t``."""
+        embed = self.model.get_input_embeddings()
+        prefix = emitted[:, :-1]
+        full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
+        out = self.model(inputs_embeds=torch.cat([embed(ids), embed(prefix)], dim=1),
+                         attention_mask=full_mask, position_ids=_positions(full_mask),
+                         use_cache=True)
+        return cache_tensors(getattr(out, cache_argument(self.model)))
+
+    def step(self, ids: torch.Tensor, mask: torch.Tensor, states: tuple[torch.Tensor, ...],
+             emitted: torch.Tensor, step: int) -> torch.Tensor:
+        """Logits (B, V) of continuation step ``step``, one position run from the cached
+        ones before it (``states``), under prompt views."""
+        prompt = ids.shape[1]
+        before = prompt - 1 + step  # cached positions
+        token = ids[:, -1:] if step == 0 else emitted[:, step - 1 : step]
+        full_mask = torch.cat([mask.long(), torch.ones_like(emitted[:, :step])], dim=1)
+        with prompt_views(prompt):
+            out = self.model(input_ids=token, attention_mask=full_mask,
+                             position_ids=full_mask.sum(-1, keepdim=True) - 1,
+                             use_cache=True,
+                             **{cache_argument(self.model): cache_prefix(states, before)})
+        return out.logits[:, -1]
+
+    def tokens(self, ids: torch.Tensor) -> list[list[str]]:
+        return [self.tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids]
+
+    def description(self, origin: str, n_prompts: int) -> str:
+        return (f"{type(self.model).__name__} (decoder-only) from "
+                f"{origin or 'a loaded model'}: {n_prompts} prompts, greedy continuations of "
+                f"at most {self.max_new_tokens} tokens; cross-attention is the "
+                "continuation's attention over the prompt, renormalised over the prompt")
