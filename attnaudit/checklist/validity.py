@@ -420,7 +420,7 @@ def performance_item(audit: Any) -> ItemResult:
     return ItemResult(
         ITEM_BY_KEY["performance"], overhead_status(overhead),
         f"Latency and valid-token throughput measured per batch on this machine, each time "
-        f"the median of {repeats} runs; judged by the capture overhead.",
+        f"the median of at least {TIMING_REPEATS} runs; judged by the capture overhead.",
         measured=[f"Per batch, greedy decoding and the teacher-forced forward without and "
                   f"with capture (alternating which runs first) were each run at least "
                   f"{TIMING_REPEATS} times, and more while the runs added up to less than "
