@@ -36,7 +36,6 @@ counted anywhere. Besides the docs/metrics.md names the metrics table carries, p
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -76,6 +75,7 @@ from attnaudit.findings import (
     site_findings,
     summarise_sites,
 )
+from attnaudit.progress import advance, display, phase
 from attnaudit.record import AttentionRecord, Site
 from attnaudit.target import Batch, Seq2SeqTarget, TargetError
 from attnaudit.target_checks import call_target, checked_target
@@ -359,7 +359,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     Args:
         target: the model and its data; the model is left unchanged.
         limit: audit only the first ``limit`` examples (>= 1).
-        progress: one line per batch on stderr.
+        progress: a progress display on stderr (:mod:`attnaudit.progress`).
         keep_example: keep the first example's attention maps.
         regions: measure the target's expectations (region_mass, top_weight_hit).
         timing: time greedy decoding and the forward without and with capture, repeated
@@ -399,51 +399,50 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     degenerate = DegenerateCounter()
     example: ExampleMaps | None = None
     examples = 0
-    started = time.perf_counter()
-    for index, batch in enumerate(_batches(target, limit)):
-        emitted, greedy_s = timed(lambda b=batch: _greedy(target, b))
-        greedy_times = [greedy_s, *(timed(lambda b=batch: _greedy(target, b))[1]
-                                    for _ in range(repeat_count(greedy_s) - 1))
-                        ] if timing else []
-        step_mask = target.step_mask(emitted)
-        degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
-        with torch.no_grad():
-            cap, passes = _forward_passes(target, batch, emitted, keep=not checks_only,
-                                          timing=timing, plain_first=index % 2 == 0)
-        n_source, n_target = batch.source_ids.shape[1], emitted.shape[1]
-        roles = {}
-        for name, record in cap.records.items():
-            _, _, q, k = record.weights.shape
-            role = roles[name] = site_role(name, record.kind, q, k, n_source, n_target)
-            declared, rows = declared_rule(role, batch, step_mask)
-            infos.setdefault(name, _SiteInfo(record.site)).update(record, role)
-            analysers.update(record, eligible=declared, rows=rows)
-            if role == "cross" and expectation_analysers:
-                _update_regions(target, expectation_analysers, declared_rows(record, declared),
-                                batch, emitted, step_mask)
-        if keep_example and example is None:
-            example = _first_example(target, cap.records, roles, batch, emitted, step_mask)
-        source_tokens, target_tokens = int(batch.source_mask.sum()), int(step_mask.sum())
-        times = {**spread("greedy_s", greedy_times), **spread("plain_s", passes.plain),
-                 **spread("captured_s", passes.captured),
-                 **spread("capture_overhead", passes.overheads())}
-        performance.append({
-            "batch": index, "examples": len(batch), "source_tokens": source_tokens,
-            "target_tokens": target_tokens, "greedy_repeats": len(greedy_times),
-            "repeats": len(passes.plain), **times,
-            "tokens_per_s_plain": ratio(source_tokens + target_tokens, times["plain_s"]),
-            "tokens_per_s_captured": ratio(source_tokens + target_tokens,
-                                           times["captured_s"]),
-            "plain_peak_mib": passes.plain_peak_mib,
-            "captured_peak_mib": passes.captured_peak_mib,
-            "capture_mib": capture_bytes(cap.records.values()) / 2**20,
-            "materialised_sites": sum(r.site.mechanism in MATERIALISED_BY_CAPTURE
-                                      for r in cap.records.values()),
-        })
-        examples += len(batch)
-        if progress:
-            print(f"audit {target.name}: batch {index + 1}, {examples} examples, "
-                  f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    with display(None, enabled=progress, name=f"audit {target.name}"):
+        phase("validity")
+        for index, batch in enumerate(_batches(target, limit)):
+            emitted, greedy_s = timed(lambda b=batch: _greedy(target, b))
+            greedy_times = [greedy_s, *(timed(lambda b=batch: _greedy(target, b))[1]
+                                        for _ in range(repeat_count(greedy_s) - 1))
+                            ] if timing else []
+            step_mask = target.step_mask(emitted)
+            degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
+            with torch.no_grad():
+                cap, passes = _forward_passes(target, batch, emitted, keep=not checks_only,
+                                              timing=timing, plain_first=index % 2 == 0)
+            n_source, n_target = batch.source_ids.shape[1], emitted.shape[1]
+            roles = {}
+            for name, record in cap.records.items():
+                _, _, q, k = record.weights.shape
+                role = roles[name] = site_role(name, record.kind, q, k, n_source, n_target)
+                declared, rows = declared_rule(role, batch, step_mask)
+                infos.setdefault(name, _SiteInfo(record.site)).update(record, role)
+                analysers.update(record, eligible=declared, rows=rows)
+                if role == "cross" and expectation_analysers:
+                    _update_regions(target, expectation_analysers, declared_rows(record, declared),
+                                    batch, emitted, step_mask)
+            if keep_example and example is None:
+                example = _first_example(target, cap.records, roles, batch, emitted, step_mask)
+            source_tokens, target_tokens = int(batch.source_mask.sum()), int(step_mask.sum())
+            times = {**spread("greedy_s", greedy_times), **spread("plain_s", passes.plain),
+                     **spread("captured_s", passes.captured),
+                     **spread("capture_overhead", passes.overheads())}
+            performance.append({
+                "batch": index, "examples": len(batch), "source_tokens": source_tokens,
+                "target_tokens": target_tokens, "greedy_repeats": len(greedy_times),
+                "repeats": len(passes.plain), **times,
+                "tokens_per_s_plain": ratio(source_tokens + target_tokens, times["plain_s"]),
+                "tokens_per_s_captured": ratio(source_tokens + target_tokens,
+                                               times["captured_s"]),
+                "plain_peak_mib": passes.plain_peak_mib,
+                "captured_peak_mib": passes.captured_peak_mib,
+                "capture_mib": capture_bytes(cap.records.values()) / 2**20,
+                "materialised_sites": sum(r.site.mechanism in MATERIALISED_BY_CAPTURE
+                                          for r in cap.records.values()),
+            })
+            examples += len(batch)
+            advance(len(batch))
     if examples == 0:
         raise TargetError(f"target {target.name!r} yielded no examples to audit")
     metrics = analysers.metrics()

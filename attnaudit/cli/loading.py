@@ -1,4 +1,4 @@
-"""From parsed arguments to what the library takes: the target, the memory budget."""
+"""From parsed arguments to what the library takes: the target, the memory budget, quiet."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ def load_cli_target(args: argparse.Namespace) -> Seq2SeqTarget:
                               "factory batches and decodes its own way")
     # through the module, so that the factory loader can be swapped in tests
     return place(targets.load_target(args.target), device=args.device, dtype=args.dtype)
+
+
+def quiet(args: argparse.Namespace) -> bool:
+    """Whether ``--quiet`` was given (before or after the command name)."""
+    return getattr(args, "quiet", False)
 
 
 def memory_option(args: argparse.Namespace) -> int | None:

@@ -38,6 +38,7 @@ from attnaudit.interventions.permutation import (
 )
 from attnaudit.interventions.runner import InterventionError, Reference, Rows, reference
 from attnaudit.interventions.values import value_replacement
+from attnaudit.progress import display, phase, settle, split
 from attnaudit.target import Batch, Seq2SeqTarget
 from attnaudit.target_checks import checked_target
 
@@ -112,12 +113,15 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     parts: dict[str, list[pd.DataFrame]] = {}
     first = 0
     ref = None
-    for batch in batches:
-        ref = reference(target, batch, sites=sites, heads=heads, first_example=first,
-                        max_memory=max_memory)
-        _run_batch(target, ref, batch, parts, methods, n_permutations, cumulative_set,
-                   adversarial_set, progress)
-        first += len(batch)
+    with display(n_examples, enabled=progress, name=f"interventions {target.name}"):
+        phase("interventions")
+        for batch in batches:
+            ref = reference(target, batch, sites=sites, heads=heads, first_example=first,
+                            max_memory=max_memory)
+            _run_batch(target, ref, batch, parts, methods, n_permutations, cumulative_set,
+                       adversarial_set, progress)
+            first += len(batch)
+            settle()
     assert ref is not None
     degenerate = pd.concat(parts["degenerate"], ignore_index=True)
     if "permutation" not in parts and degenerate.empty:
@@ -161,6 +165,10 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
     _per_batch(parts, "degenerate", degenerate_table(ref.reasons, ref.eligible,
                                                      ref.first_example))
     rows = ref.rows()
+    # the batch's progress counters: the row protocols (when it has rows), attribution, and
+    # leave-one-out; the cumulative and adversarial subsets are counted when drawn at all
+    row_protocols = 4 + bool(cumulative_set) + bool(adversarial_set)
+    split(len(batch), 2 + (row_protocols if len(rows) else 0))
     if len(rows):
         _run_row_protocols(target, ref, rows, parts, n_permutations, cumulative_set,
                            adversarial_set, progress)
