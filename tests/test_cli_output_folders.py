@@ -142,7 +142,7 @@ def test_interrupted_report_leaves_the_previous_one_byte_for_byte(signum, previo
         env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert process.stderr is not None
     first = process.stderr.readline()  # the audit's first progress line: work has started
-    assert first.startswith("audit toy_correct: batch 1"), first
+    assert first.startswith("audit toy_correct: validity: "), first
     process.send_signal(signum)
     _, rest = process.communicate(timeout=120)
     assert process.returncode == 130, rest

@@ -8,19 +8,29 @@ column means.
 from __future__ import annotations
 
 import math
+import statistics
 import time
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
 from attnaudit.record import AttentionRecord
 
-PERFORMANCE_COLUMNS = ["batch", "examples", "source_tokens", "target_tokens", "greedy_s",
-                       "plain_s", "captured_s", "capture_overhead", "tokens_per_s_plain",
-                       "tokens_per_s_captured", "plain_peak_mib", "captured_peak_mib",
-                       "capture_mib", "materialised_sites"]
+# Each timed pass runs at least TIMING_REPEATS times, and more (up to MAX_TIMING_REPEATS)
+# while its runs add up to less than MIN_TIMED_S, so that millisecond passes are not judged
+# on three noisy readings; the table shows the median and the range.
+TIMING_REPEATS = 3
+MAX_TIMING_REPEATS = 25
+MIN_TIMED_S = 0.25
+
+PERFORMANCE_COLUMNS = ["batch", "examples", "source_tokens", "target_tokens",
+                       "greedy_repeats", "greedy_s", "greedy_s_min", "greedy_s_max",
+                       "repeats", "plain_s", "plain_s_min", "plain_s_max",
+                       "captured_s", "captured_s_min", "captured_s_max",
+                       "capture_overhead", "capture_overhead_min", "capture_overhead_max",
+                       "tokens_per_s_plain", "tokens_per_s_captured", "plain_peak_mib",
+                       "captured_peak_mib", "capture_mib", "materialised_sites"]
 
 
 def ratio(numerator: float, denominator: float) -> float:
@@ -35,12 +45,28 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return result, time.perf_counter() - start
 
 
+def repeat_count(first_s: float) -> int:
+    """How many runs to time of a pass whose first run took ``first_s`` seconds."""
+    wanted = math.ceil(MIN_TIMED_S / first_s) if first_s > 0 else MAX_TIMING_REPEATS
+    return min(max(wanted, TIMING_REPEATS), MAX_TIMING_REPEATS)
+
+
+def spread(name: str, values: Sequence[float]) -> dict[str, float]:
+    """``{name: median, name_min: smallest, name_max: largest}`` of repeated measurements
+    (all NaN when there is none)."""
+    if not values:
+        return {name: math.nan, f"{name}_min": math.nan, f"{name}_max": math.nan}
+    return {name: statistics.median(values), f"{name}_min": min(values),
+            f"{name}_max": max(values)}
+
+
 class PeakMemory:
     """Peak memory in MiB above the level at entry, while the block ran.
 
-    CUDA models: the allocator's peak. CPU: peak resident set size on Linux (reset through
-    /proc/self/clear_refs), a lower bound, since the allocator reuses freed memory without
-    growing the RSS; NaN where neither can be read.
+    Measured for CUDA models only, from the allocator's peak. Elsewhere ``peak_mib`` stays
+    NaN ("not measured"): on CPU no allocator statistic exists, and the peak resident set
+    size misses every allocation served from memory the process already holds, so it reads
+    0 after the first batch whatever the model allocates.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -54,34 +80,14 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
-        elif _reset_peak_rss():
-            self._base = _proc_status_kib("VmRSS") * 1024
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._base is None:
             return
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            peak = torch.cuda.max_memory_allocated(self.device)
-        else:
-            peak = _proc_status_kib("VmHWM") * 1024
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
         self.peak_mib = max(peak - self._base, 0) / 2**20
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
-def _proc_status_kib(key: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return float(line.split()[1])
-    return math.nan
 
 
 def capture_bytes(records: Iterable[AttentionRecord]) -> int:

@@ -27,8 +27,10 @@ from attnaudit.checklist import build_checklist
 from attnaudit.distributed import Shard, current_shard
 from attnaudit.errors import AttnauditError
 from attnaudit.interventions.suite import InterventionSuite, run_suite
+from attnaudit.progress import display
 from attnaudit.report.manifest import build_manifest
 from attnaudit.target import Seq2SeqTarget, TargetError, from_hf
+from attnaudit.target_checks import checked_target
 
 
 def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
@@ -65,7 +67,8 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
         max_memory: the interventions' chunk budget (bytes or "2GiB"; default 1 GiB).
         max_masked_mass, row_sum_tolerance: the validity tolerances (row_sum_tolerance
             None: per site from the weights' dtype and key count).
-        progress: progress lines on stderr.
+        progress: one progress display on stderr for the whole audit
+            (:mod:`attnaudit.progress`).
         command_line: recorded in the manifest and shown in the report.
         process_group: audit across the processes of this ``torch.distributed`` group
             (default: the initialised default group, if any; see
@@ -104,19 +107,22 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
          row_sum_tolerance: float | None, progress: bool,
          command_line: Sequence[str] | str | None, shard: Shard) -> Audit:
     started = time.perf_counter()
-    validity = run_validity_audit(target, limit=limit, progress=progress,
-                                  keep_example=not checks_only, regions=not checks_only,
-                                  timing=not checks_only, checks_only=checks_only,
-                                  max_masked_mass=max_masked_mass,
-                                  row_sum_tolerance=row_sum_tolerance, shard=shard)
-    if checks_only or not interventions:
-        suite = None
-        reason = ("the audit ran the gate's checks only" if checks_only else
-                  "the intervention suite was not requested (interventions=False)")
-    else:
-        suite, reason = _run_suite(target, quick, limit, progress, max_memory, shard)
-    checklist = build_checklist(target.model, validity, suite, suite_reason=reason)
+    target = checked_target(target)  # its data's errors name the target, from here on
     texts = [text for batch in target.iter_batches(limit) for text in batch.texts]
+    suite_runs = interventions and not checks_only
+    with display(len(texts), 1 + suite_runs, enabled=progress, name=f"audit {target.name}"):
+        validity = run_validity_audit(target, limit=limit, progress=progress,
+                                      keep_example=not checks_only, regions=not checks_only,
+                                      timing=not checks_only, checks_only=checks_only,
+                                      max_masked_mass=max_masked_mass,
+                                      row_sum_tolerance=row_sum_tolerance, shard=shard)
+        if suite_runs:
+            suite, reason = _run_suite(target, quick, limit, progress, max_memory, shard)
+        else:
+            suite = None
+            reason = ("the audit ran the gate's checks only" if checks_only else
+                      "the intervention suite was not requested (interventions=False)")
+    checklist = build_checklist(target.model, validity, suite, suite_reason=reason)
     seeds: dict[str, Any] = {"target": target.seed}
     if suite is not None:
         seeds["interventions"] = suite.metadata["seed"]

@@ -37,7 +37,6 @@ counted anywhere. Besides the docs/metrics.md names the metrics table carries, p
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -64,6 +63,8 @@ from attnaudit.auditing.measurement import (
     PeakMemory,
     capture_bytes,
     ratio,
+    repeat_count,
+    spread,
     timed,
 )
 from attnaudit.capturing import Capture, capture
@@ -77,6 +78,7 @@ from attnaudit.findings import (
     site_findings,
     summarise_sites,
 )
+from attnaudit.progress import advance, display, phase
 from attnaudit.record import AttentionRecord, Site
 from attnaudit.target import Batch, Seq2SeqTarget, TargetError
 from attnaudit.target_checks import call_target, checked_target
@@ -385,11 +387,11 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     Args:
         target: the model and its data; the model is left unchanged.
         limit: audit only the first ``limit`` examples (>= 1).
-        progress: one line per batch on stderr.
+        progress: a progress display on stderr (:mod:`attnaudit.progress`).
         keep_example: keep the first example's attention maps.
         regions: measure the target's expectations (region_mass, top_weight_hit).
-        timing: also time the teacher-forced forward without capture, and peak memory;
-            without it the performance table has greedy and captured times only.
+        timing: time greedy decoding and the forward without and with capture, repeated
+            (see below), and measure peak memory; without it no time is reported.
         max_masked_mass, row_sum_tolerance: the tolerances failing rows are counted at;
             row_sum_tolerance None: per site from the weights' dtype and key count
             (:func:`attnaudit.analysis.numerics.row_sum_tolerance`).
@@ -401,14 +403,16 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
             example's maps, from batch 0, on rank 0 only).
 
     The performance table has one row per batch: examples; real source tokens and
-    emitted steps up to EOS; seconds for greedy decoding and for the teacher-forced
-    forward without and with capture (capture_overhead = captured / plain); valid
-    tokens (source + target) per second; peak memory above the level before each
-    forward in MiB (CUDA allocator, or peak RSS on Linux — which misses allocations
-    served from memory the process already holds, so later batches often read near 0;
-    NaN where neither is readable); capture_mib, the exact size of the tensors capture
-    kept; sites whose score matrix capture materialised. Without and with capture
-    alternate which runs first.
+    emitted steps up to EOS; with ``timing``, greedy decoding (``greedy_repeats`` times)
+    and the teacher-forced forward without and with capture (``repeats`` times each,
+    alternating which runs first) are timed repeatedly
+    (:func:`~attnaudit.auditing.measurement.repeat_count`), and each time is the median
+    with its smallest and largest value (``*_s``, ``*_s_min``, ``*_s_max``);
+    capture_overhead = captured / plain per repeat, its median and range; valid tokens
+    (source + target) per second from the medians; peak memory above the level before
+    the first pass in MiB, measured for CUDA models from the allocator and NaN (not
+    measured) elsewhere; capture_mib, the exact size of the tensors capture kept; sites
+    whose score matrix capture materialised. Without ``timing`` every time is NaN.
 
     Raises:
         TargetError: the target's callables fail or return the wrong shapes, or there is
@@ -426,24 +430,24 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     degenerate = DegenerateCounter()
     example: ExampleMaps | None = None
     examples = 0
-    started = time.perf_counter()
     data = TextsDigest()  # what every rank must agree on
-    with shard.together("the validity audit"):
+    with display(None, enabled=progress, name=f"audit {target.name}"), \
+            shard.together("the validity audit"):
+        phase("validity")
         for index, batch in enumerate(_batches(target, limit)):
             data.update(batch.texts)
             if not shard.owns(index):
+                advance(len(batch))  # another rank's batch, audited at the same time
                 continue
             emitted, greedy_s = timed(lambda b=batch: _greedy(target, b))
+            greedy_times = [greedy_s, *(timed(lambda b=batch: _greedy(target, b))[1]
+                                        for _ in range(repeat_count(greedy_s) - 1))
+                            ] if timing else []
             step_mask = target.step_mask(emitted)
             degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
-            plain_s = plain_peak = math.nan
-            with torch.no_grad():  # alternate which runs first, so warm-up favours neither
-                if timing and index % 2 == 0:
-                    plain_s, plain_peak = _plain_forward(target, batch, emitted)
-                cap, captured_s, captured_peak = _captured_forward(target, batch, emitted,
-                                                                   keep=not checks_only)
-                if timing and index % 2 == 1:
-                    plain_s, plain_peak = _plain_forward(target, batch, emitted)
+            with torch.no_grad():
+                cap, passes = _forward_passes(target, batch, emitted, keep=not checks_only,
+                                              timing=timing, plain_first=index % 2 == 0)
             n_source, n_target = batch.source_ids.shape[1], emitted.shape[1]
             roles = {}
             prompt_views = {site_base(n) for n, r in cap.records.items() if r.kind == "cross"}
@@ -461,21 +465,24 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
             if keep_example and example is None:
                 example = _first_example(target, cap.records, roles, batch, emitted, step_mask)
             source_tokens, target_tokens = int(batch.source_mask.sum()), int(step_mask.sum())
+            times = {**spread("greedy_s", greedy_times), **spread("plain_s", passes.plain),
+                     **spread("captured_s", passes.captured),
+                     **spread("capture_overhead", passes.overheads())}
             performance.append({
                 "batch": index, "examples": len(batch), "source_tokens": source_tokens,
-                "target_tokens": target_tokens, "greedy_s": greedy_s, "plain_s": plain_s,
-                "captured_s": captured_s, "capture_overhead": ratio(captured_s, plain_s),
-                "tokens_per_s_plain": ratio(source_tokens + target_tokens, plain_s),
-                "tokens_per_s_captured": ratio(source_tokens + target_tokens, captured_s),
-                "plain_peak_mib": plain_peak, "captured_peak_mib": captured_peak,
+                "target_tokens": target_tokens, "greedy_repeats": len(greedy_times),
+                "repeats": len(passes.plain), **times,
+                "tokens_per_s_plain": ratio(source_tokens + target_tokens, times["plain_s"]),
+                "tokens_per_s_captured": ratio(source_tokens + target_tokens,
+                                               times["captured_s"]),
+                "plain_peak_mib": passes.plain_peak_mib,
+                "captured_peak_mib": passes.captured_peak_mib,
                 "capture_mib": capture_bytes(cap.records.values()) / 2**20,
                 "materialised_sites": sum(r.site.mechanism in MATERIALISED_BY_CAPTURE
                                           for r in cap.records.values()),
             })
             examples += len(batch)
-            if progress:
-                print(f"audit {target.name}: batch {index + 1}, {examples} examples, "
-                      f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+            advance(len(batch))
     if shard.is_distributed:
         shard.agree("data", data.hexdigest())
         infos, performance, degenerate, examples = _merged_shards(
@@ -553,23 +560,56 @@ def _teacher_forced(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) 
     target.teacher_forced(batch, emitted)
 
 
-def _plain_forward(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor
-                   ) -> tuple[float, float]:
-    with PeakMemory(target.model) as memory:
-        _, seconds = timed(lambda: _teacher_forced(target, batch, emitted))
-    return seconds, memory.peak_mib
+@dataclass
+class _Passes:
+    """Seconds of each timed teacher-forced pass without and with capture (paired by
+    repeat) and the peak memory of the first of each (NaN: not measured)."""
+
+    plain: list[float] = field(default_factory=list)
+    captured: list[float] = field(default_factory=list)
+    plain_peak_mib: float = math.nan
+    captured_peak_mib: float = math.nan
+
+    def overheads(self) -> list[float]:
+        """captured / plain per repeat."""
+        return [ratio(c, p) for c, p in zip(self.captured, self.plain, strict=True)]
 
 
-def _captured_forward(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
-                      keep: bool) -> tuple[Capture, float, float]:
-    """The teacher-forced pass under capture; ``keep``: scores and values too."""
-    with PeakMemory(target.model) as memory:
-        start = time.perf_counter()
-        with capture(target.model, target.sites, kinds=target.kinds, scores=keep,
-                               values=keep) as cap:
-            _teacher_forced(target, batch, emitted)
-        seconds = time.perf_counter() - start
-    return cap, seconds, memory.peak_mib
+def _forward_passes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
+                    keep: bool, timing: bool, plain_first: bool) -> tuple[Capture, _Passes]:
+    """The teacher-forced pass under capture whose records are analysed (``keep``: scores
+    and values too) and, with ``timing``, timed passes without and with capture, as many
+    of each as :func:`~attnaudit.auditing.measurement.repeat_count` asks for the first
+    one, alternating which runs first so that warm-up favours neither; the analysed pass
+    is the first timed one with capture."""
+    passes = _Passes()
+    kept: Capture | None = None
+    repeats = 1
+    repeat = 0
+    while repeat < repeats:
+        for captured in ((False, True) if plain_first != (repeat % 2 == 1) else (True, False)):
+            if captured:
+                with PeakMemory(target.model) as memory:
+                    start = time.perf_counter()
+                    with capture(target.model, target.sites, kinds=target.kinds,
+                                 scores=keep, values=keep) as cap:
+                        _teacher_forced(target, batch, emitted)
+                    passes.captured.append(time.perf_counter() - start)
+                if kept is None:
+                    kept, passes.captured_peak_mib = cap, memory.peak_mib
+            elif timing:
+                with PeakMemory(target.model) as memory:
+                    _, seconds = timed(lambda: _teacher_forced(target, batch, emitted))
+                passes.plain.append(seconds)
+                if len(passes.plain) == 1:
+                    passes.plain_peak_mib = memory.peak_mib
+        if timing and repeat == 0:
+            repeats = repeat_count(max(passes.plain[0], passes.captured[0]))
+        repeat += 1
+    if not timing:
+        passes.captured.clear()  # one untimed pass: no timing is reported from it
+    assert kept is not None
+    return kept, passes
 
 
 def _update_regions(target: Seq2SeqTarget, analysers: dict[str, RegionAnalyser], data: Rows,

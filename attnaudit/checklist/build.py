@@ -13,6 +13,7 @@ from attnaudit.checklist.explanation import (
     interventions_item,
 )
 from attnaudit.checklist.items import (
+    FAIL,
     ITEM_BY_KEY,
     ITEMS,
     MISCONCEPTIONS,
@@ -61,8 +62,8 @@ def build_checklist(model: nn.Module, audit: Any | None, suite: Any | None, *,
                  performance_item(audit)]
     items.append(missing_item(ITEM_BY_KEY["interventions"], no_suite) if suite is None
                  else interventions_item(suite))
-    verdicts = [validity_verdict(findings, no_audit if audit is None else None),
-                explanation_verdict(items[-1], suite)]
+    validity = validity_verdict(findings, no_audit if audit is None else None)
+    verdicts = [validity, explanation_verdict(items[-1], suite, validity)]
     return Checklist(items, verdicts, _misconception_notes(model, audit, findings, suite))
 
 
@@ -84,9 +85,9 @@ def _misconception_notes(model: nn.Module, audit: Any | None, findings: Sequence
             notes["one_item"] = (f"Mean effective number of keys exp(H) = {keys:.3g} and mean "
                                  f"largest weight {top:.3g}: each row mixes "
                                  f"{'several keys' if keys > 1.05 else 'almost one key'}.")
-        if checked("row_sum") == PASS:
-            notes["independent"] = ("Every counted row sums to one over its keys (row_sum "
-                                    "check passes), so weights trade off against each other.")
+        row_sums = _row_sum_note(audit, by_check.get("row_sum", []), findings)
+        if row_sums:
+            notes["independent"] = row_sums
         scores = metric_range(audit, "score_min", "score_max")
         if scores is not None:
             notes["scores_are_probabilities"] = (
@@ -126,3 +127,26 @@ def _misconception_notes(model: nn.Module, audit: Any | None, findings: Sequence
                 notes[key] = f"{notes[key]} {line}" if key in notes else line
     return [MisconceptionNote(m.claim, m.correction, notes[m.key])
             for m in MISCONCEPTIONS if m.key in notes]
+
+
+def _row_sum_note(audit: Any, row_sum: Sequence[Any], findings: Sequence[Any]) -> str:
+    """What the row-sum check found, as evidence on "weights are independent probabilities";
+    a unit sum is claimed only where every counted row has one and the audit passes
+    validity. Empty when the check did not run."""
+    if not row_sum:
+        return ""
+    rows = int(audit.site_summary["rows"].sum())
+    if worst(f.status for f in row_sum) != PASS:
+        off = sum(f.rows for f in row_sum if f.status != PASS)
+        largest = float(audit.site_summary["row_sum_error_max"].max())
+        return (f"{off} of {rows} counted rows do not sum to one over their keys (largest "
+                f"|sum - 1| = {largest:.3g}; row_sum check: "
+                f"{worst(f.status for f in row_sum)}): these weights are not a softmax "
+                "distribution, so they do not compete through one shared denominator.")
+    failing = sorted({f"{f.check} at {f.site}" for f in findings if f.status == FAIL})
+    if failing:
+        return (f"The {rows} counted rows sum to one over all their keys (row_sum check "
+                f"passes), but the computation fails validity ({'; '.join(failing)}): "
+                "the shared denominator also covers weights the model should not use.")
+    return (f"Every one of the {rows} counted rows sums to one over its keys (row_sum check "
+            "passes), so weights trade off against each other.")

@@ -186,8 +186,17 @@ def explanation_status(tables: Mapping[str, pd.DataFrame]) -> str:
     return WARN
 
 
-def explanation_verdict(item: ItemResult, suite: Any | None) -> Verdict:
+def explanation_verdict(item: ItemResult, suite: Any | None, validity: Verdict) -> Verdict:
+    """The verdict on explanatory claims: from the intervention item, unless the attention
+    fails validity, where no intervention on its weights can support such a claim."""
     question = "Support for explanatory claims"
+    if validity.status == FAIL:
+        return Verdict("explanation", question, FAIL,
+                       "Not meaningful: the attention fails the validity checks, so its "
+                       "weights are not a valid weighted retrieval and no intervention on "
+                       "them can support a claim that they explain an output.",
+                       [f"Validity: {validity.answer}", *validity.reasons[:5],
+                        *item.observations])
     if suite is None:
         return Verdict("explanation", question, NOT_RECORDED,
                        "Not recorded: no intervention results, so the weights support no "

@@ -16,14 +16,25 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from attnaudit import __doc__ as DESCRIPTION
 from attnaudit import __version__
 from attnaudit.auditing.validity import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
 from attnaudit.cli.commands import check_command, intervene_command, report_command
+from attnaudit.cli.loading import quiet
 from attnaudit.distributed import main_rank_output, torchrun_session
 from attnaudit.errors import AttnauditError
+from attnaudit.interventions.permutation import N_PERMUTATIONS
+from attnaudit.interventions.suite import QUICK_PERMUTATIONS
 
 CHECKOUT = Path(__file__).resolve().parents[2]
+DESCRIPTION = ("Audit the attention of a sequence-to-sequence model: capture its attention "
+               "weights, check that they are a valid weighted retrieval, intervene on them "
+               "inside the forward pass, and report what they do and do not explain. "
+               "TARGET defaults to the bundled date model.")
+EPILOG = ("Run 'attnaudit COMMAND --help' for a command's options. Progress goes to stderr "
+          "(whole lines when stderr is not a terminal; none with --quiet); results go to "
+          "stdout.")
+QUICK_HELP = (f"a cheaper audit: no adversarial search, no integrated gradients, "
+              f"{QUICK_PERMUTATIONS} permutations per row instead of {N_PERMUTATIONS}")
 USAGE_ERROR = 2
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
 
@@ -54,7 +65,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _demo(_: argparse.Namespace) -> int:
+def _demo(args: argparse.Namespace) -> int:
     if not (CHECKOUT / "examples" / "date" / "date_attention.pt").exists():
         print("attnaudit demo needs the bundled date model, which ships with the source "
               "checkout (examples/date/); install attnaudit from a clone with `pip install -e .`",
@@ -63,7 +74,7 @@ def _demo(_: argparse.Namespace) -> int:
     sys.path.insert(0, str(CHECKOUT))
     from examples.date.demo import main as demo_main
 
-    demo_main()
+    demo_main(progress=not quiet(args))
     return 0
 
 
@@ -111,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     debug = Parser(add_help=False)
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the Python traceback of an error")
-    parser = Parser(prog="attnaudit", description=DESCRIPTION, parents=[debug])
+    debug.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
+                       help="no progress display on stderr (warnings and errors still show)")
+    parser = Parser(prog="attnaudit", description=DESCRIPTION, epilog=EPILOG,
+                    parents=[debug])
     parser.add_argument("--version", action="version", version=__version__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -137,8 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the intervention and attribution suite and print its tables")
     _add_target_arguments(intervene)
     _add_output_arguments(intervene, required=False)
-    intervene.add_argument("--quick", action="store_true",
-                           help="skip the adversarial search and integrated gradients")
+    intervene.add_argument("--quick", action="store_true", help=QUICK_HELP)
     intervene.add_argument("--site", action="append", metavar="NAME",
                            help="edit only this site (repeatable; default: every "
                                 "cross-attention site)")
@@ -150,8 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", parents=[debug], help="write an HTML/CSV audit report")
     _add_target_arguments(report)
     _add_output_arguments(report, required=True)
-    report.add_argument("--quick", action="store_true",
-                        help="skip the adversarial search and integrated gradients")
+    report.add_argument("--quick", action="store_true", help=QUICK_HELP)
     _add_memory_argument(report)
     report.set_defaults(run=report_command)
     return parser

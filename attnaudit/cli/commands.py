@@ -12,7 +12,7 @@ from pathlib import Path
 
 from attnaudit.auditing.orchestration import audit
 from attnaudit.cli.display import print_suite
-from attnaudit.cli.loading import load_cli_target, memory_option
+from attnaudit.cli.loading import load_cli_target, memory_option, quiet
 from attnaudit.distributed import Shard, current_shard
 from attnaudit.gate import GateError
 from attnaudit.interventions.suite import InterventionSuite, run_suite
@@ -26,9 +26,10 @@ def check_command(args: argparse.Namespace) -> int:
     if args.junit is not None:
         check_output_file(args.junit, "JUnit XML")  # before the audit, not after it
     started = time.perf_counter()
-    print("attnaudit check: loading the target", file=sys.stderr, flush=True)
+    if not quiet(args):
+        print("attnaudit check: loading the target", file=sys.stderr, flush=True)
     target = load_cli_target(args)
-    result = audit(target, checks_only=True, limit=args.limit, progress=True,
+    result = audit(target, checks_only=True, limit=args.limit, progress=not quiet(args),
                    max_masked_mass=args.max_masked_mass,
                    row_sum_tolerance=args.row_sum_tolerance).gate()
     shard = current_shard()
@@ -57,7 +58,7 @@ def report_command(args: argparse.Namespace) -> int:
     max_memory = memory_option(args)
     OutputFolder.check(args.out, force=args.force)  # before the target loads
     target = load_cli_target(args)
-    result = audit(target, quick=args.quick, limit=args.limit, progress=True,
+    result = audit(target, quick=args.quick, limit=args.limit, progress=not quiet(args),
                    max_memory=max_memory, command_line=report_command_line(args))
     shard = current_shard()
     with shard.together("writing the report"):
@@ -92,7 +93,7 @@ def intervene_command(args: argparse.Namespace) -> int:
     shard = current_shard()
     args.device = shard.device(args.device)  # cuda:LOCAL_RANK under torchrun with nccl
     target = load_cli_target(args)
-    suite = run_suite(target, quick=args.quick, limit=args.limit, progress=True,
+    suite = run_suite(target, quick=args.quick, limit=args.limit, progress=not quiet(args),
                       sites=args.site, heads=args.head, max_memory=max_memory, shard=shard)
     print_suite(suite)
     with shard.together("writing the tables"):

@@ -1,8 +1,10 @@
-"""From parsed arguments to what the library takes: the target, the memory budget."""
+"""From parsed arguments to what the library takes: the target, the memory budget, quiet."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import attnaudit.target as targets
 from attnaudit.interventions.memory import parse_memory
@@ -15,6 +17,7 @@ HF_ONLY = ("batch_size", "max_new_tokens", "max_source_tokens")
 def load_cli_target(args: argparse.Namespace) -> Seq2SeqTarget:
     """The target named on the command line: TARGET, ``--hf DIR --data TSV``, or the date
     model; on ``--device`` in ``--dtype`` (the command's own copy of the model)."""
+    _no_library_bars()
     if args.hf is not None:
         if args.target is not None:
             raise TargetError("give either TARGET or --hf DIR, not both")
@@ -33,6 +36,11 @@ def load_cli_target(args: argparse.Namespace) -> Seq2SeqTarget:
     return place(targets.load_target(args.target), device=args.device, dtype=args.dtype)
 
 
+def quiet(args: argparse.Namespace) -> bool:
+    """Whether ``--quiet`` was given (before or after the command name)."""
+    return getattr(args, "quiet", False)
+
+
 def memory_option(args: argparse.Namespace) -> int | None:
     """``--max-memory`` in bytes (None when not given); a clear error when unreadable."""
     if args.max_memory is None:
@@ -41,3 +49,12 @@ def memory_option(args: argparse.Namespace) -> int | None:
         return parse_memory(args.max_memory)
     except ValueError as exc:
         raise InterventionError(f"--max-memory: {exc}") from exc
+
+
+def _no_library_bars() -> None:
+    """A command shows one progress display, its own: Hugging Face's bars (loading weights,
+    downloads) stay off unless HF_HUB_DISABLE_PROGRESS_BARS=0 asks for them."""
+    if os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1") == "1":
+        hf_logging = sys.modules.get("transformers.utils.logging")
+        if hf_logging is not None:  # imported before the variable was set
+            hf_logging.disable_progress_bar()

@@ -108,15 +108,24 @@ def permutation_summary(per_row: pd.DataFrame) -> pd.DataFrame:
     share_small_tvd (share of the bin's rows with median TVD < 0.05). A last row with
     bin "all" covers every row.
     """
-    edges = [i / N_BINS for i in range(N_BINS + 1)]
-    which = pd.cut(per_row["max_attention"].clip(0.0, 1.0), edges, include_lowest=True,
-                   labels=False)
+    which = max_attention_bins(per_row["max_attention"])
     out = []
-    for b in range(N_BINS):
-        part = per_row.loc[which == b, "perm_median_tvd"]
-        out.append(_bin_row(f"{edges[b]:.2f}", edges[b + 1], part))
+    for b, label in enumerate(BIN_LABELS):
+        part = per_row.loc[which == label, "perm_median_tvd"]
+        out.append(_bin_row(label, BIN_EDGES[b + 1], part))
     out.append(_bin_row("all", 1.0, per_row["perm_median_tvd"]))
     return pd.DataFrame(out)
+
+
+BIN_EDGES = tuple(i / N_BINS for i in range(N_BINS + 1))
+BIN_LABELS = tuple(f"{edge:.2f}" for edge in BIN_EDGES[:-1])  # each bin by its left edge
+
+
+def max_attention_bins(max_attention: pd.Series) -> pd.Series:
+    """Each row's bin of :func:`permutation_summary`, labelled as that table labels it
+    (:data:`BIN_LABELS`, a categorical in bin order)."""
+    return pd.cut(max_attention.clip(0.0, 1.0), list(BIN_EDGES), include_lowest=True,
+                  labels=list(BIN_LABELS))
 
 
 def _bin_row(label: str, right: float, part: pd.Series) -> dict[str, object]:

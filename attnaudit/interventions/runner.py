@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from attnaudit.capturing.recorder import capture
 from attnaudit.degenerate import row_reasons
 from attnaudit.errors import AttnauditError
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes, tensor_bytes
 from attnaudit.interventions.outputs import flip, jsd, tvd
+from attnaudit.progress import Counter
 from attnaudit.record import AttentionRecord, Site
 from attnaudit.target import Batch, Seq2SeqTarget, select_state
 
@@ -372,7 +372,7 @@ def item_chunks(ref: Reference, step: torch.Tensor, chunk_size: int | None = Non
 
 def run_items(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
               step: torch.Tensor, row_edit: RowEdit, *, chunk_size: int | None = None,
-              progress: tqdm | None = None) -> OutputChange:
+              progress: Counter | None = None) -> OutputChange:
     """How each of M edited items changes its step's output distribution, in chunks.
 
     example, step: (M,) long; item i is passed to ``row_edit`` as id i. chunk_size: items
@@ -394,9 +394,10 @@ def run_items(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
     return change
 
 
-def progress_bar(total: int, desc: str, enabled: bool) -> tqdm:
-    """A tqdm bar over ``total`` edited sequences (silent when not ``enabled``)."""
-    return tqdm(total=total, desc=desc, unit="seq", disable=not enabled, leave=False)
+def progress_bar(total: int, desc: str, enabled: bool) -> Counter:
+    """A count of ``total`` edited sequences in the open progress display
+    (:mod:`attnaudit.progress`; silent when not ``enabled``)."""
+    return Counter(total, desc, enabled)
 
 
 def row_generator(ref: Reference, example: int, step: int, salt: int) -> torch.Generator:

@@ -41,6 +41,7 @@ from attnaudit.interventions.permutation import (
 )
 from attnaudit.interventions.runner import InterventionError, Reference, Rows, reference
 from attnaudit.interventions.values import value_replacement
+from attnaudit.progress import advance, display, phase, settle, split
 from attnaudit.target import Batch, Seq2SeqTarget
 from attnaudit.target_checks import checked_target
 from attnaudit.words import word_importance_table
@@ -124,9 +125,12 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     local: list[tuple[int, dict[str, list[pd.DataFrame]]]] = []
     starts = [0, *accumulate(len(b) for b in batches)]
     ref = None
-    with shard.together("the intervention suite"):
+    with display(n_examples, enabled=progress, name=f"interventions {target.name}"), \
+            shard.together("the intervention suite"):
+        phase("interventions")
         for index, batch in enumerate(batches):
             if not shard.owns(index):
+                advance(len(batch))  # another rank's batch, run at the same time
                 continue
             ref = reference(target, batch, sites=sites, heads=heads,
                             first_example=starts[index],
@@ -134,6 +138,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
             local.append((index, {}))
             _run_batch(target, ref, batch, local[-1][1], methods, n_permutations,
                        cumulative_set, adversarial_set, progress)
+            settle()
     shared = _reference_facts(ref) if ref is not None else None
     gathered = shard.all_gather((local, shared))
     facts = next(facts for _, facts in gathered if facts is not None)
@@ -191,6 +196,10 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
     _per_batch(parts, "degenerate", degenerate_table(ref.reasons, ref.eligible,
                                                      ref.first_example))
     rows = ref.rows()
+    # the batch's progress counters: the row protocols (when it has rows), attribution, and
+    # leave-one-out; the cumulative and adversarial subsets are counted when drawn at all
+    row_protocols = 4 + bool(cumulative_set) + bool(adversarial_set)
+    split(len(batch), 2 + (row_protocols if len(rows) else 0))
     if len(rows):
         _run_row_protocols(target, ref, rows, parts, n_permutations, cumulative_set,
                            adversarial_set, progress)

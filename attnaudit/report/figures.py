@@ -25,6 +25,7 @@ DPI = 96
 STYLE = {"text.parse_math": False, "font.size": 9, "axes.titlesize": 10,
          "svg.fonttype": "none"}
 MAX_HEATMAP_KEYS = 60  # longer sources are cut for legibility; the caption says so
+MAX_HEATMAP_QUERIES = 60  # and longer outputs
 
 
 @dataclass(frozen=True)
@@ -55,21 +56,48 @@ def _render(fig: MplFigure) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+# Token labels with their spaces visible: a space, and the word-start markers of byte-level
+# BPE (Ġ) and SentencePiece (▁) that stand for one, all drawn as ␣; line breaks and tabs
+# (byte-level BPE: Ċ, ĉ) as arrows.
+VISIBLE = str.maketrans({" ": "␣", "Ġ": "␣", "▁": "␣", "\n": "↵", "Ċ": "↵", "\r": "↵",
+                         "\t": "⇥", "ĉ": "⇥"})
+EMPTY_TOKEN = "∅"
+
+
+def visible_token(token: object) -> str:
+    """A token as a tick label: spaces and their markers visible (:data:`VISIBLE`), an empty
+    token as ∅."""
+    return str(token).translate(VISIBLE) or EMPTY_TOKEN
+
+
+def heatmap_size(queries: int, keys: int) -> tuple[float, float]:
+    """(width, height) in inches for a queries x keys heatmap: a fixed size per cell plus
+    room for labels, at least 4 x 2.5 and, since at most MAX_HEATMAP_KEYS keys and
+    MAX_HEATMAP_QUERIES queries are drawn, at most about 14.7 x 15.6."""
+    cells_k, cells_q = min(keys, MAX_HEATMAP_KEYS), min(queries, MAX_HEATMAP_QUERIES)
+    return max(4.0, 0.22 * cells_k + 1.5), max(2.5, 0.24 * cells_q + 1.2)
+
+
 def attention_heatmap(name: str, weights: np.ndarray, source_tokens: Sequence[str],
                       target_tokens: Sequence[str], *, title: str, caption: str) -> Figure:
-    """Weights (queries, keys) of one example and head, tokens on the axes."""
+    """Weights (queries, keys) of one example and head, tokens on the axes with their spaces
+    visible (:func:`visible_token`); the figure grows with the sequence (:func:`heatmap_size`)."""
     weights = np.asarray(weights, dtype=float)
     if weights.ndim != 2:
         raise ValueError(f"attention_heatmap needs (queries, keys) weights, got {weights.shape}")
     q, k = weights.shape
-    cut = min(k, MAX_HEATMAP_KEYS)
-    if cut < k:
-        caption = f"{caption} Only the first {cut} of {k} keys are drawn."
+    cut_q, cut_k = min(q, MAX_HEATMAP_QUERIES), min(k, MAX_HEATMAP_KEYS)
+    if cut_k < k:
+        caption = f"{caption} Only the first {cut_k} of {k} keys are drawn."
+    if cut_q < q:
+        caption = f"{caption} Only the first {cut_q} of {q} query steps are drawn."
+    caption = f"{caption} Spaces are drawn as {VISIBLE[ord(' ')]}."
+    sources = [visible_token(t) for t in source_tokens]
+    targets = [visible_token(t) for t in target_tokens]
     with matplotlib.rc_context(STYLE):
-        fig, ax = _subplots(max(4.0, 0.22 * cut + 1.5), max(2.5, 0.24 * q + 1.2))
-        sns.heatmap(weights[:, :cut], ax=ax, cmap="viridis", vmin=0.0, vmax=1.0,
-                    xticklabels=[str(t) for t in list(source_tokens)[:cut]],
-                    yticklabels=[str(t) for t in list(target_tokens)[:q]],
+        fig, ax = _subplots(*heatmap_size(q, k))
+        sns.heatmap(weights[:cut_q, :cut_k], ax=ax, cmap="viridis", vmin=0.0, vmax=1.0,
+                    xticklabels=sources[:cut_k], yticklabels=targets[:cut_q],
                     cbar_kws={"label": "attention weight"})
         ax.set_xlabel("source token (key)")
         ax.set_ylabel("emitted token (query step)")
@@ -77,8 +105,7 @@ def attention_heatmap(name: str, weights: np.ndarray, source_tokens: Sequence[st
         ax.tick_params(axis="y", labelrotation=0)
         ax.set_title(title)
     alt = (f"Heatmap of attention weights, {q} query steps by {k} source keys. Source tokens: "
-           f"{' '.join(map(str, source_tokens))}. Emitted tokens: "
-           f"{' '.join(map(str, target_tokens))}.")
+           f"{' '.join(sources)}. Emitted tokens: {' '.join(targets)}.")
     return Figure(name, title, caption, alt, fig)
 
 
@@ -131,16 +158,36 @@ def binned_violins(name: str, frame: pd.DataFrame, x: str, y: str, *, title: str
     return Figure(name, title, caption, f"Violin plot of {y} by {x}. {summary}", fig)
 
 
-def bars(name: str, frame: pd.DataFrame, x: str, y: str, *, title: str,
-         caption: str) -> Figure:
-    """One vertical bar of ``y`` per category ``x``."""
+def interval_bars(name: str, frame: pd.DataFrame, x: str, y: str, low: str, high: str, *,
+                  title: str, caption: str,
+                  band: tuple[float, float, str] | None = None) -> Figure:
+    """One vertical bar of ``y`` per category ``x`` with an error bar from ``low`` to
+    ``high``; ``band`` = (lower, upper, label): a shaded horizontal reference band."""
     with matplotlib.rc_context(STYLE):
-        fig, ax = _subplots(6.5, 3.2)
-        sns.barplot(data=frame, x=x, y=y, ax=ax, color="#24527a", errorbar=None)
+        fig, ax = _subplots(max(6.5, 0.75 * len(frame) + 1.5), 3.4)
+        positions = np.arange(len(frame))
+        values = frame[y].to_numpy(dtype=float)
+        errors = np.stack([values - frame[low].to_numpy(dtype=float),
+                           frame[high].to_numpy(dtype=float) - values])
+        if band is not None:
+            ax.axhspan(band[0], band[1], color="#d97745", alpha=0.18, zorder=0,
+                       label=f"{band[2]}: {band[0]:g} to {band[1]:g}")
+        ax.bar(positions, values, color="#24527a", yerr=errors, capsize=4,
+               error_kw={"ecolor": "#1d2329", "elinewidth": 1})
+        ax.set_xticks(positions, [str(v) for v in frame[x]])
         ax.tick_params(axis="x", labelrotation=20)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
+        ax.axhline(0.0, color="#5f6b76", linewidth=0.8)
+        ax.set_ylabel(y)
+        if band is not None:
+            ax.legend(loc="best", fontsize=8, frameon=False)
         ax.set_title(title)
-    cells = "; ".join(f"{k}: {v:.3g}" for k, v in zip(frame[x], frame[y], strict=True))
-    return Figure(name, title, caption, f"Bar chart of {y} by {x}. {cells}", fig)
+    cells = "; ".join(f"{r[x]}: {r[y]:.3g} ({r[low]:.3g} to {r[high]:.3g})"
+                      for _, r in frame.iterrows())
+    extra = f" Shaded band: {band[2]}, {band[0]:.3g} to {band[1]:.3g}." if band else ""
+    return Figure(name, title, caption, f"Bar chart of {y} by {x} with intervals. {cells}."
+                  + extra, fig)
 
 
 def finite_or_empty(frame: pd.DataFrame, column: str) -> pd.DataFrame:

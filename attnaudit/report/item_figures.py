@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import pandas as pd
 
 from attnaudit.auditing.example_maps import ExampleMaps
-from attnaudit.checklist import SMALL_TVD, agreement_summary, find_table
+from attnaudit.checklist import SMALL_TVD, find_table
+from attnaudit.interventions.agreement import ATTENTION, GRADIENT, JAIN_WALLACE_REFERENCE
+from attnaudit.interventions.permutation import BIN_LABELS, max_attention_bins
 from attnaudit.report import figures as figs
 
 
@@ -85,27 +88,68 @@ def _intervention_figures(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figur
     out = []
     per_row = find_table(tables, ("max_attention", "perm_median_tvd"))
     if per_row is not None:
-        bins = pd.cut(per_row["max_attention"].clip(0.0, 1.0), [0, 0.25, 0.5, 0.75, 1.0],
-                      include_lowest=True)
-        binned = figs.finite_or_empty(per_row.assign(max_attention_bin=bins.astype(str)),
-                                      "perm_median_tvd")
+        binned = figs.finite_or_empty(
+            per_row.assign(max_attention_bin=max_attention_bins(per_row["max_attention"])),
+            "perm_median_tvd")
         if not binned.empty:
             out.append(figs.binned_violins(
                 "permutation_tvd", binned, "max_attention_bin", "perm_median_tvd",
-                order=[str(b) for b in bins.cat.categories], threshold=SMALL_TVD,
+                order=list(BIN_LABELS), threshold=SMALL_TVD,
                 title="Permutation: median TVD by max attention",
                 caption="Per row, the median TVD of the output distribution over the "
-                        "permutations, in 4 equal-width bins of the row's largest weight "
+                        "permutations, in 4 equal-width bins of the row's largest weight, "
+                        "each labelled by its left edge as in the permutation_bins table "
                         f"(Jain & Wallace's plot); dashed: {SMALL_TVD:g}."))
-    agreement = agreement_summary(tables)
+    agreement = agreement_with_intervals(tables)
     if agreement is not None:
-        frame = figs.finite_or_empty(agreement, "kendall_tau_mean")
-        if not frame.empty:
-            out.append(figs.bars(
-                "agreement", frame, "pair", "kendall_tau_mean",
-                title="Agreement between importance rankings: Kendall tau-b",
-                caption="Mean Kendall tau-b per (example, step) over eligible keys, for each "
-                        "pair of attention, attributions and leave-one-out. Jain & Wallace "
-                        "report 0.24-0.44 between attention and gradients for BiLSTM "
-                        "classifiers with additive attention (not this task)."))
+        low, high, _ = band = jain_wallace_band()
+        out.append(figs.interval_bars(
+            "agreement", agreement, "pair", "kendall_tau_mean", "ci_low", "ci_high",
+            band=band,
+            title="Agreement between importance rankings: Kendall tau-b",
+            caption="Mean Kendall tau-b over the (example, step) rows with eligible keys, for "
+                    "each pair of attention, attributions and leave-one-out; error bars: "
+                    f"{CI_LEVEL:.0%} bootstrap interval of that mean, resampling examples "
+                    f"({N_BOOTSTRAP} draws, seed {BOOTSTRAP_SEED}). Shaded: the band of "
+                    f"mean tau between attention and gradients that Jain & Wallace (2019) "
+                    f"report for BiLSTM classifiers with additive attention, {low:g} to "
+                    f"{high:g} over their five datasets (a different task; "
+                    "docs/metrics.md)."))
     return out
+
+
+CI_LEVEL = 0.95
+N_BOOTSTRAP = 1000
+BOOTSTRAP_SEED = 0
+
+
+def jain_wallace_band() -> tuple[float, float, str]:
+    """(lowest, highest, label) of Jain & Wallace's mean tau between attention and gradient
+    importance over their datasets (:data:`JAIN_WALLACE_REFERENCE`)."""
+    ref = JAIN_WALLACE_REFERENCE
+    pair = ref[(ref["method_a"] == ATTENTION) & (ref["method_b"] == GRADIENT)]
+    return (float(pair["kendall_tau_low"].min()), float(pair["kendall_tau_high"].max()),
+            "Jain & Wallace (2019), attention vs gradient")
+
+
+def agreement_with_intervals(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame | None:
+    """Per pair (``pair`` label): ``kendall_tau_mean`` over the rows with a defined tau and
+    its bootstrap interval ``ci_low`` .. ``ci_high`` (:data:`CI_LEVEL`), resampling whole
+    examples, since the steps of one example are not independent; None without the
+    per-row agreement table."""
+    rows = find_table(tables, ("method_a", "method_b", "example", "kendall_tau"))
+    if rows is None:
+        return None
+    rows = figs.finite_or_empty(rows, "kendall_tau")
+    gen = np.random.default_rng(BOOTSTRAP_SEED)
+    out = []
+    for (a, b), group in rows.groupby(["method_a", "method_b"], sort=False):
+        per_example = group.groupby("example")["kendall_tau"].agg(["sum", "count"])
+        sums, counts = per_example["sum"].to_numpy(), per_example["count"].to_numpy()
+        draw = gen.integers(0, len(sums), size=(N_BOOTSTRAP, len(sums)))
+        means = sums[draw].sum(1) / counts[draw].sum(1)
+        tail = (1 - CI_LEVEL) / 2
+        out.append({"pair": f"{a} vs {b}", "kendall_tau_mean": sums.sum() / counts.sum(),
+                    "ci_low": float(np.quantile(means, tail)),
+                    "ci_high": float(np.quantile(means, 1 - tail))})
+    return pd.DataFrame(out) if out else None

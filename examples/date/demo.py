@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 import attnaudit
+from attnaudit.progress import advance, display, phase
 from examples.alignment_audit import audit_date, format_headline
 from examples.date.data import encode_sources, make_splits, vocabularies
 from examples.date.model import load_model
@@ -33,14 +34,21 @@ def text_heatmap(weights: torch.Tensor, source: str, emitted: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    splits = make_splits()
-    src_vocab, tgt_vocab = vocabularies(splits)
-    model = load_model()
-    sources = [s for s, _ in splits.unambiguous("valid", 400)]
-    src, lengths = encode_sources(src_vocab, sources)
-    with torch.no_grad(), attnaudit.capture(model, kinds={"attend": "cross"}) as cap:
-        emitted = model.greedy(src, lengths)
+def main(progress: bool = True) -> None:
+    """The demo; ``progress``: its progress display on stderr (results go to stdout)."""
+    with display(2, enabled=progress, name="attnaudit demo", unit="steps"):
+        phase("capture while decoding 400 sources")
+        splits = make_splits()
+        src_vocab, tgt_vocab = vocabularies(splits)
+        model = load_model()
+        sources = [s for s, _ in splits.unambiguous("valid", 400)]
+        src, lengths = encode_sources(src_vocab, sources)
+        with torch.no_grad(), attnaudit.capture(model, kinds={"attend": "cross"}) as cap:
+            emitted = model.greedy(src, lengths)
+        advance(1)
+        phase("alignment audit on the test sources")
+        headline = format_headline(audit_date())
+        advance(1)
     print(f"sites found: {cap.sites}")
     rec = cap.records["attend:cross"]
     weights = rec.weights[:, 0]  # (400, 11 steps, n keys): one head
@@ -51,7 +59,7 @@ def main() -> None:
     print(f"max masked mass on padding {masked_mass:.2e}, max row-sum error {row_sum_error:.2e}")
 
     print()
-    print(format_headline(audit_date()))
+    print(headline)
     print(f"\n{sources[0]} -> {tgt_vocab.decode(emitted[0].tolist())}")
     print(text_heatmap(weights[0], sources[0], tgt_vocab.decode(emitted[0].tolist())))
     print("\nAttention weights are internal allocation weights: not calibrated confidence and "

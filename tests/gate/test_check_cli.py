@@ -35,8 +35,8 @@ def test_bundled_date_model_is_healthy():
     result = check("--limit", "10")
     assert result.returncode == 0, result.stderr
     assert "healthy" in result.stdout and "10 examples" in result.stdout
-    assert "audit date: batch 1" in result.stderr  # progress on stderr only
-    assert "batch" not in result.stdout
+    assert "audit date: validity: 0/10 examples" in result.stderr  # progress on stderr only
+    assert "examples [" not in result.stdout
 
 
 def test_mask_after_softmax_fails_with_json_and_junit(toy_file, tmp_path):

@@ -90,6 +90,9 @@ def test_intervention_tables_become_observations_and_figures():
         "agreement_summary": pd.DataFrame({"method_a": ["attention"], "method_b": ["saliency"],
                                            "n": [4], "kendall_tau_mean": [0.25],
                                            "sig_frac": [0.5]}),
+        "agreement": pd.DataFrame({"method_a": "attention", "method_b": "saliency",
+                                   "example": [0, 0, 1, 1], "step": [0, 1, 0, 1],
+                                   "kendall_tau": [0.1, 0.2, 0.3, 0.4]}),
     }
     checklist = build_checklist(nn.Linear(1, 1), None, SimpleNamespace(tables=tables),
                                 audit_reason="not run in this test")

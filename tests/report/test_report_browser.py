@@ -57,6 +57,27 @@ def test_report_renders_in_chromium(browser, tmp_path):
     assert all(complete and width > 0 for complete, width in widths), widths
     errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert errors == []
+    # every table sits in a box, and no box clips: wider content scrolls inside its box
+    boxes = browser.execute_script("""
+        return Array.from(document.querySelectorAll('table')).map(t => {
+          const box = t.parentElement;
+          return {wrapped: box.classList.contains('table-wrap'), scroll: box.scrollWidth,
+                  client: box.clientWidth, overflow: getComputedStyle(box).overflowX,
+                  csv: t.dataset.csv || ''};
+        });""")
+    assert len(boxes) >= 20 and all(b["wrapped"] for b in boxes), boxes
+    clipped = [b for b in boxes
+               if b["scroll"] > b["client"] and b["overflow"] not in ("auto", "scroll")]
+    assert clipped == []
+    assert any(b["scroll"] > b["client"] for b in boxes)  # the performance table is wide
+    page_width = browser.execute_script("return document.documentElement.clientWidth;")
+    assert browser.execute_script("return document.documentElement.scrollWidth;") <= page_width
+    # the metric definitions are in the page, as its appendix
+    appendix = browser.find_element(By.ID, "definitions")
+    assert appendix.find_element(By.TAG_NAME, "h2").text == "Appendix: metric definitions"
+    headings = [h.text for h in appendix.find_elements(By.TAG_NAME, "h3")]
+    assert "Attribution and agreement" in headings and len(headings) >= 4
+    assert "Jain & Wallace band" in appendix.text
     browser.set_window_size(1280, browser.execute_script(
         "return document.body.scrollHeight;"))
     assert browser.save_screenshot(str(tmp_path / "report-date.png"))

@@ -1,0 +1,138 @@
+"""The performance item: repeated timings with their spread, memory only where measured,
+and a status from thresholds the report states."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+import attnaudit
+from attnaudit.auditing.measurement import (
+    MAX_TIMING_REPEATS,
+    MIN_TIMED_S,
+    PERFORMANCE_COLUMNS,
+    TIMING_REPEATS,
+    PeakMemory,
+)
+from attnaudit.auditing.validity import run_validity_audit
+from attnaudit.checklist.validity import (
+    CAPTURE_OVERHEAD_FAIL,
+    CAPTURE_OVERHEAD_PASS,
+    performance_item,
+)
+from examples.date.target import make_target as date_target
+
+TIMES = ("greedy_s", "plain_s", "captured_s", "capture_overhead")
+
+
+def test_every_time_is_a_median_of_repeated_runs():
+    target = date_target(limit=20, batch_size=10)
+    calls = {"greedy": 0, "teacher_forced": 0}
+
+    def counted(name, fn):
+        def call(*args):
+            calls[name] += 1
+            return fn(*args)
+        return call
+
+    counting = target.with_options(greedy=counted("greedy", target.greedy),
+                                   teacher_forced=counted("teacher_forced",
+                                                          target.teacher_forced))
+    perf = run_validity_audit(counting, progress=False).performance
+    assert list(perf.columns) == PERFORMANCE_COLUMNS and len(perf) == 2
+    assert calls == {"greedy": perf["greedy_repeats"].sum(),
+                     "teacher_forced": 2 * perf["repeats"].sum()}  # without and with capture
+    for repeats in (perf["greedy_repeats"], perf["repeats"]):
+        assert repeats.between(TIMING_REPEATS, MAX_TIMING_REPEATS).all()
+    # a millisecond pass runs until its runs add up to MIN_TIMED_S (or the cap)
+    longest = perf[["plain_s_max", "captured_s_max"]].max(axis=1)
+    assert ((longest * perf["repeats"] >= MIN_TIMED_S)
+            | (perf["repeats"] == MAX_TIMING_REPEATS)).all()
+    for name in TIMES:
+        assert (perf[f"{name}_min"] <= perf[name]).all()
+        assert (perf[name] <= perf[f"{name}_max"]).all()
+        assert (perf[f"{name}_min"] > 0).all()
+    # the overhead's range is that of the per-run ratios: within the times' own ranges
+    assert (perf["capture_overhead_max"] <= perf["captured_s_max"] / perf["plain_s_min"]).all()
+    assert (perf["capture_overhead_min"] >= perf["captured_s_min"] / perf["plain_s_max"]).all()
+
+
+def test_the_gate_audit_times_nothing():
+    target = date_target(limit=10, batch_size=10)
+    calls = []
+    counting = target.with_options(teacher_forced=lambda b, e: calls.append(1)
+                                   or target.teacher_forced(b, e))
+    result = attnaudit.audit(counting, checks_only=True, progress=False)
+    assert len(calls) == 1  # one captured pass, not timed
+    assert result.validity.performance[list(TIMES)].isna().all().all()
+    assert result.statuses["performance"] == "not recorded"
+
+
+def test_cpu_memory_is_not_presented_as_a_measurement(tmp_path):
+    result = attnaudit.audit(date_target(limit=10, batch_size=10), interventions=False,
+                             progress=False)
+    perf = result.tables["performance"]
+    assert perf[["plain_peak_mib", "captured_peak_mib"]].isna().all().all()
+    item = result.checklist.item("performance")
+    assert any(line.startswith("Peak memory: not measured") for line in item.observations)
+    assert not any("MiB without capture" in line for line in item.observations)
+    page = result.save(tmp_path / "report").read_text(encoding="utf-8")
+    assert "Peak memory: not measured" in page
+    assert f"pass at most {CAPTURE_OVERHEAD_PASS:g}x, fail above {CAPTURE_OVERHEAD_FAIL:g}x" in page
+    written = pd.read_csv(tmp_path / "report" / "performance.csv")
+    assert written["plain_peak_mib"].isna().all()
+
+
+def _performance(overheads: list[float]) -> SimpleNamespace:
+    """A hand-built audit whose batches have these median capture overheads."""
+    rows = []
+    for batch, overhead in enumerate(overheads):
+        plain = 0.1
+        row = dict.fromkeys(PERFORMANCE_COLUMNS, math.nan)
+        row.update(batch=batch, examples=10, source_tokens=50, target_tokens=40, repeats=3,
+                   greedy_repeats=3,
+                   capture_mib=0.5, materialised_sites=0)
+        for name, value in (("greedy_s", 0.2), ("plain_s", plain),
+                            ("captured_s", plain * overhead), ("capture_overhead", overhead)):
+            row.update({name: value, f"{name}_min": value * 0.9, f"{name}_max": value * 1.2})
+        rows.append(row)
+    sites = pd.DataFrame({"site": ["attend"], "scores_materialised_by_capture": [False]})
+    return SimpleNamespace(performance=pd.DataFrame(rows, columns=PERFORMANCE_COLUMNS),
+                           sites=sites)
+
+
+@pytest.mark.parametrize(("overheads", "status"), [
+    ([1.1, 1.3, 9.0], "pass"),  # median over batches: 1.3
+    ([CAPTURE_OVERHEAD_PASS], "pass"),
+    ([CAPTURE_OVERHEAD_PASS * 1.01], "warn"),
+    ([CAPTURE_OVERHEAD_FAIL], "warn"),
+    ([1.0, CAPTURE_OVERHEAD_FAIL * 1.01, 8.0], "fail"),
+])
+def test_status_follows_the_stated_thresholds(overheads, status):
+    item = performance_item(_performance(overheads))
+    assert item.status == status
+    expected = sorted(overheads)[len(overheads) // 2]
+    [line] = [line for line in item.observations if line.startswith("Capture overhead")]
+    assert f"median {expected:.3g}x over {len(overheads)} batch(es)" in line
+    assert line.endswith(f"{status} (pass at most {CAPTURE_OVERHEAD_PASS:g}x, fail above "
+                         f"{CAPTURE_OVERHEAD_FAIL:g}x).")
+    totals = item.evidence[1].frame.iloc[0]
+    assert totals["plain_s"] == pytest.approx(0.1 * len(overheads))
+    assert totals["plain_s_max"] == pytest.approx(0.12 * len(overheads))
+
+
+def test_peak_memory_is_measured_on_cuda_only():
+    with PeakMemory(torch.nn.Linear(2, 2)) as memory:
+        block = torch.ones(25_000_000)  # 95.4 MiB of float32
+        del block
+    assert math.isnan(memory.peak_mib)  # CPU: not measured
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the allocator's peak is checked on one")
+    with PeakMemory(torch.nn.Linear(2, 2).cuda()) as memory:
+        block = torch.ones(25_000_000, device="cuda")
+        del block
+    assert memory.peak_mib == pytest.approx(25_000_000 * 4 / 2**20, rel=0.01)

@@ -1,0 +1,115 @@
+"""The report's figures say what the tables say: violin bins labelled as the bins table,
+agreement bars with intervals and the Jain & Wallace band, heatmaps whose spaces show and
+whose size follows the sequence, within bounds."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import matplotlib.patches
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.container import BarContainer
+
+from attnaudit.report import figures as figs
+from attnaudit.report.item_figures import N_BOOTSTRAP
+
+# Jain & Wallace (2019), mean Kendall tau between attention and gradient importance, from
+# the paper: CNN 0.24 (lowest) to IMDB 0.44 (highest).
+JAIN_WALLACE_LOW, JAIN_WALLACE_HIGH = 0.24, 0.44
+
+
+@pytest.fixture(scope="module")
+def date_audit(api_audits):
+    audit, _, _ = api_audits("date")
+    return audit
+
+
+def test_violin_bins_are_labelled_as_the_bins_table(date_audit):
+    ax = date_audit.figure("permutation_tvd").axes[0]
+    shown = [label.get_text() for label in ax.get_xticklabels()]
+    table = date_audit.tables["permutation_bins"]
+    assert shown == [b for b in table["bin"] if b != "all"]
+    # and each violin holds the rows the table counts in that bin
+    rows = date_audit.tables["rows"]
+    edges = [float(b) for b in shown] + [1.0]
+    value = rows["max_attention"]
+    counted = [int((((value > lo) | (lo == 0)) & (value <= hi)).sum())
+               for lo, hi in itertools.pairwise(edges)]
+    assert counted == [int(n) for n in table["n"].iloc[:-1]]
+
+
+def test_agreement_bars_have_intervals_and_the_jain_wallace_band(date_audit):
+    ax = date_audit.figure("agreement").axes[0]
+    [bars] = [c for c in ax.containers if isinstance(c, BarContainer)]
+    summary = date_audit.tables["agreement_summary"]
+    means = summary["kendall_tau_mean"].to_numpy()
+    np.testing.assert_allclose([b.get_height() for b in bars.patches], means, rtol=1e-9)
+    segments = bars.errorbar.lines[2][0].get_segments()
+    low = np.array([segment[0][1] for segment in segments])
+    high = np.array([segment[1][1] for segment in segments])
+    assert (low < means).all() and (means < high).all()
+    # a resampling-by-example interval: about 2 x 1.96 standard errors of the mean of the
+    # per-example means (independently recomputed here), not of the rows
+    rows = date_audit.tables["agreement"]
+    rows = rows[rows["kendall_tau"].notna()]
+    for (a, b), group in rows.groupby(["method_a", "method_b"], sort=False):
+        per_example = group.groupby("example")["kendall_tau"].mean()
+        se = per_example.std(ddof=1) / np.sqrt(len(per_example))
+        i = summary.index[(summary["method_a"] == a) & (summary["method_b"] == b)][0]
+        assert high[i] - low[i] == pytest.approx(2 * 1.96 * se, rel=0.5), (a, b)
+    [band] = [p for p in ax.patches if p.get_label().startswith("Jain & Wallace")]
+    ys = ((band.get_y(), band.get_y() + band.get_height())
+          if isinstance(band, matplotlib.patches.Rectangle) else band.get_xy()[:, 1])
+    assert (min(ys), max(ys)) == pytest.approx((JAIN_WALLACE_LOW, JAIN_WALLACE_HIGH))
+    assert N_BOOTSTRAP >= 1000
+
+
+def test_heatmap_shows_spaces_and_word_markers():
+    tokens = [" ", "Ġthe", "▁cat", "", "a\n", "x"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a missing glyph would warn
+        figure = figs.attention_heatmap("m", np.full((2, 6), 1 / 6), tokens, ["Ġy", "z"],
+                                        title="t", caption="c")
+        assert figure.data_uri.startswith("data:image/png;base64,")
+    ax = figure.figure.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["␣", "␣the", "␣cat", "∅", "a↵",
+                                                             "x"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["␣y", "z"]
+    assert "␣the" in figure.alt and "Spaces are drawn as ␣" in figure.caption
+
+
+def test_date_heatmap_marks_every_space_of_the_source(date_audit):
+    example = date_audit.validity.example
+    ax = date_audit.figure("example_map_0").axes[0]
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert "".join(labels) == example.source.replace(" ", "␣")
+    assert labels.count("␣") == example.source.count(" ") > 0
+
+
+def _size(queries: int, keys: int) -> tuple[float, float]:
+    figure = figs.attention_heatmap("m", np.ones((queries, keys)) / keys,
+                                    [f"k{i}" for i in range(keys)],
+                                    [f"q{i}" for i in range(queries)], title="t", caption="c")
+    return tuple(figure.figure.get_size_inches())
+
+
+def test_heatmap_grows_with_the_sequence_within_bounds():
+    widths = [_size(4, k)[0] for k in (5, 20, 40, 60, 200)]
+    heights = [_size(q, 10)[1] for q in (5, 20, 40, 60, 200)]
+    for sizes in (widths, heights):
+        assert sizes[1] < sizes[2] < sizes[3] and sizes[3] == sizes[4] < 16
+    assert _size(4, 200)[0] == _size(4, figs.MAX_HEATMAP_KEYS)[0]
+
+
+def test_violin_labels_follow_the_table_on_hand_made_rows():
+    from attnaudit.report.item_figures import item_figures
+
+    rows = pd.DataFrame({"max_attention": [0.0, 0.25, 0.26, 0.5, 0.9, 1.0],
+                         "perm_median_tvd": [0.01, 0.02, 0.3, 0.4, 0.5, 0.6]})
+    [violin] = [f for f in item_figures({"rows": rows}, None, None)["interventions"]]
+    shown = [t.get_text() for t in violin.figure.axes[0].get_xticklabels()]
+    assert shown == ["0.00", "0.25", "0.50", "0.75"]
+    assert "0.00: 2 rows" in violin.alt and "0.25: 2 rows" in violin.alt  # 0.25 closes bin 0
