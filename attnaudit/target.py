@@ -128,6 +128,9 @@ class Seq2SeqTarget:
         greedy: batch -> emitted ids (B, T) long.
         teacher_forced: (batch, emitted (B, T)) -> logits (B, T, V).
         source_embedding: module whose first call per forward embeds the source.
+        target_embedding: optional, the module embedding the decoder's input tokens (its
+            calls after the source's: one ``(B, T, d)``, or one ``(B, d)`` per step), for
+            target-side attribution.
         source_tokens: batch -> per example, a label per source position.
         target_tokens: emitted (B, T) -> per example, a label per step.
         eos_id: id ending the output; steps after the first one are padding.
@@ -172,6 +175,7 @@ class Seq2SeqTarget:
     decode_step: Callable[[Batch, Any, Any, torch.Tensor, int], torch.Tensor] | None = None
     device: torch.device | None = None
     truncation: str = ""
+    target_embedding: nn.Module | None = None
 
     def step_mask(self, emitted: torch.Tensor) -> torch.Tensor:
         """Bool (B, T): steps up to and including the first ``eos_id``."""
@@ -441,6 +445,7 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         decode_step=decode_step,
         device=where,
         truncation=truncation,
+        target_embedding=model.get_decoder().get_input_embeddings(),
     )
 
 
