@@ -131,6 +131,7 @@ class Seq2SeqTarget:
         target_embedding: optional, the module embedding the decoder's input tokens (its
             calls after the source's: one ``(B, T, d)``, or one ``(B, d)`` per step), for
             target-side attribution.
+        unk_id: optional, the unknown token's id (the ``"unk"`` attribution baseline).
         source_tokens: batch -> per example, a label per source position.
         target_tokens: emitted (B, T) -> per example, a label per step.
         eos_id: id ending the output; steps after the first one are padding.
@@ -176,6 +177,7 @@ class Seq2SeqTarget:
     device: torch.device | None = None
     truncation: str = ""
     target_embedding: nn.Module | None = None
+    unk_id: int | None = None
 
     def step_mask(self, emitted: torch.Tensor) -> torch.Tensor:
         """Bool (B, T): steps up to and including the first ``eos_id``."""
@@ -271,7 +273,8 @@ def place(target: Seq2SeqTarget, device: str | torch.device | None = None,
 def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any = None,
             batch_size: int = 100, max_new_tokens: int = 64,
             max_source_tokens: int | None = None, device: str | torch.device | None = None,
-            dtype: str | torch.dtype | None = None, name: str | None = None) -> Seq2SeqTarget:
+            dtype: str | torch.dtype | None = None, name: str | None = None,
+            contrast: Sequence[str] | None = None) -> Seq2SeqTarget:
     """A target from a Hugging Face seq2seq model and its tokenizer: loaded, or a local folder.
 
     Args:
@@ -292,6 +295,8 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
             ``bfloat16`` or ``float16`` (default: as loaded).
         name: the label in reports (default: the folder as given, or the name the loaded
             model was loaded from).
+        contrast: optional, one contrast output string per source, for contrastive
+            attribution; tokenized as targets into ``batch.inputs["contrast_ids"]``.
 
     A loaded model is left exactly as it is — mode, dtype, device, attention backend: the
     target runs it in place. When ``device`` or ``dtype`` would change it, a copy is moved
@@ -357,6 +362,9 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
     if start is None or pad is None or eos is None:
         raise TargetError(f"{label}: config needs decoder_start_token_id, pad and eos ids")
     limit, truncation = _source_limit(tokenizer, config, sources, max_source_tokens)
+    if contrast is not None and len(contrast) != len(sources):
+        raise TargetError(f"contrast gives {len(contrast)} outputs for {len(sources)} sources; "
+                          "give one per source")
     where = next(model.parameters()).device
     # transformers 5 renamed past_key_values to cache
     cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
@@ -367,8 +375,15 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
             texts = sources[at : at + batch_size]
             enc = tokenizer(texts, padding=True, truncation=limit is not None,
                             max_length=limit, return_tensors="pt")
+            inputs = {}
+            if contrast is not None:
+                foil = tokenizer(text_target=list(contrast[at : at + batch_size]),
+                                 padding=True, return_tensors="pt")
+                ids = foil["input_ids"].masked_fill(foil["attention_mask"] == 0, eos)
+                inputs["contrast_ids"] = ids.to(where)
             yield Batch(enc["input_ids"].to(where), enc["attention_mask"].bool().to(where),
-                        texts, None if references is None else references[at : at + batch_size])
+                        texts, None if references is None else references[at : at + batch_size],
+                        inputs)
 
     @torch.no_grad()
     def greedy(batch: Batch) -> torch.Tensor:
@@ -446,6 +461,7 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         device=where,
         truncation=truncation,
         target_embedding=model.get_decoder().get_input_embeddings(),
+        unk_id=tokenizer.unk_token_id,
     )
 
 

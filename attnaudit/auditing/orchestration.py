@@ -25,6 +25,7 @@ from attnaudit.auditing.validity import (
 )
 from attnaudit.checklist import build_checklist
 from attnaudit.errors import AttnauditError
+from attnaudit.interventions.attribution import AttributionOptions
 from attnaudit.interventions.suite import InterventionSuite, run_suite
 from attnaudit.report.manifest import build_manifest
 from attnaudit.target import Seq2SeqTarget, TargetError, from_hf
@@ -38,7 +39,7 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
           max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
           row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
           progress: bool = True, command_line: Sequence[str] | str | None = None,
-          **hf_options: Any) -> Audit:
+          attribution: AttributionOptions | None = None, **hf_options: Any) -> Audit:
     """Audit the attention of a seq2seq model: validity, interventions, checklist.
 
     Args:
@@ -66,6 +67,8 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             None: per site from the weights' dtype and key count).
         progress: progress lines on stderr.
         command_line: recorded in the manifest and shown in the report.
+        attribution: what the attribution methods attribute and their variant
+            (:class:`~attnaudit.interventions.attribution.AttributionOptions`).
 
     Returns:
         The :class:`~attnaudit.auditing.result.Audit`. The model is left as it was.
@@ -79,20 +82,22 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
                               "model folder, not with a Seq2SeqTarget")
         with placed(target_or_model, device, dtype) as target:
             return _run(target, quick, limit, interventions, checks_only, max_memory,
-                        max_masked_mass, row_sum_tolerance, progress, command_line)
+                        max_masked_mass, row_sum_tolerance, progress, command_line,
+                        attribution)
     if data is None:
         raise TargetError("auditing a model needs data=: source strings, a TSV path, or a "
                           "pandas column")
     target = from_hf(target_or_model, data, tokenizer=tokenizer, device=device, dtype=dtype,
                      **hf_options)
     return _run(target, quick, limit, interventions, checks_only, max_memory,
-                max_masked_mass, row_sum_tolerance, progress, command_line)
+                max_masked_mass, row_sum_tolerance, progress, command_line, attribution)
 
 
 def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: bool,
          checks_only: bool, max_memory: int | str | None, max_masked_mass: float,
          row_sum_tolerance: float | None, progress: bool,
-         command_line: Sequence[str] | str | None) -> Audit:
+         command_line: Sequence[str] | str | None,
+         attribution: AttributionOptions | None = None) -> Audit:
     started = time.perf_counter()
     validity = run_validity_audit(target, limit=limit, progress=progress,
                                   keep_example=not checks_only, regions=not checks_only,
@@ -104,7 +109,7 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
         reason = ("the audit ran the gate's checks only" if checks_only else
                   "the intervention suite was not requested (interventions=False)")
     else:
-        suite, reason = _run_suite(target, quick, limit, progress, max_memory)
+        suite, reason = _run_suite(target, quick, limit, progress, max_memory, attribution)
     checklist = build_checklist(target.model, validity, suite, suite_reason=reason)
     texts = [text for batch in target.iter_batches(limit) for text in batch.texts]
     seeds: dict[str, Any] = {"target": target.seed}
@@ -130,10 +135,11 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
 
 
 def _run_suite(target: Seq2SeqTarget, quick: bool, limit: int | None, progress: bool,
-               max_memory: int | str | None) -> tuple[InterventionSuite | None, str | None]:
+               max_memory: int | str | None, attribution: AttributionOptions | None
+               ) -> tuple[InterventionSuite | None, str | None]:
     try:
         return run_suite(target, quick=quick, limit=limit, progress=progress,
-                         max_memory=max_memory), None
+                         max_memory=max_memory, attribution=attribution), None
     except AttnauditError as exc:
         if progress:
             print(f"audit {target.name}: interventions not recorded: {exc}", file=sys.stderr)

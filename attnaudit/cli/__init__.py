@@ -21,6 +21,7 @@ from attnaudit import __version__
 from attnaudit.auditing.validity import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
 from attnaudit.cli.commands import check_command, intervene_command, report_command
 from attnaudit.errors import AttnauditError
+from attnaudit.interventions.step_gradients import OUTPUTS
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 USAGE_ERROR = 2
@@ -104,6 +105,21 @@ def _add_memory_argument(parser: argparse.ArgumentParser) -> None:
                              "512MB (default 1GiB)")
 
 
+def _add_attribution_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--attribute", choices=list(OUTPUTS), default="prob",
+                        help="what gradient attributions explain (default prob; contrast: "
+                             "p(output) - p(contrast token), contrast_logit: the logit "
+                             "difference)")
+    parser.add_argument("--contrast", metavar="FILE",
+                        help="with --hf: one contrast output per line, aligned with --data")
+    parser.add_argument("--attribution-variant", choices=["attnaudit", "inseq"],
+                        default="attnaudit",
+                        help="attnaudit: signed sums, pad baseline (default); inseq: L2 "
+                             "norm over the embedding, <unk> baseline")
+    parser.add_argument("--target-side", action="store_true",
+                        help="attribute to the output prefix as well as to the source")
+
+
 def build_parser() -> argparse.ArgumentParser:
     debug = Parser(add_help=False)
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -142,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     intervene.add_argument("--head", action="append", type=int, metavar="N",
                            help="edit only this head at each edited site (repeatable)")
     _add_memory_argument(intervene)
+    _add_attribution_arguments(intervene)
     intervene.set_defaults(run=intervene_command)
 
     report = commands.add_parser("report", parents=[debug], help="write an HTML/CSV audit report")
@@ -150,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--quick", action="store_true",
                         help="skip the adversarial search and integrated gradients")
     _add_memory_argument(report)
+    _add_attribution_arguments(report)
     report.set_defaults(run=report_command)
     return parser
 

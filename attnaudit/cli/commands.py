@@ -12,7 +12,7 @@ from pathlib import Path
 
 from attnaudit.auditing.orchestration import audit
 from attnaudit.cli.display import print_suite
-from attnaudit.cli.loading import load_cli_target, memory_option
+from attnaudit.cli.loading import attribution_option, load_cli_target, memory_option
 from attnaudit.gate import GateError
 from attnaudit.interventions.suite import InterventionSuite, run_suite
 from attnaudit.output_folder import OutputFolder, check_output_file
@@ -53,7 +53,8 @@ def report_command(args: argparse.Namespace) -> int:
     OutputFolder.check(args.out, force=args.force)  # before the target loads
     target = load_cli_target(args)
     result = audit(target, quick=args.quick, limit=args.limit, progress=True,
-                   max_memory=max_memory, command_line=report_command_line(args))
+                   max_memory=max_memory, command_line=report_command_line(args),
+                   attribution=attribution_option(args))
     path = result.save(args.out, force=args.force)
     print(f"attnaudit report: wrote {path}")
     return 0
@@ -69,12 +70,16 @@ def report_command_line(args: argparse.Namespace) -> list[str]:
                         ("--batch-size", args.batch_size),
                         ("--max-new-tokens", args.max_new_tokens),
                         ("--max-source-tokens", args.max_source_tokens),
-                        ("--max-memory", args.max_memory)):
+                        ("--max-memory", args.max_memory), ("--contrast", args.contrast)):
         if value is not None:
             words += [flag, str(value)]
+    if args.attribute != "prob":
+        words += ["--attribute", args.attribute]
+    if args.attribution_variant != "attnaudit":
+        words += ["--attribution-variant", args.attribution_variant]
     words += ["--out", str(args.out)]
-    words += [flag for flag, given in (("--quick", args.quick), ("--force", args.force))
-              if given]
+    words += [flag for flag, given in (("--quick", args.quick), ("--force", args.force),
+                                       ("--target-side", args.target_side)) if given]
     return words
 
 
@@ -84,7 +89,8 @@ def intervene_command(args: argparse.Namespace) -> int:
     folder = None if args.out is None else OutputFolder.check(args.out, force=args.force)
     target = load_cli_target(args)
     suite = run_suite(target, quick=args.quick, limit=args.limit, progress=True,
-                      sites=args.site, heads=args.head, max_memory=max_memory)
+                      sites=args.site, heads=args.head, max_memory=max_memory,
+                      attribution=attribution_option(args))
     print_suite(suite)
     if folder is not None:
         with folder.assembling() as out:

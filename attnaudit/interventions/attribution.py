@@ -74,6 +74,47 @@ REDUCTIONS = ("sum", "norm")
 IG_METHOD = "gausslegendre"
 
 
+@dataclass(frozen=True)
+class AttributionOptions:
+    """What the suite attributes and how (the arguments of :func:`attribute` of that name).
+
+    output: one of ``OUTPUTS``; the contrast outputs read each batch's contrast output from
+    ``batch.inputs["contrast_ids"]`` (B, T') long (``from_hf(..., contrast=...)`` puts it
+    there), cut or padded with the end-of-sequence id to the emitted length. reduction:
+    ``sum`` or ``norm``; baseline: ``"pad"``, ``"unk"`` or an id; target_side: attribute to
+    the output prefix as well.
+    """
+
+    output: str = "prob"
+    reduction: str = "sum"
+    baseline: str | int = "pad"
+    target_side: bool = False
+
+    @classmethod
+    def variant(cls, name: str, output: str = "prob", target_side: bool = False
+                ) -> AttributionOptions:
+        """``attnaudit`` (signed sums, pad baseline) or ``inseq`` (inseq's defaults: L2 norm
+        over the embedding dimension, ``<unk>`` baseline)."""
+        if name not in ("attnaudit", "inseq"):
+            raise ValueError(f"attribution variant must be attnaudit or inseq, got {name!r}")
+        inseq = name == "inseq"
+        return cls(output, "norm" if inseq else "sum", "unk" if inseq else "pad", target_side)
+
+    def contrast_ids(self, batch: Batch, emitted: torch.Tensor, eos_id: int
+                     ) -> torch.Tensor | None:
+        """The contrast token at each step (B, T), or None for a non-contrast output."""
+        if not self.output.startswith("contrast"):
+            return None
+        given = batch.inputs.get("contrast_ids")
+        if not isinstance(given, torch.Tensor):
+            raise InterventionError(f"output {self.output!r} needs a contrast output per "
+                                    "source: from_hf(..., contrast=[...]) or --contrast FILE")
+        out = torch.full_like(emitted, eos_id)
+        width = min(given.shape[1], emitted.shape[1])
+        out[:, :width] = given[:, :width].to(emitted.device)
+        return out
+
+
 @dataclass
 class Attributions:
     """Attributions of every valid (example, step) to the source positions (and prefix).
@@ -207,16 +248,19 @@ def normalised_importance(scores: torch.Tensor, valid: torch.Tensor) -> torch.Te
 
 def resolve_baseline_id(target: Seq2SeqTarget, batch: Batch, baseline: str | int = "pad",
                         pad_id: int | None = None) -> int:
-    """The baseline token: the pad id (:func:`resolve_pad_id`) for ``"pad"``, the model's
-    unknown token for ``"unk"`` (``model.config.unk_token_id``, as inseq's default), or an
-    explicit id."""
+    """The baseline token: the pad id (:func:`resolve_pad_id`) for ``"pad"``, the unknown
+    token for ``"unk"`` (``target.unk_id``, else ``model.config.unk_token_id``; inseq's
+    default), or an explicit id."""
     if baseline == "pad":
         return resolve_pad_id(target, batch, pad_id)
     if baseline == "unk":
-        unk = getattr(getattr(target.model, "config", None), "unk_token_id", None)
+        unk = target.unk_id
         if unk is None:
-            raise InterventionError(f"target {target.name!r} declares no unk_token_id in its "
-                                    "model config; pass the baseline token id instead")
+            unk = getattr(getattr(target.model, "config", None), "unk_token_id", None)
+        if unk is None:
+            raise InterventionError(f"target {target.name!r} declares no unk_id (nor an "
+                                    "unk_token_id in its model config); pass the baseline "
+                                    "token id instead")
         return int(unk)
     if isinstance(baseline, bool) or not isinstance(baseline, int) or baseline < 0:
         raise ValueError(f'baseline must be "pad", "unk" or a token id, got {baseline!r}')

@@ -12,6 +12,7 @@ from captum.attr import InputXGradient, IntegratedGradients, Saliency
 from torch import nn
 
 from attnaudit.interventions.attribution import attribute
+from attnaudit.interventions.runner import InterventionError
 from attnaudit.interventions.step_gradients import pass_sequences
 from attnaudit.target import Batch, Seq2SeqTarget
 from tests.conftest import assert_unchanged, model_fingerprint
@@ -244,9 +245,48 @@ def test_bad_options_give_clear_errors() -> None:
         attribute(target, batch, emitted, output="entropy")
     with pytest.raises(ValueError, match="reduction must be one of"):
         attribute(target, batch, emitted, reduction="max")
-    from attnaudit.interventions.runner import InterventionError
-
-    with pytest.raises(InterventionError, match="unk_token_id"):
+    with pytest.raises(InterventionError, match="declares no unk_id"):
         attribute(target, batch, emitted, baseline="unk")
     with pytest.raises(InterventionError, match="target_embedding"):
         attribute(target, batch, emitted, target_side=True)
+
+
+def test_contrast_outputs_from_hf_reach_the_suite(capsys: pytest.CaptureFixture[str]) -> None:
+    from transformers import AutoTokenizer
+
+    from attnaudit.cli import main
+    from attnaudit.interventions.attribution import AttributionOptions
+    from attnaudit.interventions.suite import run_suite
+    from attnaudit.target import from_hf
+    from examples.date_transformer.model import MODEL_DIR
+
+    sources = ["March 3, 2004", "12 Jan 1999"]
+    foils = ["2004-03-04", "1999"]  # the second shorter than the output
+    target = from_hf(MODEL_DIR, sources, contrast=foils)
+    batch = next(target.iter_batches())
+    emitted = target.greedy(batch)
+    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
+    options = AttributionOptions(output="contrast")
+    ids = options.contrast_ids(batch, emitted, target.eos_id)
+    for row, foil in enumerate(foils):
+        expected = tokenizer(text_target=foil)["input_ids"][: emitted.shape[1]]
+        assert ids[row, : len(expected)].tolist() == expected
+        assert ids[row, len(expected) :].eq(target.eos_id).all()
+    found = attribute(target, batch, emitted, ("input_x_gradient",), output="contrast",
+                      contrast=ids)
+    suite = run_suite(target, quick=True, progress=False, n_permutations=2,
+                      cumulative_examples=1,
+                      attribution=AttributionOptions.variant("inseq", output="contrast",
+                                                             target_side=True))
+    assert suite.metadata["attribution_output"] == "contrast"
+    variant = suite.metadata["attribution_variants"]["input_x_gradient"]
+    assert "p(c_t" in variant and "L2 norm" in variant
+    assert {"method", "example", "step", "key", "token_score"} <= set(
+        suite.tables["attribution_prefix"].columns)
+    assert found.token_scores["input_x_gradient"].abs().sum() > 0
+    with pytest.raises(InterventionError, match="contrast output per source"):
+        options.contrast_ids(Batch(batch.source_ids, batch.source_mask, batch.texts),
+                             emitted, target.eos_id)
+    code = main(["intervene", "--hf", str(MODEL_DIR), "--data",
+                 "examples/date_transformer/audit.tsv", "--attribute", "contrast", "--quick"])
+    assert code == 2 and "needs --contrast FILE" in capsys.readouterr().err
