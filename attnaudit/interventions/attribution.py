@@ -279,8 +279,8 @@ class _Inputs:
     source, source_base: (B, n, d) the embedded source and its baseline. prefix,
     prefix_base: (B, T, d) the decoder's input embeddings and their baseline (None without
     target-side attribution). emitted, contrast: (B, T) ids (contrast None unless a contrast
-    output). values, base_values: (B, T) the attributed output at the input and at the
-    baseline.
+    output). values: (B, T) the attributed output at the input. vocab: the output
+    vocabulary size.
     """
 
     source: torch.Tensor
@@ -290,7 +290,6 @@ class _Inputs:
     emitted: torch.Tensor
     contrast: torch.Tensor | None
     values: torch.Tensor
-    base_values: torch.Tensor
     vocab: int
 
 
@@ -354,7 +353,7 @@ def _prefix_module(target: Seq2SeqTarget) -> nn.Module:
 def _embedded_inputs(passes: _Passes, emitted: torch.Tensor, contrast: torch.Tensor | None,
                      baseline_id: int) -> _Inputs:
     """The recorded embeddings of a real forward pass, their baselines, and the attributed
-    outputs at both (no gradients)."""
+    outputs (no gradients)."""
     batch = passes.batch
     rows = torch.arange(len(batch))
     with torch.no_grad():
@@ -378,9 +377,8 @@ def _embedded_inputs(passes: _Passes, emitted: torch.Tensor, contrast: torch.Ten
                 raise InterventionError(f"the target embedding gave {got}; target-side "
                                         f"attribution needs {tuple(emitted.shape)} + (d,)")
             prefix_base = passes.prefix_module(torch.full_like(emitted, baseline_id))
-        base_values, _, _ = passes.outputs(rows, emitted, contrast, source_base, prefix_base)
     return _Inputs(source.detach(), source_base, prefix, prefix_base, emitted, contrast,
-                   values.float(), base_values.float(), vocab)
+                   values.float(), vocab)
 
 
 def _token_score(grads: torch.Tensor, at: torch.Tensor | None, reduction: str) -> torch.Tensor:
@@ -564,4 +562,8 @@ def _integrated_gradients(passes: _Passes, inputs: _Inputs, per_pass: int, n_ste
                                                                reduction).cpu()
             signed_total[chunk] += _token_score(integral, d.float(), "sum").sum(-1).cpu()
         bar.update(len(chunk))  # type: ignore[attr-defined]
-    return signed_total - (inputs.values - inputs.base_values).cpu()
+    with torch.no_grad():
+        base_values, _, _ = passes.outputs(torch.arange(len(passes.batch)), inputs.emitted,
+                                           inputs.contrast, inputs.source_base,
+                                           inputs.prefix_base)
+    return signed_total - (inputs.values - base_values.float()).cpu()
