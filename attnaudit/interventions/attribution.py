@@ -24,10 +24,11 @@ gradient of the attributed output with respect to it, per token:
   ``reduction="sum"``) or ``||g * e||_2`` (``reduction="norm"``, inseq's default).
   ``|score|`` normalised is the Jain & Wallace gradient importance.
 - ``integrated_gradients``: Captum ``IntegratedGradients``, Gauss-Legendre with ``n_steps``
-  = 50 points, baseline = the embedding of one token (``baseline="pad"``, default, or
-  ``"unk"`` as inseq, or an id) at every position; token score = the attribution summed over
-  ``d`` (signed; then scores sum to ``f(x) - f(baseline)`` up to the reported convergence
-  delta) or its L2 norm (``reduction="norm"``).
+  = 50 points, baseline = the embedding of one token at every position (``baseline="pad"``,
+  default, or an id; ``"unk"`` as inseq: everywhere but the end-of-sequence token, which
+  is kept); token score = the attribution summed over ``d`` (signed; then scores sum to
+  ``f(x) - f(baseline)`` up to the reported convergence delta) or its L2 norm
+  (``reduction="norm"``).
 
 Variant reported: by default ``saliency`` and ``input_x_gradient`` treat cross-attention
 weights as constants ("attention detached", as Jain & Wallace compute gradient importance):
@@ -133,6 +134,8 @@ class Attributions:
     detached: methods computed with cross-attention weights detached.
     n_steps: integration points of integrated gradients.
     baseline_id: the token whose embedding is the integrated-gradients baseline.
+    eos_kept: the baseline keeps the end-of-sequence token where the input has it (the
+        ``"unk"`` baseline, as inseq's).
     output: what was attributed (``OUTPUTS``). reduction: over the embedding dimension for
         input_x_gradient and integrated_gradients (``sum`` signed, ``norm`` L2).
     prefix_scores: method -> (B, T, T) float, token scores of decoder input ``j`` (the start
@@ -148,6 +151,7 @@ class Attributions:
     detached: tuple[str, ...]
     n_steps: int
     baseline_id: int
+    eos_kept: bool = False
     output: str = "prob"
     reduction: str = "sum"
     prefix_scores: dict[str, torch.Tensor] | None = None
@@ -159,7 +163,8 @@ class Attributions:
         else:
             what = ("input x gradient" if method == "input_x_gradient"
                     else f"attribution ({self.n_steps} Gauss-Legendre points, baseline: "
-                         f"token {self.baseline_id}'s embedding at every position)")
+                         f"token {self.baseline_id}'s embedding at every position"
+                         f"{' but the end-of-sequence token, kept' if self.eos_kept else ''})")
             score = (f"signed sum of the {what} over the embedding dimension"
                      if self.reduction == "sum"
                      else f"L2 norm of the {what} over the embedding dimension")
@@ -351,7 +356,7 @@ def _prefix_module(target: Seq2SeqTarget) -> nn.Module:
 
 
 def _embedded_inputs(passes: _Passes, emitted: torch.Tensor, contrast: torch.Tensor | None,
-                     baseline_id: int) -> _Inputs:
+                     baseline_id: int, eos_kept: bool) -> _Inputs:
     """The recorded embeddings of a real forward pass, their baselines, and the attributed
     outputs (no gradients)."""
     batch = passes.batch
@@ -365,7 +370,8 @@ def _embedded_inputs(passes: _Passes, emitted: torch.Tensor, contrast: torch.Ten
             raise InterventionError(
                 f"the source embedding's first call gave {got}; attribution needs one vector "
                 f"per source position, shape {expected} + (d,)")
-        source_base = passes.source_module(torch.full_like(batch.source_ids, baseline_id))
+        source_base = passes.source_module(_baseline_ids(batch.source_ids, baseline_id,
+                                                         passes.target.eos_id, eos_kept))
         if source_base.shape != source.shape:
             raise InterventionError(f"the baseline has shape {tuple(source_base.shape)}, the "
                                     f"embedded source {tuple(source.shape)}")
@@ -376,9 +382,18 @@ def _embedded_inputs(passes: _Passes, emitted: torch.Tensor, contrast: torch.Ten
                 got = None if prefix is None else tuple(prefix.shape)
                 raise InterventionError(f"the target embedding gave {got}; target-side "
                                         f"attribution needs {tuple(emitted.shape)} + (d,)")
-            prefix_base = passes.prefix_module(torch.full_like(emitted, baseline_id))
+            prefix_base = passes.prefix_module(_baseline_ids(emitted, baseline_id,
+                                                             passes.target.eos_id, eos_kept))
     return _Inputs(source.detach(), source_base, prefix, prefix_base, emitted, contrast,
                    values.float(), vocab)
+
+
+def _baseline_ids(ids: torch.Tensor, baseline_id: int, eos_id: int, eos_kept: bool
+                  ) -> torch.Tensor:
+    """``baseline_id`` at every position of ``ids`` (B, L), or everywhere but the
+    end-of-sequence tokens with ``eos_kept``."""
+    base = torch.full_like(ids, baseline_id)
+    return torch.where(ids == eos_id, ids, base) if eos_kept else base
 
 
 def _token_score(grads: torch.Tensor, at: torch.Tensor | None, reduction: str) -> torch.Tensor:
@@ -441,7 +456,8 @@ def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         internal_batch_size: sequences per forward pass (examples x integration points;
             default: as many as ``max_memory`` holds).
         pad_id: the pad token, when it cannot be told from the batch (:func:`resolve_pad_id`).
-        baseline: integrated gradients' baseline token: ``"pad"``, ``"unk"`` or an id.
+        baseline: integrated gradients' baseline token: ``"pad"``, ``"unk"`` (inseq's:
+            ``<unk>`` everywhere but the end-of-sequence token, which is kept) or an id.
         detach_attention: methods whose gradients treat cross-attention weights as
             constants (default: saliency and input_x_gradient, the Jain & Wallace variant).
         output: what is attributed, one of ``OUTPUTS``; ``contrast`` and ``contrast_logit``
@@ -466,7 +482,8 @@ def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
     width = int(steps.any(0).nonzero().max()) + 1 if steps.any() else 1
     passes = _Passes(target, batch, output, target_side)
     inputs = _embedded_inputs(passes, emitted[:, :width],
-                              None if contrast is None else contrast[:, :width], baseline_id)
+                              None if contrast is None else contrast[:, :width], baseline_id,
+                              baseline == "unk")
     per_pass = internal_batch_size or pass_sequences(target, vocab=inputs.vocab, keys=n_keys,
                                                      steps=width, max_memory=max_memory)
     scores = {m: torch.zeros(n_examples, width, n_keys) for m in methods}
@@ -496,7 +513,8 @@ def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         token_scores=scores,
         convergence_delta=None if delta is None else _widen(delta * steps[:, :width], n_target),
         keys=keys, steps=steps, detached=tuple(m for m in methods if m in detach_attention),
-        n_steps=n_steps, baseline_id=baseline_id, output=output, reduction=reduction,
+        n_steps=n_steps, baseline_id=baseline_id, eos_kept=baseline == "unk", output=output,
+        reduction=reduction,
         prefix_scores=prefix)
 
 
