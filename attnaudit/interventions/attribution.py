@@ -29,6 +29,9 @@ gradient of the attributed output with respect to it, per token:
   is kept); token score = the attribution summed over ``d`` (signed; then scores sum to
   ``f(x) - f(baseline)`` up to the reported convergence delta) or its L2 norm
   (``reduction="norm"``).
+- ``occlusion``: Captum ``Occlusion`` with a one-token window: token score = ``f(x) -
+  f(x with that token's embedding replaced by the baseline token's)``, no gradient (not in
+  the suite's default methods: one forward pass per source token).
 
 Variant reported: by default ``saliency`` and ``input_x_gradient`` treat cross-attention
 weights as constants ("attention detached", as Jain & Wallace compute gradient importance):
@@ -68,7 +71,8 @@ from attnaudit.interventions.step_gradients import (
 from attnaudit.record import Site
 from attnaudit.target import Batch, Seq2SeqTarget
 
-METHODS = ("saliency", "input_x_gradient", "integrated_gradients")
+METHODS = ("saliency", "input_x_gradient", "integrated_gradients")  # the suite's
+ALL_METHODS = (*METHODS, "occlusion")
 GRADIENT_METHODS = ("saliency", "input_x_gradient")  # the gradient at the input itself
 DETACHED_BY_DEFAULT = ("saliency", "input_x_gradient")
 REDUCTIONS = ("sum", "norm")
@@ -158,6 +162,10 @@ class Attributions:
 
     def variant(self, method: str) -> str:
         """The method's variant in words: token score, baseline, attention, output."""
+        if method == "occlusion":
+            return (f"f(x) - f(x with the token's embedding replaced by token "
+                    f"{self.baseline_id}'s), one token at a time, no gradient; attributed: "
+                    f"{OUTPUT_VARIANTS[self.output]}")
         if method == "saliency":
             score = "L2 norm of the gradient over the embedding dimension"
         else:
@@ -225,22 +233,6 @@ def resolve_pad_id(target: Seq2SeqTarget, batch: Batch, pad_id: int | None = Non
     raise InterventionError(
         f"cannot tell the padding token of target {target.name!r} (ids at padding positions: "
         f"{found}; special ids: {list(target.special_ids)}); pass pad_id=...")
-
-
-def _check_methods(methods: Sequence[str], detach_attention: Collection[str]) -> tuple[str, ...]:
-    methods = tuple(methods)
-    unknown = [m for m in (*methods, *detach_attention) if m not in METHODS]
-    if unknown or not methods:
-        raise ValueError(f"attribution methods must be among {METHODS}, got {unknown or 'none'}")
-    if len(set(methods)) != len(methods):
-        raise ValueError(f"attribution methods repeat: {methods}")
-    return methods
-
-
-def _check_emitted(batch: Batch, emitted: torch.Tensor) -> None:
-    if emitted.ndim != 2 or emitted.shape[0] != len(batch) or emitted.dtype != torch.long:
-        raise ValueError(f"emitted must be long ids (B={len(batch)}, T), got "
-                         f"{emitted.dtype} {tuple(emitted.shape)}")
 
 
 def normalised_importance(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -407,9 +399,11 @@ def _token_score(grads: torch.Tensor, at: torch.Tensor | None, reduction: str) -
 
 def _check_methods(methods: Sequence[str], detach_attention: Collection[str]) -> tuple[str, ...]:
     methods = tuple(methods)
-    unknown = [m for m in (*methods, *detach_attention) if m not in METHODS]
+    unknown = [m for m in (*methods, *detach_attention) if m not in ALL_METHODS
+               or (m in detach_attention and m == "occlusion")]
     if unknown or not methods:
-        raise ValueError(f"attribution methods must be among {METHODS}, got {unknown or 'none'}")
+        raise ValueError(f"attribution methods must be among {ALL_METHODS} (occlusion takes "
+                         f"no gradient to detach), got {unknown or 'none'}")
     if len(set(methods)) != len(methods):
         raise ValueError(f"attribution methods repeat: {methods}")
     return methods
@@ -451,7 +445,8 @@ def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
     Args:
         target: the audit target; its model is run in its current mode and left unchanged.
         batch: B sources. emitted: (B, T) long, the model's greedy output.
-        methods: any of ``saliency``, ``input_x_gradient``, ``integrated_gradients``.
+        methods: any of ``saliency``, ``input_x_gradient``, ``integrated_gradients``,
+            ``occlusion``.
         n_steps: integration points of integrated gradients (Gauss-Legendre).
         internal_batch_size: sequences per forward pass (examples x integration points;
             default: as many as ``max_memory`` holds).
@@ -493,7 +488,10 @@ def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         detach_groups.setdefault(method in detach_attention, []).append(method)
     ig = "integrated_gradients" in methods
     delta = None
-    with progress_bar(n_examples * (len(detach_groups) + ig), "attribution", progress) as bar:
+    kinds = len(detach_groups) + ig + ("occlusion" in methods)
+    with progress_bar(n_examples * kinds, "attribution", progress) as bar:
+        if "occlusion" in methods:
+            _occlusion_scores(passes, inputs, per_pass, scores["occlusion"], bar)
         for detach, group in detach_groups.items():
             _gradient_scores(passes, inputs, per_pass, group, detach, reduction, scores,
                              prefix, bar)
@@ -541,6 +539,22 @@ def _gradient_scores(passes: _Passes, inputs: _Inputs, per_pass: int, group: lis
                     at = None if method == "saliency" else embedded
                     prefix[method][rows, step] = _token_score(g_prefix, at, reduction).cpu()
         bar.update(len(rows))  # type: ignore[attr-defined]
+
+
+def _occlusion_scores(passes: _Passes, inputs: _Inputs, per_pass: int, scores: torch.Tensor,
+                      bar: object) -> None:
+    """Occlusion into ``scores`` (B, w, n): ``f(x) - f(x with token i's embedding replaced by
+    the baseline's)``; every step of an occluded copy comes from one forward pass, and each
+    pass folds ``per_pass`` (example, real source token) copies."""
+    example, token = passes.batch.source_mask.cpu().nonzero(as_tuple=True)
+    with torch.no_grad():
+        for at in range(0, len(example), per_pass):
+            rows, keys = example[at : at + per_pass], token[at : at + per_pass]
+            occluded = inputs.source[rows].clone()
+            occluded[torch.arange(len(rows)), keys] = inputs.source_base[rows, keys]
+            values, _, _ = passes.outputs(rows, inputs.emitted, inputs.contrast, occluded)
+            scores[rows, :, keys] = (inputs.values[rows] - values.float()).cpu()
+    bar.update(len(passes.batch))  # type: ignore[attr-defined]
 
 
 def _integrated_gradients(passes: _Passes, inputs: _Inputs, per_pass: int, n_steps: int,

@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from captum.attr import InputXGradient, IntegratedGradients, Saliency
+from captum.attr import InputXGradient, IntegratedGradients, Occlusion, Saliency
 from torch import nn
 
-from attnaudit.interventions.attribution import attribute
+from attnaudit.interventions.attribution import ALL_METHODS, attribute
 from attnaudit.interventions.runner import InterventionError
 from attnaudit.interventions.step_gradients import pass_sequences
 from attnaudit.target import Batch, Seq2SeqTarget
@@ -38,16 +38,17 @@ def hooked_first_call(module: nn.Module, value: torch.Tensor) -> torch.utils.hoo
 
 def per_step_captum(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                     n_steps: int) -> dict[str, torch.Tensor]:
-    """Captum's Saliency, InputXGradient and IntegratedGradients called directly, one target
-    step at a time: the forward teacher-forces the prefix up to step t and returns p(y_t).
-    Token scores (B, T, n) as attnaudit defines them (L2 norm; signed sums)."""
+    """Captum's Saliency, InputXGradient, IntegratedGradients and Occlusion (a one-token
+    window) called directly, one target step at a time: the forward teacher-forces the prefix
+    up to step t and returns p(y_t). Token scores (B, T, n) as attnaudit defines them (L2
+    norm; signed sums; the occlusion difference, on real tokens)."""
     module = target.source_embedding
     assert module is not None
     with torch.no_grad():
         x = module(batch.source_ids)
         base = module(torch.full_like(batch.source_ids, PAD))  # 0 in every model here
-    out = {m: torch.zeros(*emitted.shape, x.shape[1]) for m in ("saliency", "input_x_gradient",
-                                                                "integrated_gradients")}
+    out = {m: torch.zeros(*emitted.shape, x.shape[1])
+           for m in ("saliency", "input_x_gradient", "integrated_gradients", "occlusion")}
     for t in range(emitted.shape[1]):
         def forward(embedded: torch.Tensor, t: int = t) -> torch.Tensor:
             rows = torch.arange(embedded.shape[0]) % len(batch)
@@ -64,6 +65,11 @@ def per_step_captum(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         out["input_x_gradient"][:, t] = InputXGradient(forward).attribute(leaf).sum(-1)
         out["integrated_gradients"][:, t] = IntegratedGradients(forward).attribute(
             x, baselines=base, n_steps=n_steps, method="gausslegendre").sum(-1)
+        window = (1, x.shape[-1])  # one token, its whole embedding
+        with torch.no_grad():
+            occluded = Occlusion(forward).attribute(x, sliding_window_shapes=window,
+                                                    strides=window, baselines=base)
+        out["occlusion"][:, t] = occluded[..., 0] * batch.source_mask
     return {m: s * target.step_mask(emitted)[:, :, None] for m, s in out.items()}
 
 
@@ -85,7 +91,7 @@ def test_shared_forward_equals_captum_step_by_step_on_the_bundled_models(name: s
     emitted = target.greedy(batch)
     before = model_fingerprint(target.model)
     # 5 sequences per pass: the 3 examples x 8 points of integrated gradients span passes
-    found = attribute(target, batch, emitted, n_steps=8, detach_attention=(),
+    found = attribute(target, batch, emitted, ALL_METHODS, n_steps=8, detach_attention=(),
                       internal_batch_size=5)
     assert_unchanged(target.model, before)
     expected = per_step_captum(target, batch, emitted, n_steps=8)
