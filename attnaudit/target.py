@@ -460,7 +460,7 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         decode_step=decode_step,
         device=where,
         truncation=truncation,
-        target_embedding=model.get_decoder().get_input_embeddings(),
+        target_embedding=_decoder_embedding(model),
         unk_id=tokenizer.unk_token_id,
     )
 
@@ -516,6 +516,17 @@ def _source_embedding(model: nn.Module) -> nn.Module:
     except (AttributeError, NotImplementedError):
         embed = getattr(encoder, "embed_tokens", None)
         return embed if isinstance(embed, nn.Module) else model.get_input_embeddings()
+
+
+def _decoder_embedding(model: nn.Module) -> nn.Module | None:
+    """The module embedding the decoder's input tokens (FSMT's decoder only has
+    ``embed_tokens``), or None when the decoder names none."""
+    decoder = model.get_decoder()
+    try:
+        return decoder.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        embed = getattr(decoder, "embed_tokens", None)
+        return embed if isinstance(embed, nn.Module) else None
 
 
 def _cache_tensors(cache: Any) -> tuple[torch.Tensor, ...]:
