@@ -11,7 +11,7 @@ import torch
 from captum.attr import InputXGradient, IntegratedGradients, Occlusion, Saliency
 from torch import nn
 
-from attnaudit.interventions.attribution import ALL_METHODS, attribute
+from attnaudit.interventions.attribution import ALL_METHODS, AttributionOptions, attribute
 from attnaudit.interventions.runner import InterventionError
 from attnaudit.interventions.step_gradients import pass_sequences
 from attnaudit.target import Batch, Seq2SeqTarget
@@ -261,7 +261,6 @@ def test_contrast_outputs_from_hf_reach_the_suite(capsys: pytest.CaptureFixture[
     from transformers import AutoTokenizer
 
     from attnaudit.cli import main
-    from attnaudit.interventions.attribution import AttributionOptions
     from attnaudit.interventions.suite import run_suite
     from attnaudit.target import from_hf
     from examples.date_transformer.model import MODEL_DIR
@@ -296,3 +295,19 @@ def test_contrast_outputs_from_hf_reach_the_suite(capsys: pytest.CaptureFixture[
     code = main(["intervene", "--hf", str(MODEL_DIR), "--data",
                  "examples/date_transformer/audit.tsv", "--attribute", "contrast", "--quick"])
     assert code == 2 and "needs --contrast FILE" in capsys.readouterr().err
+
+
+def test_report_command_line_keeps_the_attribution_options() -> None:
+    from attnaudit.cli import build_parser
+    from attnaudit.cli.commands import report_command_line
+    from attnaudit.cli.loading import attribution_option
+
+    argv = ["report", "--hf", "m", "--data", "d.tsv", "--contrast", "c.txt", "--attribute",
+            "contrast_logit", "--attribution-variant", "inseq", "--target-side", "--out", "o"]
+    args = build_parser().parse_args(argv)
+    again = build_parser().parse_args(report_command_line(args)[1:])
+    assert vars(again) | {"run": None} == vars(args) | {"run": None}
+    assert attribution_option(args) == AttributionOptions("contrast_logit", "norm", "unk", True)
+    plain = build_parser().parse_args(["report", "--out", "o"])
+    assert report_command_line(plain) == ["attnaudit", "report", "--out", "o"]
+    assert attribution_option(plain) == AttributionOptions()
