@@ -114,8 +114,9 @@ def _add_attribution_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --hf: one contrast output per line, aligned with --data")
     parser.add_argument("--attribution-variant", choices=["attnaudit", "inseq"],
                         default="attnaudit",
-                        help="attnaudit: signed sums, pad baseline (default); inseq: L2 "
-                             "norm over the embedding, <unk> baseline")
+                        help="attnaudit: signed sums, pad baseline, attention held constant "
+                             "for saliency and input x gradient (default); inseq: L2 norm "
+                             "over the embedding, <unk> baseline, gradients through attention")
     parser.add_argument("--target-side", action="store_true",
                         help="attribute to the output prefix as well as to the source")
 

@@ -87,23 +87,27 @@ class AttributionOptions:
     ``batch.inputs["contrast_ids"]`` (B, T') long (``from_hf(..., contrast=...)`` puts it
     there), cut or padded with the end-of-sequence id to the emitted length. reduction:
     ``sum`` or ``norm``; baseline: ``"pad"``, ``"unk"`` or an id; target_side: attribute to
-    the output prefix as well.
+    the output prefix as well; detach_attention: the methods that hold cross-attention
+    constant.
     """
 
     output: str = "prob"
     reduction: str = "sum"
     baseline: str | int = "pad"
     target_side: bool = False
+    detach_attention: tuple[str, ...] = DETACHED_BY_DEFAULT
 
     @classmethod
     def variant(cls, name: str, output: str = "prob", target_side: bool = False
                 ) -> AttributionOptions:
-        """``attnaudit`` (signed sums, pad baseline) or ``inseq`` (inseq's defaults: L2 norm
-        over the embedding dimension, ``<unk>`` baseline)."""
+        """``attnaudit`` (signed sums, pad baseline, attention held constant for saliency and
+        input x gradient) or ``inseq`` (inseq's defaults: L2 norm over the embedding
+        dimension, ``<unk>`` baseline, gradients through the attention weights)."""
         if name not in ("attnaudit", "inseq"):
             raise ValueError(f"attribution variant must be attnaudit or inseq, got {name!r}")
-        inseq = name == "inseq"
-        return cls(output, "norm" if inseq else "sum", "unk" if inseq else "pad", target_side)
+        if name == "attnaudit":
+            return cls(output, target_side=target_side)
+        return cls(output, "norm", "unk", target_side, detach_attention=())
 
     def contrast_ids(self, batch: Batch, emitted: torch.Tensor, eos_id: int
                      ) -> torch.Tensor | None:

@@ -176,6 +176,7 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
     found = attribute(target, batch, ref.emitted, methods, progress=progress,
                       output=attribution.output, reduction=attribution.reduction,
                       baseline=attribution.baseline, target_side=attribution.target_side,
+                      detach_attention=attribution.detach_attention,
                       contrast=attribution.contrast_ids(batch, ref.emitted, target.eos_id),
                       max_memory=ref.budget.max_memory)
     loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,

@@ -285,7 +285,7 @@ def test_contrast_outputs_from_hf_reach_the_suite(capsys: pytest.CaptureFixture[
                                                              target_side=True))
     assert suite.metadata["attribution_output"] == "contrast"
     variant = suite.metadata["attribution_variants"]["input_x_gradient"]
-    assert "p(c_t" in variant and "L2 norm" in variant
+    assert "p(c_t" in variant and "L2 norm" in variant and "through the attention" in variant
     assert {"method", "example", "step", "key", "token_score"} <= set(
         suite.tables["attribution_prefix"].columns)
     assert found.token_scores["input_x_gradient"].abs().sum() > 0
@@ -307,7 +307,8 @@ def test_report_command_line_keeps_the_attribution_options() -> None:
     args = build_parser().parse_args(argv)
     again = build_parser().parse_args(report_command_line(args)[1:])
     assert vars(again) | {"run": None} == vars(args) | {"run": None}
-    assert attribution_option(args) == AttributionOptions("contrast_logit", "norm", "unk", True)
+    assert attribution_option(args) == AttributionOptions("contrast_logit", "norm", "unk", True,
+                                                          detach_attention=())
     plain = build_parser().parse_args(["report", "--out", "o"])
     assert report_command_line(plain) == ["attnaudit", "report", "--out", "o"]
     assert attribution_option(plain) == AttributionOptions()
