@@ -130,6 +130,10 @@ class Seq2SeqTarget:
         greedy: batch -> emitted ids (B, T) long.
         teacher_forced: (batch, emitted (B, T)) -> logits (B, T, V).
         source_embedding: module whose first call per forward embeds the source.
+        target_embedding: optional, the module embedding the decoder's input tokens (its
+            calls after the source's: one ``(B, T, d)``, or one ``(B, d)`` per step), for
+            target-side attribution.
+        unk_id: optional, the unknown token's id (the ``"unk"`` attribution baseline).
         source_tokens: batch -> per example, a label per source position.
         target_tokens: emitted (B, T) -> per example, a label per step.
         eos_id: id ending the output; steps after the first one are padding.
@@ -174,6 +178,8 @@ class Seq2SeqTarget:
     decode_step: Callable[[Batch, Any, Any, torch.Tensor, int], torch.Tensor] | None = None
     device: torch.device | None = None
     truncation: str = ""
+    target_embedding: nn.Module | None = None
+    unk_id: int | None = None
 
     def step_mask(self, emitted: torch.Tensor) -> torch.Tensor:
         """Bool (B, T): steps up to and including the first ``eos_id``."""
@@ -269,7 +275,8 @@ def place(target: Seq2SeqTarget, device: str | torch.device | None = None,
 def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any = None,
             batch_size: int = 100, max_new_tokens: int = 64,
             max_source_tokens: int | None = None, device: str | torch.device | None = None,
-            dtype: str | torch.dtype | None = None, name: str | None = None) -> Seq2SeqTarget:
+            dtype: str | torch.dtype | None = None, name: str | None = None,
+            contrast: Sequence[str] | None = None) -> Seq2SeqTarget:
     """A target from a Hugging Face model and its tokenizer: loaded, or a local folder.
 
     A seq2seq model (``config.is_encoder_decoder``) audits source -> output; a decoder-only
@@ -294,6 +301,8 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
             ``bfloat16`` or ``float16`` (default: as loaded).
         name: the label in reports (default: the folder as given, or the name the loaded
             model was loaded from).
+        contrast: optional, one contrast output string per source, for contrastive
+            attribution; tokenized as targets into ``batch.inputs["contrast_ids"]``.
 
     A loaded model is left exactly as it is — mode, dtype, device, attention backend: the
     target runs it in place. When ``device`` or ``dtype`` would change it, a copy is moved
@@ -361,6 +370,9 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
     except CaptureError as exc:
         raise TargetError(f"{label}: {exc}") from None
     if is_causal_lm(getattr(model, "config", None)):
+        if contrast is not None:
+            raise TargetError(f"{label}: contrast outputs are supported for seq2seq models "
+                              f"only, not for a decoder-only model")
         return _causal_target(CausalLM(model, tokenizer, max_new_tokens), sources, references,
                               batch_size=batch_size, max_source_tokens=max_source_tokens,
                               label=label, origin=origin, name=name)
@@ -371,6 +383,9 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
     if start is None or pad is None or eos is None:
         raise TargetError(f"{label}: config needs decoder_start_token_id, pad and eos ids")
     limit, truncation = _source_limit(tokenizer, config, sources, max_source_tokens)
+    if contrast is not None and len(contrast) != len(sources):
+        raise TargetError(f"contrast gives {len(contrast)} outputs for {len(sources)} sources; "
+                          "give one per source")
     where = next(model.parameters()).device
     cache_arg = cache_argument(model)
 
@@ -382,9 +397,15 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
             enc = tokenizer(texts, padding=True, truncation=limit is not None,
                             max_length=limit, return_tensors="pt",
                             return_offsets_mapping=fast)
+            inputs: dict[str, Any] = {"offsets": enc["offset_mapping"]} if fast else {}
+            if contrast is not None:
+                foil = tokenizer(text_target=list(contrast[at : at + batch_size]),
+                                 padding=True, return_tensors="pt")
+                ids = foil["input_ids"].masked_fill(foil["attention_mask"] == 0, eos)
+                inputs["contrast_ids"] = ids.to(where)
             yield Batch(enc["input_ids"].to(where), enc["attention_mask"].bool().to(where),
                         texts, None if references is None else references[at : at + batch_size],
-                        {"offsets": enc["offset_mapping"]} if fast else {})
+                        inputs)
 
     @torch.no_grad()
     def greedy(batch: Batch) -> torch.Tensor:
@@ -458,6 +479,8 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         decode_step=decode_step,
         device=where,
         truncation=truncation,
+        target_embedding=_decoder_embedding(model),
+        unk_id=tokenizer.unk_token_id,
     )
 
 
@@ -556,6 +579,17 @@ def _source_embedding(model: nn.Module) -> nn.Module:
     except (AttributeError, NotImplementedError):
         embed = getattr(encoder, "embed_tokens", None)
         return embed if isinstance(embed, nn.Module) else model.get_input_embeddings()
+
+
+def _decoder_embedding(model: nn.Module) -> nn.Module | None:
+    """The module embedding the decoder's input tokens (FSMT's decoder only has
+    ``embed_tokens``), or None when the decoder names none."""
+    decoder = model.get_decoder()
+    try:
+        return decoder.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        embed = getattr(decoder, "embed_tokens", None)
+        return embed if isinstance(embed, nn.Module) else None
 
 
 def _source_limit(tokenizer: Any, config: Any, sources: list[str],

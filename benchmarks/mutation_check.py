@@ -146,10 +146,16 @@ MUTATIONS = (
              (FULL_SUITE + "::test_tables_do_not_depend_on_the_example_batch_size",)),
     Mutation("ig_zero_baseline", "integrated gradients from a zero baseline, not the pad "
              "embedding", "attnaudit/interventions/attribution.py",
-             "baseline = module(torch.full_like(batch.source_ids, pad_id))",
-             "baseline = torch.zeros_like(seen[0])",
+             "source_base = passes.source_module(",
+             "source_base = 0 * passes.source_module(",
              (FULL_SUITE + "::test_integrated_gradients_and_agreement_against_independent_"
               "references",)),
+    Mutation("shared_forward_step", "every step's gradient taken from the last step's output",
+             "attnaudit/interventions/step_gradients.py",
+             "torch.autograd.grad(outputs[:, step].sum(), leaves,",
+             "torch.autograd.grad(outputs[:, -1].sum(), leaves,",
+             ("tests/interventions/test_shared_forward.py::test_shared_forward_equals_captum_"
+              "step_by_step_on_the_bundled_models",)),
     Mutation("stacking_order", "calls stacked newest first",
              "attnaudit/record.py", "self.calls.append(call)", "self.calls.insert(0, call)",
              (CAPTURE_PINS + "::test_decoder_steps_stack_in_call_order",)),

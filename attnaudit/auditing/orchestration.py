@@ -26,6 +26,7 @@ from attnaudit.auditing.validity import (
 from attnaudit.checklist import build_checklist
 from attnaudit.distributed import Shard, current_shard
 from attnaudit.errors import AttnauditError
+from attnaudit.interventions.attribution import AttributionOptions
 from attnaudit.interventions.suite import InterventionSuite, run_suite
 from attnaudit.progress import display
 from attnaudit.report.manifest import build_manifest
@@ -41,7 +42,8 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
           max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
           row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
           progress: bool = True, command_line: Sequence[str] | str | None = None,
-          process_group: Any = None, **hf_options: Any) -> Audit:
+          process_group: Any = None, attribution: AttributionOptions | None = None,
+          **hf_options: Any) -> Audit:
     """Audit the attention of a seq2seq model: validity, interventions, checklist.
 
     Args:
@@ -77,6 +79,8 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             nccl) and every rank returns the merged audit (the first example's maps on
             rank 0 only); progress is printed by rank 0 only. Every rank must call
             ``audit`` with the same arguments; only one should save the report.
+        attribution: what the attribution methods attribute and their variant
+            (:class:`~attnaudit.interventions.attribution.AttributionOptions`).
 
     Returns:
         The :class:`~attnaudit.auditing.result.Audit`. The model is left as it was.
@@ -92,20 +96,23 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
                               "model folder, not with a Seq2SeqTarget")
         with placed(target_or_model, device, dtype) as target:
             return _run(target, quick, limit, interventions, checks_only, max_memory,
-                        max_masked_mass, row_sum_tolerance, progress, command_line, shard)
+                        max_masked_mass, row_sum_tolerance, progress, command_line, shard,
+                        attribution)
     if data is None:
         raise TargetError("auditing a model needs data=: source strings, a TSV path, or a "
                           "pandas column")
     target = from_hf(target_or_model, data, tokenizer=tokenizer, device=device, dtype=dtype,
                      **hf_options)
     return _run(target, quick, limit, interventions, checks_only, max_memory,
-                max_masked_mass, row_sum_tolerance, progress, command_line, shard)
+                max_masked_mass, row_sum_tolerance, progress, command_line, shard,
+                attribution)
 
 
 def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: bool,
          checks_only: bool, max_memory: int | str | None, max_masked_mass: float,
          row_sum_tolerance: float | None, progress: bool,
-         command_line: Sequence[str] | str | None, shard: Shard) -> Audit:
+         command_line: Sequence[str] | str | None, shard: Shard,
+         attribution: AttributionOptions | None) -> Audit:
     started = time.perf_counter()
     target = checked_target(target)  # its data's errors name the target, from here on
     texts = [text for batch in target.iter_batches(limit) for text in batch.texts]
@@ -117,7 +124,8 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
                                       max_masked_mass=max_masked_mass,
                                       row_sum_tolerance=row_sum_tolerance, shard=shard)
         if suite_runs:
-            suite, reason = _run_suite(target, quick, limit, progress, max_memory, shard)
+            suite, reason = _run_suite(target, quick, limit, progress, max_memory, shard,
+                                           attribution)
         else:
             suite = None
             reason = ("the audit ran the gate's checks only" if checks_only else
@@ -147,11 +155,12 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
 
 
 def _run_suite(target: Seq2SeqTarget, quick: bool, limit: int | None, progress: bool,
-               max_memory: int | str | None, shard: Shard
+               max_memory: int | str | None, shard: Shard,
+               attribution: AttributionOptions | None
                ) -> tuple[InterventionSuite | None, str | None]:
     try:
         return run_suite(target, quick=quick, limit=limit, progress=progress,
-                         max_memory=max_memory, shard=shard), None
+                         max_memory=max_memory, shard=shard, attribution=attribution), None
     except AttnauditError as exc:
         if progress:
             print(f"audit {target.name}: interventions not recorded: {exc}", file=sys.stderr)

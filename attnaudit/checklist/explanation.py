@@ -54,6 +54,8 @@ def _suite_settings(metadata: Mapping[str, Any]) -> list[str]:
                      f"seeded examples; attributions: "
                      f"{', '.join(metadata.get('attribution_methods', []))}"
                      f"{' (--quick)' if metadata.get('quick') else ''}.")
+    for method, variant in metadata.get("attribution_variants", {}).items():
+        lines.append(f"Attribution {method}: {variant}.")
     if "degenerate_rows" in metadata:
         counts = ", ".join(f"{n} {reason}" for reason, n in metadata["degenerate_rows"].items())
         lines.append(f"Degenerate rows, left out of every per-row protocol and listed in the "

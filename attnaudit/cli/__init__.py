@@ -23,6 +23,7 @@ from attnaudit.cli.loading import quiet
 from attnaudit.distributed import main_rank_output, torchrun_session
 from attnaudit.errors import AttnauditError
 from attnaudit.interventions.permutation import N_PERMUTATIONS
+from attnaudit.interventions.step_gradients import OUTPUTS
 from attnaudit.interventions.suite import QUICK_PERMUTATIONS
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -118,6 +119,22 @@ def _add_memory_argument(parser: argparse.ArgumentParser) -> None:
                              "512MB (default 1GiB)")
 
 
+def _add_attribution_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--attribute", choices=list(OUTPUTS), default="prob",
+                        help="what gradient attributions explain (default prob; contrast: "
+                             "p(output) - p(contrast token), contrast_logit: the logit "
+                             "difference)")
+    parser.add_argument("--contrast", metavar="FILE",
+                        help="with --hf: one contrast output per line, aligned with --data")
+    parser.add_argument("--attribution-variant", choices=["attnaudit", "inseq"],
+                        default="attnaudit",
+                        help="attnaudit: signed sums, pad baseline, attention held constant "
+                             "for saliency and input x gradient (default); inseq: L2 norm "
+                             "over the embedding, <unk> baseline, gradients through attention")
+    parser.add_argument("--target-side", action="store_true",
+                        help="attribute to the output prefix as well as to the source")
+
+
 def build_parser() -> argparse.ArgumentParser:
     debug = Parser(add_help=False)
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -158,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     intervene.add_argument("--head", action="append", type=int, metavar="N",
                            help="edit only this head at each edited site (repeatable)")
     _add_memory_argument(intervene)
+    _add_attribution_arguments(intervene)
     intervene.set_defaults(run=intervene_command)
 
     report = commands.add_parser("report", parents=[debug], help="write an HTML/CSV audit report")
@@ -165,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output_arguments(report, required=True)
     report.add_argument("--quick", action="store_true", help=QUICK_HELP)
     _add_memory_argument(report)
+    _add_attribution_arguments(report)
     report.set_defaults(run=report_command)
     return parser
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from attnaudit.auditing.orchestration import audit
 from attnaudit.cli.display import print_suite
-from attnaudit.cli.loading import load_cli_target, memory_option, quiet
+from attnaudit.cli.loading import attribution_option, load_cli_target, memory_option, quiet
 from attnaudit.distributed import Shard, current_shard
 from attnaudit.gate import GateError
 from attnaudit.interventions.suite import InterventionSuite, run_suite
@@ -59,7 +59,8 @@ def report_command(args: argparse.Namespace) -> int:
     OutputFolder.check(args.out, force=args.force)  # before the target loads
     target = load_cli_target(args)
     result = audit(target, quick=args.quick, limit=args.limit, progress=not quiet(args),
-                   max_memory=max_memory, command_line=report_command_line(args))
+                   max_memory=max_memory, command_line=report_command_line(args),
+                   attribution=attribution_option(args))
     shard = current_shard()
     with shard.together("writing the report"):
         if shard.is_main:  # rank 0 alone writes; the others wait for it to finish
@@ -77,12 +78,16 @@ def report_command_line(args: argparse.Namespace) -> list[str]:
                         ("--batch-size", args.batch_size),
                         ("--max-new-tokens", args.max_new_tokens),
                         ("--max-source-tokens", args.max_source_tokens),
-                        ("--max-memory", args.max_memory)):
+                        ("--max-memory", args.max_memory), ("--contrast", args.contrast)):
         if value is not None:
             words += [flag, str(value)]
+    if args.attribute != "prob":
+        words += ["--attribute", args.attribute]
+    if args.attribution_variant != "attnaudit":
+        words += ["--attribution-variant", args.attribution_variant]
     words += ["--out", str(args.out)]
-    words += [flag for flag, given in (("--quick", args.quick), ("--force", args.force))
-              if given]
+    words += [flag for flag, given in (("--quick", args.quick), ("--force", args.force),
+                                       ("--target-side", args.target_side)) if given]
     return words
 
 
@@ -94,7 +99,8 @@ def intervene_command(args: argparse.Namespace) -> int:
     args.device = shard.device(args.device)  # cuda:LOCAL_RANK under torchrun with nccl
     target = load_cli_target(args)
     suite = run_suite(target, quick=args.quick, limit=args.limit, progress=not quiet(args),
-                      sites=args.site, heads=args.head, max_memory=max_memory, shard=shard)
+                      sites=args.site, heads=args.head, max_memory=max_memory, shard=shard,
+                      attribution=attribution_option(args))
     print_suite(suite)
     with shard.together("writing the tables"):
         if folder is not None and shard.is_main:

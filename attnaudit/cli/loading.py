@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import attnaudit.target as targets
+from attnaudit.interventions.attribution import AttributionOptions
 from attnaudit.interventions.memory import parse_memory
 from attnaudit.interventions.runner import InterventionError
 from attnaudit.target import Seq2SeqTarget, TargetError, from_hf, place
@@ -25,9 +27,14 @@ def load_cli_target(args: argparse.Namespace) -> Seq2SeqTarget:
             raise TargetError("--hf DIR needs --data FILE.tsv (source[<TAB>target] lines)")
         given = {name: getattr(args, name) for name in HF_ONLY
                  if getattr(args, name) is not None}
-        return from_hf(args.hf, args.data, device=args.device, dtype=args.dtype, **given)
+        contrast = read_contrast(args)
+        return from_hf(args.hf, args.data, device=args.device, dtype=args.dtype,
+                       contrast=contrast, **given)
     if args.data is not None:
         raise TargetError("--data goes with --hf DIR")
+    if getattr(args, "contrast", None) is not None:
+        raise TargetError("--contrast goes with --hf DIR --data; a TARGET factory puts "
+                          'contrast ids in batch.inputs["contrast_ids"] itself')
     for name in HF_ONLY:
         if getattr(args, name) is not None:
             raise TargetError(f"--{name.replace('_', '-')} goes with --hf DIR; a TARGET "
@@ -58,3 +65,23 @@ def _no_library_bars() -> None:
         hf_logging = sys.modules.get("transformers.utils.logging")
         if hf_logging is not None:  # imported before the variable was set
             hf_logging.disable_progress_bar()
+
+
+def read_contrast(args: argparse.Namespace) -> list[str] | None:
+    """``--contrast FILE``: one contrast output per line, aligned with the data's sources."""
+    path = getattr(args, "contrast", None)
+    if path is None:
+        return None
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TargetError(f"--contrast {path}: {exc}") from None
+    return [line for line in lines if line.strip()]
+
+
+def attribution_option(args: argparse.Namespace) -> AttributionOptions:
+    """``--attribute``, ``--attribution-variant`` and ``--target-side`` as options."""
+    if args.attribute.startswith("contrast") and args.contrast is None and args.hf is not None:
+        raise TargetError(f"--attribute {args.attribute} needs --contrast FILE")
+    return AttributionOptions.variant(args.attribution_variant, output=args.attribute,
+                                      target_side=args.target_side)

@@ -15,7 +15,7 @@ from attnaudit.interventions.agreement import (
     beside_reference,
     summarise_agreement,
 )
-from attnaudit.interventions.attribution import Attributions, attribute
+from attnaudit.interventions.attribution import AttributionOptions, Attributions, attribute
 from attnaudit.interventions.loo import leave_one_out
 from attnaudit.interventions.outputs import flip, jsd, tvd
 from attnaudit.interventions.permutation import permutation_summary, permutation_test
@@ -33,6 +33,7 @@ from attnaudit.interventions.values import value_replacement
 
 __all__ = [
     "JAIN_WALLACE_REFERENCE",
+    "AttributionOptions",
     "Attributions",
     "InterventionError",
     "InterventionSuite",

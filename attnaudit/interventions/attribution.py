@@ -1,27 +1,37 @@
-"""Gradient attributions of each emitted token to the source tokens (Captum).
+"""Gradient attributions of each emitted token to the source tokens (and the output prefix).
 
 For every example ``b`` and target step ``t`` within the step mask, the attributed output is
-the teacher-forced probability ``p(emitted[b, t] | y_<t, x)`` (softmax of the logits at step
-``t``) and the attributed input is the output of the **first call** of
-``target.source_embedding`` in the forward pass, ``(n, d)`` per example. A forward hook
-replaces that call's output with the tensor Captum varies; later calls of the same module
-(a decoder sharing the embedding, as BART does) run unchanged, so the gradient reaches the
-source only through the encoder's call (Captum issues #904 and #1110 show what goes wrong
-when a shared embedding is hooked at every call). Attributing at that call this way is the
-same computation as Captum's ``LayerIntegratedGradients`` (and ``LayerGradientXActivation``)
-on the encoder's embedding call.
+chosen by ``output`` (default ``prob``, the teacher-forced probability
+``p(emitted[b, t] | y_<t, x)``; also ``logprob``, ``logit``, and against a contrast token
+``c_t``: ``contrast`` = ``p(y_t) - p(c_t)`` and ``contrast_logit`` = ``logit(y_t) -
+logit(c_t)``, both after the emitted prefix). The attributed input is the output of the
+**first call** of ``target.source_embedding`` in the forward pass, ``(n, d)`` per example; a
+forward hook replaces that call's output with the tensor being varied, and later calls of
+the module (a decoder sharing the embedding, as BART does) run unchanged, so the gradient
+reaches the source only through the encoder's call (Captum issues #904 and #1110 show what
+goes wrong when a shared embedding is hooked at every call). This is the same computation
+as Captum's ``LayerIntegratedGradients`` (and ``LayerGradientXActivation``) on the encoder's
+embedding call. With ``target_side`` the decoder's input embeddings (``target.target_embedding``:
+the start token, then the emitted tokens before ``t``) are attributed too: position ``j`` of
+step ``t``'s prefix is decoder input ``j``, ``j <= t``.
 
 Methods (docs/metrics.md, "Attribution and agreement"); ``e`` is the embedding, ``g`` the
-gradient of the attributed probability with respect to it, per source token:
+gradient of the attributed output with respect to it, per token:
 
 - ``saliency``: Captum ``Saliency`` (raw gradient); token score ``||g||_2`` over the
   embedding dimension.
-- ``input_x_gradient``: Captum ``InputXGradient``; token score ``sum_d g_d * e_d`` (signed).
+- ``input_x_gradient``: Captum ``InputXGradient``; token score ``sum_d g_d * e_d`` (signed,
+  ``reduction="sum"``) or ``||g * e||_2`` (``reduction="norm"``, inseq's default).
   ``|score|`` normalised is the Jain & Wallace gradient importance.
-- ``integrated_gradients``: Captum ``IntegratedGradients``, ``method="gausslegendre"``,
-  ``n_steps`` = 50, baseline = the pad token's embedding at every source position; token
-  score = sum over ``d`` of the attribution (signed), so scores sum to
-  ``p(x) - p(baseline)`` up to the reported convergence delta.
+- ``integrated_gradients``: Captum ``IntegratedGradients``, Gauss-Legendre with ``n_steps``
+  = 50 points, baseline = the embedding of one token at every position (``baseline="pad"``,
+  default, or an id; ``"unk"`` as inseq: everywhere but the end-of-sequence token, which
+  is kept); token score = the attribution summed over ``d`` (signed; then scores sum to
+  ``f(x) - f(baseline)`` up to the reported convergence delta) or its L2 norm
+  (``reduction="norm"``).
+- ``occlusion``: Captum ``Occlusion`` with a one-token window: token score = ``f(x) -
+  f(x with that token's embedding replaced by the baseline token's)``, no gradient (not in
+  the suite's default methods: one forward pass per source token).
 
 Variant reported: by default ``saliency`` and ``input_x_gradient`` treat cross-attention
 weights as constants ("attention detached", as Jain & Wallace compute gradient importance):
@@ -29,59 +39,116 @@ a capture edit returns ``weights.detach()`` at every cross-attention site, so gr
 the source only through the values (encoder states) the attention reads. Integrated
 gradients differentiates through everything, because completeness (and so the convergence
 delta) holds only for the gradient of one function along the path. ``detach_attention``
-changes which methods are detached.
+changes which methods are detached; :meth:`Attributions.variant` says it in words.
 
-Speed: (example, step) pairs are grouped by step ``t``; each group is one folded batch
-(examples repeated with :meth:`Batch.select`) whose emitted ids are cut after step ``t``, so
-a step-2 pair does not pay for later decoder steps, and Captum folds the integration points
-into the batch as well (``internal_batch_size`` sequences per forward pass).
+Speed (attnaudit.interventions.step_gradients): all target steps of an example share each
+forward pass (one teacher-forced pass per input point over the whole output), and their
+gradients come from batched backward passes; saliency and input x gradient with the same
+detachment share one gradient.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import pandas as pd
 import torch
-from captum.attr import InputXGradient, IntegratedGradients, Saliency
+from captum.attr._utils.approximation_methods import approximation_parameters
 from torch import nn
 
 from attnaudit.capturing.recorder import capture
 from attnaudit.interventions.runner import InterventionError, progress_bar
+from attnaudit.interventions.step_gradients import (
+    OUTPUT_VARIANTS,
+    OUTPUTS,
+    EmbeddingCalls,
+    attributed_output,
+    pass_sequences,
+    step_gradients,
+)
 from attnaudit.record import Site
 from attnaudit.target import Batch, Seq2SeqTarget
 
-METHODS = ("saliency", "input_x_gradient", "integrated_gradients")
+METHODS = ("saliency", "input_x_gradient", "integrated_gradients")  # the suite's
+ALL_METHODS = (*METHODS, "occlusion")
+GRADIENT_METHODS = ("saliency", "input_x_gradient")  # the gradient at the input itself
 DETACHED_BY_DEFAULT = ("saliency", "input_x_gradient")
+REDUCTIONS = ("sum", "norm")
 IG_METHOD = "gausslegendre"
-# Sequences per forward + backward pass. On CPU the date LSTM's backward is memory-bound:
-# 512 ran about twice as fast per sequence as 4096, and no slower than 160.
-ATTRIBUTION_CHUNK = 512
-NOT_CALLED = ("target.source_embedding was not called in the forward pass; it must be the "
-              "module that embeds the source tokens")
+
+
+@dataclass(frozen=True)
+class AttributionOptions:
+    """What the suite attributes and how (the arguments of :func:`attribute` of that name).
+
+    output: one of ``OUTPUTS``; the contrast outputs read each batch's contrast output from
+    ``batch.inputs["contrast_ids"]`` (B, T') long (``from_hf(..., contrast=...)`` puts it
+    there), cut or padded with the end-of-sequence id to the emitted length. reduction:
+    ``sum`` or ``norm``; baseline: ``"pad"``, ``"unk"`` or an id; target_side: attribute to
+    the output prefix as well; detach_attention: the methods that hold cross-attention
+    constant.
+    """
+
+    output: str = "prob"
+    reduction: str = "sum"
+    baseline: str | int = "pad"
+    target_side: bool = False
+    detach_attention: tuple[str, ...] = DETACHED_BY_DEFAULT
+
+    @classmethod
+    def variant(cls, name: str, output: str = "prob", target_side: bool = False
+                ) -> AttributionOptions:
+        """``attnaudit`` (signed sums, pad baseline, attention held constant for saliency and
+        input x gradient) or ``inseq`` (inseq's defaults: L2 norm over the embedding
+        dimension, ``<unk>`` baseline, gradients through the attention weights)."""
+        if name not in ("attnaudit", "inseq"):
+            raise ValueError(f"attribution variant must be attnaudit or inseq, got {name!r}")
+        if name == "attnaudit":
+            return cls(output, target_side=target_side)
+        return cls(output, "norm", "unk", target_side, detach_attention=())
+
+    def contrast_ids(self, batch: Batch, emitted: torch.Tensor, eos_id: int
+                     ) -> torch.Tensor | None:
+        """The contrast token at each step (B, T), or None for a non-contrast output."""
+        if not self.output.startswith("contrast"):
+            return None
+        given = batch.inputs.get("contrast_ids")
+        if not isinstance(given, torch.Tensor):
+            raise InterventionError(f"output {self.output!r} needs a contrast output per "
+                                    "source: from_hf(..., contrast=[...]) or --contrast FILE")
+        out = torch.full_like(emitted, eos_id)
+        width = min(given.shape[1], emitted.shape[1])
+        out[:, :width] = given[:, :width].to(emitted.device)
+        return out
 
 
 @dataclass
 class Attributions:
-    """Attributions of every valid (example, step) to the source positions.
+    """Attributions of every valid (example, step) to the source positions (and prefix).
 
     importance: method -> (B, T, n) float, ``|token score|`` normalised to sum 1 over the
         eligible keys at each valid step (all zero when every score is zero); 0 on
         ineligible keys and on steps outside the step mask. This is what agreement ranks.
     token_scores: method -> (B, T, n) float, the per-token scores before normalisation
-        (saliency: L2 norm of the gradient; input_x_gradient and integrated_gradients:
-        signed sum over the embedding dimension), every source position, 0 outside the
-        step mask.
+        (see the module docstring), every source position, 0 outside the step mask.
     convergence_delta: (B, T) float, integrated gradients' completeness error
-        ``sum_n score - (p(x) - p(baseline))`` in probability units, 0 outside the step
+        ``sum score - (f(x) - f(baseline))`` in units of the attributed output (the sum over
+        source and, with target-side attribution, prefix positions), 0 outside the step
         mask; None when integrated gradients was not run.
     keys: (B, n) bool, eligible keys (``target.explain_keys``).
     steps: (B, T) bool, valid steps (``target.step_mask``).
     detached: methods computed with cross-attention weights detached.
     n_steps: integration points of integrated gradients.
-    pad_id: the token whose embedding is the integrated-gradients baseline.
+    baseline_id: the token whose embedding is the integrated-gradients baseline.
+    eos_kept: the baseline keeps the end-of-sequence token where the input has it (the
+        ``"unk"`` baseline, as inseq's).
+    output: what was attributed (``OUTPUTS``). reduction: over the embedding dimension for
+        input_x_gradient and integrated_gradients (``sum`` signed, ``norm`` L2).
+    prefix_scores: method -> (B, T, T) float, token scores of decoder input ``j`` (the start
+        token, then emitted ``j - 1``) at step ``t``, 0 where ``j > t`` and outside the step
+        mask; None without target-side attribution.
     """
 
     importance: dict[str, torch.Tensor]
@@ -91,25 +158,56 @@ class Attributions:
     steps: torch.Tensor
     detached: tuple[str, ...]
     n_steps: int
-    pad_id: int
+    baseline_id: int
+    eos_kept: bool = False
+    output: str = "prob"
+    reduction: str = "sum"
+    prefix_scores: dict[str, torch.Tensor] | None = None
+
+    def variant(self, method: str) -> str:
+        """The method's variant in words: token score, baseline, attention, output."""
+        if method == "occlusion":
+            return (f"f(x) - f(x with the token's embedding replaced by token "
+                    f"{self.baseline_id}'s), one token at a time, no gradient; attributed: "
+                    f"{OUTPUT_VARIANTS[self.output]}")
+        if method == "saliency":
+            score = "L2 norm of the gradient over the embedding dimension"
+        else:
+            what = ("input x gradient" if method == "input_x_gradient"
+                    else f"attribution ({self.n_steps} Gauss-Legendre points, baseline: "
+                         f"token {self.baseline_id}'s embedding at every position"
+                         f"{' but the end-of-sequence token, kept' if self.eos_kept else ''})")
+            score = (f"signed sum of the {what} over the embedding dimension"
+                     if self.reduction == "sum"
+                     else f"L2 norm of the {what} over the embedding dimension")
+        attention = ("cross-attention held constant (detached)" if method in self.detached
+                     else "gradient through the attention weights")
+        return f"{score}; {attention}; attributed: {OUTPUT_VARIANTS[self.output]}"
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per method x example x valid step x eligible key:
-        ``method, example, step, key, importance, token_score, attention_detached``."""
-        valid = self.steps[:, :, None] & self.keys[:, None, :]
-        example, step, key = valid.nonzero(as_tuple=True)
-        frames = [
-            pd.DataFrame({
-                "method": method,
-                "example": example.numpy(),
-                "step": step.numpy(),
-                "key": key.numpy(),
-                "importance": self.importance[method][valid].numpy(),
-                "token_score": self.token_scores[method][valid].numpy(),
+        """One row per method x example x valid step x eligible key: ``method, example,
+        step, side, key, importance, token_score, attention_detached``. ``side`` is
+        ``source`` (key = source position) or, with target-side attribution, ``prefix``
+        (key = decoder input position, ``importance`` normalised over the step's prefix)."""
+        sides = {"source": (self.steps[:, :, None] & self.keys[:, None, :],
+                            self.token_scores, self.importance)}
+        if self.prefix_scores is not None:
+            width = self.steps.shape[1]
+            causal = torch.ones(width, width, dtype=torch.bool).tril()
+            prefix_valid = self.steps[:, :, None] & causal
+            sides["prefix"] = (prefix_valid, self.prefix_scores,
+                               {m: normalised_importance(s, prefix_valid)
+                                for m, s in self.prefix_scores.items()})
+        frames = []
+        for side, (valid, scores, importance) in sides.items():
+            example, step, key = valid.nonzero(as_tuple=True)
+            frames += [pd.DataFrame({
+                "method": method, "example": example.numpy(), "step": step.numpy(),
+                "side": side, "key": key.numpy(),
+                "importance": importance[method][valid].numpy(),
+                "token_score": scores[method][valid].numpy(),
                 "attention_detached": method in self.detached,
-            })
-            for method in self.importance
-        ]
+            }) for method in scores]
         return pd.concat(frames, ignore_index=True)
 
     def delta_frame(self) -> pd.DataFrame:
@@ -141,72 +239,102 @@ def resolve_pad_id(target: Seq2SeqTarget, batch: Batch, pad_id: int | None = Non
         f"{found}; special ids: {list(target.special_ids)}); pass pad_id=...")
 
 
-@contextmanager
-def first_call_replaced(module: nn.Module, value: torch.Tensor) -> Iterator[None]:
-    """While active, the first call of ``module`` in each forward pass returns ``value``.
+def normalised_importance(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``|scores|`` (B, T, n) restricted to ``valid`` (B, T, n) bool (eligible keys at valid
+    steps), normalised to sum 1 per (example, step); an all-zero row stays zero."""
+    mass = scores.abs() * valid.to(scores.dtype)
+    total = mass.sum(-1, keepdim=True)
+    return torch.where(total > 0, mass / total.clamp_min(torch.finfo(mass.dtype).tiny), mass)
 
-    The context is entered once per forward pass; later calls of the module (a decoder
-    sharing the encoder's embedding) are left alone. Raises if the module is never called
-    or its output does not have ``value``'s shape.
+
+def resolve_baseline_id(target: Seq2SeqTarget, batch: Batch, baseline: str | int = "pad",
+                        pad_id: int | None = None) -> int:
+    """The baseline token: the pad id (:func:`resolve_pad_id`) for ``"pad"``, the unknown
+    token for ``"unk"`` (``target.unk_id``, else ``model.config.unk_token_id``; inseq's
+    default), or an explicit id."""
+    if baseline == "pad":
+        return resolve_pad_id(target, batch, pad_id)
+    if baseline == "unk":
+        unk = target.unk_id
+        if unk is None:
+            unk = getattr(getattr(target.model, "config", None), "unk_token_id", None)
+        if unk is None:
+            raise InterventionError(f"target {target.name!r} declares no unk_id (nor an "
+                                    "unk_token_id in its model config); pass the baseline "
+                                    "token id instead")
+        return int(unk)
+    if isinstance(baseline, bool) or not isinstance(baseline, int) or baseline < 0:
+        raise ValueError(f'baseline must be "pad", "unk" or a token id, got {baseline!r}')
+    return baseline
+
+
+def _detach_cross(site: Site, weights: torch.Tensor,
+                  key_mask: torch.Tensor | None) -> torch.Tensor | None:
+    return weights.detach() if site.kind == "cross" else None
+
+
+@dataclass
+class _Inputs:
+    """One batch's embedded inputs and what is attributed.
+
+    source, source_base: (B, n, d) the embedded source and its baseline. prefix,
+    prefix_base: (B, T, d) the decoder's input embeddings and their baseline (None without
+    target-side attribution). emitted, contrast: (B, T) ids (contrast None unless a contrast
+    output). values: (B, T) the attributed output at the input. vocab: the output
+    vocabulary size.
     """
-    calls = 0
 
-    def hook(_module: nn.Module, _args: object, output: torch.Tensor) -> torch.Tensor | None:
-        nonlocal calls
-        calls += 1
-        if calls > 1:
-            return None
-        if not isinstance(output, torch.Tensor) or output.shape != value.shape:
-            shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output)
+    source: torch.Tensor
+    source_base: torch.Tensor
+    prefix: torch.Tensor | None
+    prefix_base: torch.Tensor | None
+    emitted: torch.Tensor
+    contrast: torch.Tensor | None
+    values: torch.Tensor
+    vocab: int
+
+
+class _Passes:
+    """Teacher-forced forward passes over the whole output with replaced embeddings, and the
+    gradients of every step's attributed output from them."""
+
+    def __init__(self, target: Seq2SeqTarget, batch: Batch, output: str,
+                 target_side: bool) -> None:
+        self.target, self.batch, self.output = target, batch, output
+        self.source_module = _embedding_module(target)
+        self.prefix_module = _prefix_module(target) if target_side else None
+
+    def outputs(self, rows: torch.Tensor, emitted: torch.Tensor, contrast: torch.Tensor | None,
+                source: torch.Tensor | None = None, prefix: torch.Tensor | None = None,
+                detach: bool = False) -> tuple[torch.Tensor, EmbeddingCalls, int]:
+        """Attributed outputs (R, T) of examples ``rows`` (R,) with the source (and prefix)
+        embeddings replaced when given, the calls seen, and the vocabulary size."""
+        calls = EmbeddingCalls(self.source_module, self.prefix_module, source, prefix)
+        batch = self.batch.select(rows)
+        edit = (capture(self.target.model, sites=self.target.sites, edit=_detach_cross,
+                        kinds=self.target.kinds) if detach else nullcontext())
+        with edit as cap, calls.active():
+            logits = self.target.teacher_forced(batch, emitted[rows])
+        if detach and not any(rec.kind == "cross" for rec in cap.records.values()):
             raise InterventionError(
-                f"the source embedding's first call returned {shape}, expected "
-                f"{tuple(value.shape)} (batch, source positions, embedding dim)")
-        return value
+                f"detaching attention needs a cross-attention site; sites and kinds seen: "
+                f"{ {n: r.kind for n, r in cap.records.items()} }. Declare kinds with "
+                "Seq2SeqTarget(kinds={...}) or pass detach_attention=()")
+        picked = attributed_output(logits, emitted[rows], self.output,
+                                   None if contrast is None else contrast[rows])
+        return picked, calls, int(logits.shape[-1])
 
-    handle = module.register_forward_hook(hook)
-    try:
-        yield
-        if calls == 0:
-            raise InterventionError(NOT_CALLED)
-    finally:
-        handle.remove()
-
-
-def source_embeddings(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
-                      pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first-call output of the source embedding (B, n, d) and the pad baseline (B, n, d).
-
-    The input is recorded from a real (one-step) forward pass, so whatever the module does
-    (scaling, as BART's scaled word embedding does) is included; the baseline is the module
-    applied to a pad id at every source position.
-    """
-    module = _embedding_module(target)
-    seen: list[torch.Tensor] = []
-
-    def record(_module: nn.Module, _args: object, output: torch.Tensor) -> None:
-        if not seen:
-            seen.append(output.detach() if isinstance(output, torch.Tensor) else output)
-
-    handle = module.register_forward_hook(record)
-    try:
-        with torch.no_grad():
-            target.teacher_forced(batch, emitted[:, :1])
-    finally:
-        handle.remove()
-    if not seen:
-        raise InterventionError(NOT_CALLED)
-    expected = tuple(batch.source_ids.shape)
-    if not isinstance(seen[0], torch.Tensor) or tuple(seen[0].shape[:2]) != expected:
-        got = tuple(seen[0].shape) if isinstance(seen[0], torch.Tensor) else type(seen[0])
-        raise InterventionError(
-            f"the source embedding's first call gave {got}; attribution needs one vector per "
-            f"source position, shape {expected} + (d,)")
-    with torch.no_grad():
-        baseline = module(torch.full_like(batch.source_ids, pad_id))
-    if baseline.shape != seen[0].shape:
-        raise InterventionError(f"the pad baseline has shape {tuple(baseline.shape)}, the "
-                                f"embedded source {tuple(seen[0].shape)}")
-    return seen[0], baseline
+    def gradients(self, rows: torch.Tensor, inputs: _Inputs, source: torch.Tensor,
+                  prefix: torch.Tensor | None, detach: bool
+                  ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+        """Gradients at ``source`` (R, n, d) (and ``prefix`` (R, T, d)) of every step's
+        output: yields ``(step, source grads (R, n, d), prefix grads (R, T, d) or None)``."""
+        leaves = tuple(x.detach().requires_grad_() for x in (source, prefix) if x is not None)
+        with torch.enable_grad():
+            values, _, _ = self.outputs(rows, inputs.emitted, inputs.contrast, leaves[0],
+                                        leaves[1] if len(leaves) > 1 else None, detach)
+            for step, grads in step_gradients(values, leaves):
+                yield step, grads[0], grads[1] if len(grads) > 1 else None
 
 
 def _embedding_module(target: Seq2SeqTarget) -> nn.Module:
@@ -216,142 +344,262 @@ def _embedding_module(target: Seq2SeqTarget) -> nn.Module:
     return target.source_embedding
 
 
-def _detach_cross(site: Site, weights: torch.Tensor,
-                  key_mask: torch.Tensor | None) -> torch.Tensor | None:
-    return weights.detach() if site.kind == "cross" else None
+def _prefix_module(target: Seq2SeqTarget) -> nn.Module:
+    if not isinstance(target.target_embedding, nn.Module):
+        raise InterventionError(f"target {target.name!r} declares no target_embedding module; "
+                                "target-side attribution needs the decoder's input embedding")
+    return target.target_embedding
 
 
-class StepProbability:
-    """Captum forward function: embedded sources (k * N, n, d) -> p(emitted[i, t]) (k * N,).
-
-    Row ``r`` of the input belongs to example ``r % N`` of ``batch`` (Captum tiles the
-    integration points along the batch axis). ``step`` is ``t``; ``emitted`` (N, >= t + 1).
-    With ``detach_attention`` every cross-attention weight is detached in the pass.
-    """
-
-    def __init__(self, target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, step: int,
-                 detach_attention: bool) -> None:
-        self.target = target
-        self.batch = batch
-        self.emitted = emitted[:, : step + 1]
-        self.step = step
-        self.detach_attention = detach_attention
-
-    def __call__(self, embedded: torch.Tensor) -> torch.Tensor:
-        rows = torch.arange(embedded.shape[0]) % len(self.batch)
-        batch, emitted = self.batch.select(rows), self.emitted[rows]
-        with first_call_replaced(_embedding_module(self.target), embedded):
-            if self.detach_attention:
-                logits = self._detached_run(batch, emitted)
-            else:
-                logits = self.target.teacher_forced(batch, emitted)
-        probs = torch.softmax(logits[:, self.step].float(), dim=-1)
-        return probs.gather(-1, emitted[:, self.step, None]).squeeze(-1)
-
-    def _detached_run(self, batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
-        target = self.target
-        with capture(target.model, sites=target.sites, edit=_detach_cross,
-                     kinds=target.kinds) as cap:
-            logits = target.teacher_forced(batch, emitted)
-        if not any(rec.kind == "cross" for rec in cap.records.values()):
+def _embedded_inputs(passes: _Passes, emitted: torch.Tensor, contrast: torch.Tensor | None,
+                     baseline_id: int, eos_kept: bool) -> _Inputs:
+    """The recorded embeddings of a real forward pass, their baselines, and the attributed
+    outputs (no gradients)."""
+    batch = passes.batch
+    rows = torch.arange(len(batch))
+    with torch.no_grad():
+        values, calls, vocab = passes.outputs(rows, emitted, contrast)
+        source = calls.recorded_source
+        expected = tuple(batch.source_ids.shape)
+        if not isinstance(source, torch.Tensor) or tuple(source.shape[:2]) != expected:
+            got = tuple(source.shape) if isinstance(source, torch.Tensor) else type(source)
             raise InterventionError(
-                f"detaching attention needs a cross-attention site; sites and kinds seen: "
-                f"{ {n: r.kind for n, r in cap.records.items()} }. Declare kinds with "
-                "Seq2SeqTarget(kinds={...}) or pass detach_attention=()")
-        return logits
+                f"the source embedding's first call gave {got}; attribution needs one vector "
+                f"per source position, shape {expected} + (d,)")
+        source_base = passes.source_module(_baseline_ids(batch.source_ids, baseline_id,
+                                                         passes.target.eos_id, eos_kept))
+        if source_base.shape != source.shape:
+            raise InterventionError(f"the baseline has shape {tuple(source_base.shape)}, the "
+                                    f"embedded source {tuple(source.shape)}")
+        prefix = prefix_base = None
+        if passes.prefix_module is not None:
+            prefix = calls.recorded_prefix
+            if prefix is None or prefix.shape[:2] != emitted.shape:
+                got = None if prefix is None else tuple(prefix.shape)
+                raise InterventionError(f"the target embedding gave {got}; target-side "
+                                        f"attribution needs {tuple(emitted.shape)} + (d,)")
+            prefix_base = passes.prefix_module(_baseline_ids(emitted, baseline_id,
+                                                             passes.target.eos_id, eos_kept))
+    return _Inputs(source.detach(), source_base, prefix, prefix_base, emitted, contrast,
+                   values.float(), vocab)
 
 
-def _token_scores(method: str, forward: StepProbability, inputs: torch.Tensor,
-                  baseline: torch.Tensor, n_steps: int,
-                  internal_batch_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token scores (N, n) for one method, and IG's convergence delta (N,) (else None)."""
-    if method != "integrated_gradients":
-        inputs = inputs.clone().requires_grad_()  # Captum would set it, with a warning
-    if method == "saliency":
-        grads = Saliency(forward).attribute(inputs, abs=False)
-        return grads.flatten(2).norm(dim=-1), None
-    if method == "input_x_gradient":
-        return InputXGradient(forward).attribute(inputs).flatten(2).sum(-1), None
-    attr, delta = IntegratedGradients(forward).attribute(
-        inputs, baselines=baseline, n_steps=n_steps, method=IG_METHOD,
-        internal_batch_size=internal_batch_size, return_convergence_delta=True)
-    return attr.flatten(2).sum(-1), delta
+def _baseline_ids(ids: torch.Tensor, baseline_id: int, eos_id: int, eos_kept: bool
+                  ) -> torch.Tensor:
+    """``baseline_id`` at every position of ``ids`` (B, L), or everywhere but the
+    end-of-sequence tokens with ``eos_kept``."""
+    base = torch.full_like(ids, baseline_id)
+    return torch.where(ids == eos_id, ids, base) if eos_kept else base
+
+
+def _token_score(grads: torch.Tensor, at: torch.Tensor | None, reduction: str) -> torch.Tensor:
+    """(R, c, k, d) gradients -> (R, c, k) scores: ``||g||`` (``at`` None, saliency), else
+    ``g * at`` reduced over d by ``reduction``; ``at`` (R, k, d) or (R, c, k, d)."""
+    if at is None:
+        return grads.float().norm(dim=-1)
+    product = (grads * (at[:, None] if at.ndim == grads.ndim - 1 else at)).float()
+    return product.sum(-1) if reduction == "sum" else product.norm(dim=-1)
 
 
 def _check_methods(methods: Sequence[str], detach_attention: Collection[str]) -> tuple[str, ...]:
     methods = tuple(methods)
-    unknown = [m for m in (*methods, *detach_attention) if m not in METHODS]
+    unknown = [m for m in (*methods, *detach_attention) if m not in ALL_METHODS
+               or (m in detach_attention and m == "occlusion")]
     if unknown or not methods:
-        raise ValueError(f"attribution methods must be among {METHODS}, got {unknown or 'none'}")
+        raise ValueError(f"attribution methods must be among {ALL_METHODS} (occlusion takes "
+                         f"no gradient to detach), got {unknown or 'none'}")
     if len(set(methods)) != len(methods):
         raise ValueError(f"attribution methods repeat: {methods}")
     return methods
 
 
-def _check_emitted(batch: Batch, emitted: torch.Tensor) -> None:
-    if emitted.ndim != 2 or emitted.shape[0] != len(batch) or emitted.dtype != torch.long:
-        raise ValueError(f"emitted must be long ids (B={len(batch)}, T), got "
-                         f"{emitted.dtype} {tuple(emitted.shape)}")
+def _check_ids(name: str, batch: Batch, ids: torch.Tensor, width: int | None = None) -> None:
+    if (ids.ndim != 2 or ids.shape[0] != len(batch) or ids.dtype != torch.long
+            or (width is not None and ids.shape[1] != width)):
+        raise ValueError(f"{name} must be long ids (B={len(batch)}, "
+                         f"{'T' if width is None else width}), got {ids.dtype} "
+                         f"{tuple(ids.shape)}")
 
 
-def normalised_importance(scores: torch.Tensor, keys: torch.Tensor,
-                          steps: torch.Tensor) -> torch.Tensor:
-    """``|scores|`` (B, T, n) restricted to eligible keys (B, n) at valid steps (B, T),
-    normalised to sum 1 per (example, step); an all-zero row stays zero."""
-    valid = (steps[:, :, None] & keys[:, None, :]).to(scores.dtype)
-    mass = scores.abs() * valid
-    total = mass.sum(-1, keepdim=True)
-    return torch.where(total > 0, mass / total.clamp_min(torch.finfo(mass.dtype).tiny), mass)
+def _check_options(output: str, contrast: torch.Tensor | None, reduction: str, n_steps: int,
+                   internal_batch_size: int | None) -> None:
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+    if output.startswith("contrast") != (contrast is not None):
+        raise ValueError(f"output {output!r} needs contrast ids" if contrast is None
+                         else f"contrast ids were given but output is {output!r}; use "
+                              "output='contrast' or 'contrast_logit'")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if n_steps < 1 or (internal_batch_size is not None and internal_batch_size < 1):
+        raise ValueError(f"n_steps and internal_batch_size must be positive, got {n_steps}, "
+                         f"{internal_batch_size}")
 
 
 def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
               methods: Sequence[str] = METHODS, *, n_steps: int = 50,
-              internal_batch_size: int = ATTRIBUTION_CHUNK, pad_id: int | None = None,
-              detach_attention: Collection[str] = DETACHED_BY_DEFAULT,
+              internal_batch_size: int | None = None, pad_id: int | None = None,
+              baseline: str | int = "pad",
+              detach_attention: Collection[str] = DETACHED_BY_DEFAULT, output: str = "prob",
+              contrast: torch.Tensor | None = None, reduction: str = "sum",
+              target_side: bool = False, max_memory: int | str | None = None,
               progress: bool = False) -> Attributions:
-    """Attribute each emitted token's probability to the source tokens (see the module doc).
+    """Attribute each emitted token's output to the source tokens (see the module doc).
 
     Args:
         target: the audit target; its model is run in its current mode and left unchanged.
         batch: B sources. emitted: (B, T) long, the model's greedy output.
-        methods: any of ``saliency``, ``input_x_gradient``, ``integrated_gradients``.
+        methods: any of ``saliency``, ``input_x_gradient``, ``integrated_gradients``,
+            ``occlusion``.
         n_steps: integration points of integrated gradients (Gauss-Legendre).
-        internal_batch_size: sequences per forward pass (examples x integration points).
-        pad_id: baseline token; by default the batch's padding id (:func:`resolve_pad_id`).
+        internal_batch_size: sequences per forward pass (examples x integration points;
+            default: as many as ``max_memory`` holds).
+        pad_id: the pad token, when it cannot be told from the batch (:func:`resolve_pad_id`).
+        baseline: integrated gradients' baseline token: ``"pad"``, ``"unk"`` (inseq's:
+            ``<unk>`` everywhere but the end-of-sequence token, which is kept) or an id.
         detach_attention: methods whose gradients treat cross-attention weights as
             constants (default: saliency and input_x_gradient, the Jain & Wallace variant).
-        progress: show a progress bar over the attributed (example, step) pairs.
+        output: what is attributed, one of ``OUTPUTS``; ``contrast`` and ``contrast_logit``
+            need ``contrast`` (B, T) long, the contrast token at each step.
+        reduction: ``sum`` (signed) or ``norm`` (L2) over the embedding dimension, for
+            input_x_gradient and integrated_gradients.
+        target_side: attribute to the decoder's input tokens as well (needs
+            ``target.target_embedding``); fills ``Attributions.prefix_scores``.
+        max_memory: the budget of one pass (bytes or "2GiB").
+        progress: show a progress bar over the examples (one tick per example and pass kind).
     """
     methods = _check_methods(methods, detach_attention)
-    _check_emitted(batch, emitted)
-    if n_steps < 1 or internal_batch_size < 1:
-        raise ValueError(f"n_steps and internal_batch_size must be positive, got {n_steps}, "
-                         f"{internal_batch_size}")
-    pad = resolve_pad_id(target, batch, pad_id)
-    embedded, baseline = source_embeddings(target, batch, emitted, pad)
+    _check_ids("emitted", batch, emitted)
+    if contrast is not None:
+        _check_ids("contrast", batch, contrast, emitted.shape[1])
+    _check_options(output, contrast, reduction, n_steps, internal_batch_size)
+    baseline_id = resolve_baseline_id(target, batch, baseline, pad_id)
     steps = target.step_mask(emitted)
     n_examples, n_target = emitted.shape
-    shape = (n_examples, n_target, batch.source_ids.shape[1])
-    scores = {m: torch.zeros(shape) for m in methods}
-    delta = torch.zeros(n_examples, n_target) if "integrated_gradients" in methods else None
-    with progress_bar(int(steps.sum()), "attribution", progress) as bar:
-        for step in range(n_target):
-            rows = steps[:, step].nonzero().squeeze(1)
-            for at in range(0, len(rows), internal_batch_size):
-                part = rows[at : at + internal_batch_size]
-                for method in methods:
-                    forward = StepProbability(target, batch.select(part), emitted[part], step,
-                                              method in detach_attention)
-                    token, step_delta = _token_scores(method, forward, embedded[part],
-                                                      baseline[part], n_steps,
-                                                      internal_batch_size)
-                    scores[method][part, step] = token.detach().float()
-                    if delta is not None and step_delta is not None:
-                        delta[part, step] = step_delta.detach().float()
-                bar.update(len(part))
-    keys = target.explain_keys(batch)
+    n_keys = batch.source_ids.shape[1]
+    # steps after every example's end are not run at all
+    width = int(steps.any(0).nonzero().max()) + 1 if steps.any() else 1
+    passes = _Passes(target, batch, output, target_side)
+    inputs = _embedded_inputs(passes, emitted[:, :width],
+                              None if contrast is None else contrast[:, :width], baseline_id,
+                              baseline == "unk")
+    per_pass = internal_batch_size or pass_sequences(target, vocab=inputs.vocab, keys=n_keys,
+                                                     steps=width, max_memory=max_memory)
+    scores = {m: torch.zeros(n_examples, width, n_keys) for m in methods}
+    prefix = {m: torch.zeros(n_examples, width, width) for m in methods} if target_side else None
+    detach_groups: dict[bool, list[str]] = {}
+    for method in (m for m in methods if m in GRADIENT_METHODS):
+        detach_groups.setdefault(method in detach_attention, []).append(method)
+    ig = "integrated_gradients" in methods
+    delta = None
+    kinds = len(detach_groups) + ig + ("occlusion" in methods)
+    with progress_bar(n_examples * kinds, "attribution", progress) as bar:
+        if "occlusion" in methods:
+            _occlusion_scores(passes, inputs, per_pass, scores["occlusion"], bar)
+        for detach, group in detach_groups.items():
+            _gradient_scores(passes, inputs, per_pass, group, detach, reduction, scores,
+                             prefix, bar)
+        if ig:
+            delta = _integrated_gradients(passes, inputs, per_pass, n_steps,
+                                          "integrated_gradients" in detach_attention,
+                                          reduction, scores, prefix, bar)
+    mask = steps[:, :width, None]
+    scores = {m: _widen(s * mask, n_target) for m, s in scores.items()}
+    if prefix is not None:
+        prefix = {m: _widen(_widen(s * mask, n_target).transpose(1, 2), n_target)
+                  .transpose(1, 2) for m, s in prefix.items()}
+    keys = target.explain_keys(batch).cpu()
+    valid = steps[:, :, None] & keys[:, None, :]
     return Attributions(
-        importance={m: normalised_importance(scores[m], keys, steps) for m in methods},
-        token_scores=scores, convergence_delta=delta, keys=keys, steps=steps,
-        detached=tuple(m for m in methods if m in detach_attention), n_steps=n_steps,
-        pad_id=pad)
+        importance={m: normalised_importance(scores[m], valid) for m in methods},
+        token_scores=scores,
+        convergence_delta=None if delta is None else _widen(delta * steps[:, :width], n_target),
+        keys=keys, steps=steps, detached=tuple(m for m in methods if m in detach_attention),
+        n_steps=n_steps, baseline_id=baseline_id, eos_kept=baseline == "unk", output=output,
+        reduction=reduction,
+        prefix_scores=prefix)
+
+
+def _widen(values: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, w, ...) -> (B, width, ...), zeros after ``w``."""
+    out = values.new_zeros(values.shape[0], width, *values.shape[2:])
+    out[:, : values.shape[1]] = values
+    return out
+
+
+def _gradient_scores(passes: _Passes, inputs: _Inputs, per_pass: int, group: list[str],
+                     detach: bool, reduction: str, scores: dict[str, torch.Tensor],
+                     prefix: dict[str, torch.Tensor] | None, bar: object) -> None:
+    """Saliency and input x gradient of ``group`` (same detachment) from one gradient."""
+    for rows in torch.arange(len(passes.batch)).split(per_pass):
+        source = inputs.source[rows]
+        embedded = None if inputs.prefix is None else inputs.prefix[rows]
+        for step, g_source, g_prefix in passes.gradients(rows, inputs, source, embedded,
+                                                         detach):
+            for method in group:
+                at = None if method == "saliency" else source
+                scores[method][rows, step] = _token_score(g_source, at, reduction).cpu()
+                if prefix is not None and g_prefix is not None:
+                    at = None if method == "saliency" else embedded
+                    prefix[method][rows, step] = _token_score(g_prefix, at, reduction).cpu()
+        bar.update(len(rows))  # type: ignore[attr-defined]
+
+
+def _occlusion_scores(passes: _Passes, inputs: _Inputs, per_pass: int, scores: torch.Tensor,
+                      bar: object) -> None:
+    """Occlusion into ``scores`` (B, w, n): ``f(x) - f(x with token i's embedding replaced by
+    the baseline's)``; every step of an occluded copy comes from one forward pass, and each
+    pass folds ``per_pass`` (example, real source token) copies."""
+    example, token = passes.batch.source_mask.cpu().nonzero(as_tuple=True)
+    with torch.no_grad():
+        for at in range(0, len(example), per_pass):
+            rows, keys = example[at : at + per_pass], token[at : at + per_pass]
+            occluded = inputs.source[rows].clone()
+            occluded[torch.arange(len(rows)), keys] = inputs.source_base[rows, keys]
+            values, _, _ = passes.outputs(rows, inputs.emitted, inputs.contrast, occluded)
+            scores[rows, :, keys] = (inputs.values[rows] - values.float()).cpu()
+    bar.update(len(passes.batch))  # type: ignore[attr-defined]
+
+
+def _integrated_gradients(passes: _Passes, inputs: _Inputs, per_pass: int, n_steps: int,
+                          detach: bool, reduction: str, scores: dict[str, torch.Tensor],
+                          prefix: dict[str, torch.Tensor] | None, bar: object) -> torch.Tensor:
+    """Integrated gradients into ``scores`` (and ``prefix``); returns the convergence delta
+    (B, w). Examples are taken a chunk at a time with all their integration points (split
+    when one example's points exceed a pass), so the integral (E, w, n, d) stays small."""
+    step_sizes, alphas = approximation_parameters(IG_METHOD)
+    weights = torch.tensor(step_sizes(n_steps), dtype=torch.float32)
+    points = torch.tensor(alphas(n_steps), dtype=torch.float32)
+    points_per_pass = min(n_steps, per_pass)
+    sides = [(inputs.source, inputs.source_base)]
+    if inputs.prefix is not None and inputs.prefix_base is not None:
+        sides.append((inputs.prefix, inputs.prefix_base))
+    signed_total = torch.zeros(inputs.values.shape, dtype=torch.float32)
+    for chunk in torch.arange(len(passes.batch)).split(max(per_pass // n_steps, 1)):
+        diffs = [x[chunk] - base[chunk] for x, base in sides]
+        integrals = [torch.zeros(len(chunk), inputs.emitted.shape[1], *x.shape[1:],
+                                 dtype=torch.float32, device=x.device) for x, _ in sides]
+        for at in range(0, n_steps, points_per_pass):
+            alpha, weight = points[at : at + points_per_pass], weights[at : at + points_per_pass]
+            rows = chunk.repeat_interleave(len(alpha))
+            local = torch.arange(len(chunk)).repeat_interleave(len(alpha))
+            scale, row_weight = alpha.repeat(len(chunk)), weight.repeat(len(chunk))
+            path = [base[rows] + scale.to(d.device, d.dtype)[:, None, None] * d[local]
+                    for (_, base), d in zip(sides, diffs, strict=True)]
+            for step, *grads in passes.gradients(rows, inputs, path[0],
+                                                 path[1] if len(path) > 1 else None, detach):
+                for integral, grad in zip(integrals, grads, strict=False):
+                    weighted = grad.float() * row_weight.to(grad.device)[:, None, None]
+                    integral[:, step] += weighted.unflatten(0, (len(chunk), len(alpha))).sum(1)
+        for side, (integral, d) in enumerate(zip(integrals, diffs, strict=True)):
+            into = scores if side == 0 else prefix
+            assert into is not None
+            into["integrated_gradients"][chunk] = _token_score(integral, d.float(),
+                                                               reduction).cpu()
+            signed_total[chunk] += _token_score(integral, d.float(), "sum").sum(-1).cpu()
+        bar.update(len(chunk))  # type: ignore[attr-defined]
+    with torch.no_grad():
+        base_values, _, _ = passes.outputs(torch.arange(len(passes.batch)), inputs.emitted,
+                                           inputs.contrast, inputs.source_base,
+                                           inputs.prefix_base)
+    return signed_total - (inputs.values - base_values.float()).cpu()

@@ -31,7 +31,7 @@ from attnaudit.interventions.ablation import (
 )
 from attnaudit.interventions.adversarial import EPS_SEQ2SEQ, adversarial_search
 from attnaudit.interventions.agreement import agreement, summarise_agreement
-from attnaudit.interventions.attribution import METHODS, attribute
+from attnaudit.interventions.attribution import METHODS, AttributionOptions, attribute
 from attnaudit.interventions.loo import leave_one_out
 from attnaudit.interventions.permutation import (
     N_PERMUTATIONS,
@@ -93,19 +93,23 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
               n_permutations: int | None = None,
               cumulative_examples: int = CUMULATIVE_EXAMPLES,
               adversarial_examples: int = ADVERSARIAL_EXAMPLES,
-              max_memory: int | str | None = None, shard: Shard = SINGLE) -> InterventionSuite:
+              max_memory: int | str | None = None, shard: Shard = SINGLE,
+              attribution: AttributionOptions | None = None) -> InterventionSuite:
     """Run every intervention, attribution and agreement statistic on ``target``'s data.
 
     quick skips the adversarial search and integrated gradients and draws
     ``QUICK_PERMUTATIONS`` permutations per row instead of 100 (unless ``n_permutations``
     is given). limit: first N examples. sites: edited sites (default every cross-attention
     site); heads: edit only these heads at each edited site (default all). max_memory: the
-    budget of one chunk of edited sequences (bytes or "2GiB"). Batches are processed one at
-    a time and only per-row tables are kept, so memory does not grow with the data.
+    budget of one chunk of edited sequences (bytes or "2GiB"). attribution: what the
+    attribution methods attribute and their variant (default: the probability, signed sums,
+    pad baseline). Batches are processed one at a time and only per-row tables are kept,
+    so memory does not grow with the data.
     shard: this process's part of a distributed suite (:mod:`attnaudit.distributed`): it
     runs its own batches and every rank returns the whole suite, its tables gathered in
     batch order (the same tables as one process).
     """
+    attribution = attribution or AttributionOptions()
     if n_permutations is None:
         n_permutations = QUICK_PERMUTATIONS if quick else N_PERMUTATIONS
     target = checked_target(target)
@@ -136,12 +140,12 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
                             first_example=starts[index],
                             max_memory=max_memory)
             local.append((index, {}))
-            _run_batch(target, ref, batch, local[-1][1], methods, n_permutations,
-                       cumulative_set, adversarial_set, progress)
+            variants = _run_batch(target, ref, batch, local[-1][1], methods, n_permutations,
+                                  cumulative_set, adversarial_set, progress, attribution)
             settle()
-    shared = _reference_facts(ref) if ref is not None else None
+    shared = (_reference_facts(ref), variants) if ref is not None else None
     gathered = shard.all_gather((local, shared))
-    facts = next(facts for _, facts in gathered if facts is not None)
+    facts, attribution_variants = next(shared for _, shared in gathered if shared is not None)
     parts: dict[str, list[pd.DataFrame]] = {}
     for _, batch_parts in sorted((part for rank_parts, _ in gathered for part in rank_parts),
                                  key=lambda part: part[0]):
@@ -174,6 +178,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         "adversarial_examples": sorted(adversarial_set),
         "adversarial_eps": EPS_SEQ2SEQ,
         "attribution_methods": list(methods),
+        "attribution_variants": attribution_variants,
+        "attribution_output": attribution.output,
         "quick": quick,
         "edited_items": facts["edited_items"],
         "max_memory_bytes": facts["max_memory_bytes"],
@@ -192,7 +198,8 @@ def _reference_facts(ref: Reference) -> dict[str, Any]:
 def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
                parts: dict[str, list[pd.DataFrame]], methods: tuple[str, ...],
                n_permutations: int, cumulative_set: set[int], adversarial_set: set[int],
-               progress: bool) -> None:
+               progress: bool, attribution: AttributionOptions) -> dict[str, str]:
+    """Run everything on one batch; returns each attribution method's variant in words."""
     _per_batch(parts, "degenerate", degenerate_table(ref.reasons, ref.eligible,
                                                      ref.first_example))
     rows = ref.rows()
@@ -203,7 +210,12 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
     if len(rows):
         _run_row_protocols(target, ref, rows, parts, n_permutations, cumulative_set,
                            adversarial_set, progress)
-    found = attribute(target, batch, ref.emitted, methods, progress=progress)
+    found = attribute(target, batch, ref.emitted, methods, progress=progress,
+                      output=attribution.output, reduction=attribution.reduction,
+                      baseline=attribution.baseline, target_side=attribution.target_side,
+                      detach_attention=attribution.detach_attention,
+                      contrast=attribution.contrast_ids(batch, ref.emitted, target.eos_id),
+                      max_memory=ref.budget.max_memory)
     loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
                         max_memory=ref.budget.max_memory, progress=progress)
     importances = {"attention": ref.attention, **found.importance, "loo": loo}
@@ -217,6 +229,11 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
         delta = found.delta_frame()
         delta["example"] += ref.first_example
         _per_batch(parts, "attribution_delta", delta)
+    if found.prefix_scores is not None:
+        prefix = found.to_frame().query("side == 'prefix'").drop(columns="side")
+        prefix["example"] += ref.first_example
+        _per_batch(parts, "attribution_prefix", prefix)
+    return {m: found.variant(m) for m in methods}
 
 
 def _run_row_protocols(target: Seq2SeqTarget, ref: Reference, rows: Rows,

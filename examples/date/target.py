@@ -107,6 +107,7 @@ def make_target(limit: int = AUDIT_SOURCES, batch_size: int = 100) -> Seq2SeqTar
         greedy=greedy,
         teacher_forced=teacher_forced,
         source_embedding=model.src_embed,
+        target_embedding=model.tgt_embed,
         source_tokens=source_tokens,
         target_tokens=target_tokens,
         eos_id=EOS,

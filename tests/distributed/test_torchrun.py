@@ -134,7 +134,7 @@ def test_every_rank_exits_with_the_gate_status_and_rank_0_alone_reports(tmp_path
     payload = json.loads(ranks[0].stdout)
     assert payload == json.loads(single.to_json())
     assert ranks[1].stdout == "" and "audit date" not in ranks[1].stderr
-    assert "audit date: batch 1" in ranks[0].stderr
+    assert "audit date: validity" in ranks[0].stderr
     failures = ET.parse(junit).getroot().get("failures")
     assert failures == ET.fromstring(single.junit_xml(0.0)).get("failures") == "1"
 

@@ -203,7 +203,7 @@ def test_integrated_gradients_match_a_fine_trapezoid_integral(shared: bool) -> N
     torch.testing.assert_close(scores.sum(-1), gap, atol=1e-5, rtol=0)
     torch.testing.assert_close(result.convergence_delta, (scores.sum(-1) - gap) * steps,
                                atol=1e-6, rtol=0)
-    assert result.pad_id == PAD and result.detached == ()
+    assert result.baseline_id == PAD and result.detached == ()
 
 
 def test_hooks_removed_and_model_unchanged_when_the_forward_raises() -> None:
@@ -340,4 +340,4 @@ def test_date_transformer_attributes_at_the_encoder_embedding_only() -> None:
         gap = (probs(x) - probs(base)) * steps
     ig = result.token_scores["integrated_gradients"].sum(-1)
     torch.testing.assert_close(ig - result.convergence_delta, gap, atol=1e-5, rtol=0)
-    assert result.pad_id == config.pad_token_id
+    assert result.baseline_id == config.pad_token_id
