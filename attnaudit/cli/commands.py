@@ -85,6 +85,8 @@ def report_command_line(args: argparse.Namespace) -> list[str]:
         words += ["--attribute", args.attribute]
     if args.attribution_variant != "attnaudit":
         words += ["--attribution-variant", args.attribution_variant]
+    if args.methods is not None:
+        words += ["--methods", ",".join(args.methods)]
     words += ["--out", str(args.out)]
     words += [flag for flag, given in (("--quick", args.quick), ("--force", args.force),
                                        ("--target-side", args.target_side)) if given]

@@ -80,8 +80,9 @@ def read_contrast(args: argparse.Namespace) -> list[str] | None:
 
 
 def attribution_option(args: argparse.Namespace) -> AttributionOptions:
-    """``--attribute``, ``--attribution-variant`` and ``--target-side`` as options."""
+    """``--attribute``, ``--attribution-variant``, ``--target-side`` and ``--methods`` as
+    options."""
     if args.attribute.startswith("contrast") and args.contrast is None and args.hf is not None:
         raise TargetError(f"--attribute {args.attribute} needs --contrast FILE")
     return AttributionOptions.variant(args.attribution_variant, output=args.attribute,
-                                      target_side=args.target_side)
+                                      target_side=args.target_side, methods=args.methods)

@@ -32,6 +32,12 @@ gradient of the attributed output with respect to it, per token:
 - ``occlusion``: Captum ``Occlusion`` with a one-token window: token score = ``f(x) -
   f(x with that token's embedding replaced by the baseline token's)``, no gradient (not in
   the suite's default methods: one forward pass per source token).
+- ``deeplift`` and ``gradient_shap`` (source side only, not in the suite's default methods):
+  Captum's ``DeepLift`` (rescale rule where the model has nonlinearity modules Captum
+  supports, else ``(x - baseline) * gradient``) and ``GradientShap`` (a Gaussian baseline
+  distribution around the same baseline, seeded per example);
+  :mod:`attnaudit.interventions.reference_methods` says how; token score reduced over ``d``
+  as for integrated gradients.
 
 Variant reported: by default ``saliency`` and ``input_x_gradient`` treat cross-attention
 weights as constants ("attention detached", as Jain & Wallace compute gradient importance):
@@ -59,6 +65,13 @@ from captum.attr._utils.approximation_methods import approximation_parameters
 from torch import nn
 
 from attnaudit.capturing.recorder import capture
+from attnaudit.interventions.reference_methods import (
+    SHAP_SAMPLES,
+    SHAP_STDEV,
+    deeplift_vectors,
+    gradient_shap_vectors,
+    rule_modules,
+)
 from attnaudit.interventions.runner import InterventionError, progress_bar
 from attnaudit.interventions.step_gradients import (
     OUTPUT_VARIANTS,
@@ -72,8 +85,11 @@ from attnaudit.record import Site
 from attnaudit.target import Batch, Seq2SeqTarget
 
 METHODS = ("saliency", "input_x_gradient", "integrated_gradients")  # the suite's
-ALL_METHODS = (*METHODS, "occlusion")
+ALL_METHODS = (*METHODS, "occlusion", "deeplift", "gradient_shap")
 GRADIENT_METHODS = ("saliency", "input_x_gradient")  # the gradient at the input itself
+DETACHABLE = (*GRADIENT_METHODS, "integrated_gradients")
+PREFIX_METHODS = DETACHABLE  # the methods that attribute to the output prefix too
+VECTOR_METHODS = ("deeplift", "gradient_shap")  # reference_methods: attribution vectors
 DETACHED_BY_DEFAULT = ("saliency", "input_x_gradient")
 REDUCTIONS = ("sum", "norm")
 IG_METHOD = "gausslegendre"
@@ -88,7 +104,8 @@ class AttributionOptions:
     there), cut or padded with the end-of-sequence id to the emitted length. reduction:
     ``sum`` or ``norm``; baseline: ``"pad"``, ``"unk"`` or an id; target_side: attribute to
     the output prefix as well; detach_attention: the methods that hold cross-attention
-    constant.
+    constant; methods: the attribution methods the suite runs (None: ``METHODS``, less
+    integrated gradients in a quick run).
     """
 
     output: str = "prob"
@@ -96,18 +113,19 @@ class AttributionOptions:
     baseline: str | int = "pad"
     target_side: bool = False
     detach_attention: tuple[str, ...] = DETACHED_BY_DEFAULT
+    methods: tuple[str, ...] | None = None
 
     @classmethod
-    def variant(cls, name: str, output: str = "prob", target_side: bool = False
-                ) -> AttributionOptions:
+    def variant(cls, name: str, output: str = "prob", target_side: bool = False,
+                methods: tuple[str, ...] | None = None) -> AttributionOptions:
         """``attnaudit`` (signed sums, pad baseline, attention held constant for saliency and
         input x gradient) or ``inseq`` (inseq's defaults: L2 norm over the embedding
         dimension, ``<unk>`` baseline, gradients through the attention weights)."""
         if name not in ("attnaudit", "inseq"):
             raise ValueError(f"attribution variant must be attnaudit or inseq, got {name!r}")
         if name == "attnaudit":
-            return cls(output, target_side=target_side)
-        return cls(output, "norm", "unk", target_side, detach_attention=())
+            return cls(output, target_side=target_side, methods=methods)
+        return cls(output, "norm", "unk", target_side, detach_attention=(), methods=methods)
 
     def contrast_ids(self, batch: Batch, emitted: torch.Tensor, eos_id: int
                      ) -> torch.Tensor | None:
@@ -148,7 +166,9 @@ class Attributions:
         input_x_gradient and integrated_gradients (``sum`` signed, ``norm`` L2).
     prefix_scores: method -> (B, T, T) float, token scores of decoder input ``j`` (the start
         token, then emitted ``j - 1``) at step ``t``, 0 where ``j > t`` and outside the step
-        mask; None without target-side attribution.
+        mask, for the methods of ``PREFIX_METHODS`` run; None without target-side attribution.
+    shap_samples, shap_stdev: gradient_shap's baselines per example and noise standard
+        deviation. rule_modules: the model's module types at which DeepLift's rules apply.
     """
 
     importance: dict[str, torch.Tensor]
@@ -163,6 +183,9 @@ class Attributions:
     output: str = "prob"
     reduction: str = "sum"
     prefix_scores: dict[str, torch.Tensor] | None = None
+    shap_samples: int = SHAP_SAMPLES
+    shap_stdev: float = SHAP_STDEV
+    rule_modules: tuple[str, ...] = ()
 
     def variant(self, method: str) -> str:
         """The method's variant in words: token score, baseline, attention, output."""
@@ -170,13 +193,25 @@ class Attributions:
             return (f"f(x) - f(x with the token's embedding replaced by token "
                     f"{self.baseline_id}'s), one token at a time, no gradient; attributed: "
                     f"{OUTPUT_VARIANTS[self.output]}")
+        baseline = (f"token {self.baseline_id}'s embedding at every position"
+                    f"{' but the end-of-sequence token, kept' if self.eos_kept else ''}")
+        rules = (f"Captum's rescale rule at the model's {', '.join(self.rule_modules)} modules, "
+                 "plain gradients through functional operations" if self.rule_modules else
+                 "no nonlinearity module Captum's rules apply to, so (x - baseline) x the "
+                 "gradient at x")
         if method == "saliency":
             score = "L2 norm of the gradient over the embedding dimension"
         else:
-            what = ("input x gradient" if method == "input_x_gradient"
-                    else f"attribution ({self.n_steps} Gauss-Legendre points, baseline: "
-                         f"token {self.baseline_id}'s embedding at every position"
-                         f"{' but the end-of-sequence token, kept' if self.eos_kept else ''})")
+            what = {
+                "input_x_gradient": "input x gradient",
+                "integrated_gradients": f"attribution ({self.n_steps} Gauss-Legendre points, "
+                                        f"baseline: {baseline})",
+                "deeplift": f"DeepLift attribution (baseline: {baseline}; {rules})",
+                "gradient_shap": f"GradientShap attribution (baselines: {baseline} plus "
+                                 f"Gaussian noise of standard deviation {self.shap_stdev} at "
+                                 f"each source token, {self.shap_samples} samples per example "
+                                 "seeded from the target seed)",
+            }[method]
             score = (f"signed sum of the {what} over the embedding dimension"
                      if self.reduction == "sum"
                      else f"L2 norm of the {what} over the embedding dimension")
@@ -397,17 +432,30 @@ def _token_score(grads: torch.Tensor, at: torch.Tensor | None, reduction: str) -
     ``g * at`` reduced over d by ``reduction``; ``at`` (R, k, d) or (R, c, k, d)."""
     if at is None:
         return grads.float().norm(dim=-1)
-    product = (grads * (at[:, None] if at.ndim == grads.ndim - 1 else at)).float()
-    return product.sum(-1) if reduction == "sum" else product.norm(dim=-1)
+    return _reduced((grads * (at[:, None] if at.ndim == grads.ndim - 1 else at)).float(),
+                    reduction)
+
+
+def _reduced(vectors: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Attribution vectors (..., d) -> token scores (...): signed ``sum`` or L2 ``norm``."""
+    return vectors.sum(-1) if reduction == "sum" else vectors.norm(dim=-1)
+
+
+def _fill(scores: torch.Tensor, vectors: Iterator[tuple[torch.Tensor, torch.Tensor]],
+          reduction: str, bar: object) -> None:
+    """Token scores into ``scores`` (B, w, n) from ``(rows, vectors (R, w, n, d))`` chunks."""
+    for rows, found in vectors:
+        scores[rows] = _reduced(found, reduction).cpu()
+        bar.update(len(rows))  # type: ignore[attr-defined]
 
 
 def _check_methods(methods: Sequence[str], detach_attention: Collection[str]) -> tuple[str, ...]:
     methods = tuple(methods)
-    unknown = [m for m in (*methods, *detach_attention) if m not in ALL_METHODS
-               or (m in detach_attention and m == "occlusion")]
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    unknown += [m for m in detach_attention if m not in DETACHABLE]
     if unknown or not methods:
-        raise ValueError(f"attribution methods must be among {ALL_METHODS} (occlusion takes "
-                         f"no gradient to detach), got {unknown or 'none'}")
+        raise ValueError(f"attribution methods must be among {ALL_METHODS}, and those holding "
+                         f"attention constant among {DETACHABLE}; got {unknown or 'none'}")
     if len(set(methods)) != len(methods):
         raise ValueError(f"attribution methods repeat: {methods}")
     return methods
@@ -422,7 +470,8 @@ def _check_ids(name: str, batch: Batch, ids: torch.Tensor, width: int | None = N
 
 
 def _check_options(output: str, contrast: torch.Tensor | None, reduction: str, n_steps: int,
-                   internal_batch_size: int | None) -> None:
+                   internal_batch_size: int | None, shap_samples: int, shap_stdev: float
+                   ) -> None:
     if output not in OUTPUTS:
         raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
     if output.startswith("contrast") != (contrast is not None):
@@ -431,9 +480,12 @@ def _check_options(output: str, contrast: torch.Tensor | None, reduction: str, n
                               "output='contrast' or 'contrast_logit'")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if n_steps < 1 or (internal_batch_size is not None and internal_batch_size < 1):
-        raise ValueError(f"n_steps and internal_batch_size must be positive, got {n_steps}, "
-                         f"{internal_batch_size}")
+    if n_steps < 1 or shap_samples < 1 or (internal_batch_size is not None
+                                            and internal_batch_size < 1):
+        raise ValueError(f"n_steps, shap_samples and internal_batch_size must be positive, got "
+                         f"{n_steps}, {shap_samples}, {internal_batch_size}")
+    if not shap_stdev >= 0:
+        raise ValueError(f"shap_stdev must be >= 0, got {shap_stdev}")
 
 
 def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
@@ -443,20 +495,23 @@ def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
               detach_attention: Collection[str] = DETACHED_BY_DEFAULT, output: str = "prob",
               contrast: torch.Tensor | None = None, reduction: str = "sum",
               target_side: bool = False, max_memory: int | str | None = None,
+              shap_samples: int = SHAP_SAMPLES, shap_stdev: float = SHAP_STDEV,
+              seed: int | None = None, first_example: int = 0,
               progress: bool = False) -> Attributions:
     """Attribute each emitted token's output to the source tokens (see the module doc).
 
     Args:
         target: the audit target; its model is run in its current mode and left unchanged.
         batch: B sources. emitted: (B, T) long, the model's greedy output.
-        methods: any of ``saliency``, ``input_x_gradient``, ``integrated_gradients``,
-            ``occlusion``.
+        methods: any of ``ALL_METHODS``: ``saliency``, ``input_x_gradient``,
+            ``integrated_gradients``, ``occlusion``, ``deeplift``, ``gradient_shap``.
         n_steps: integration points of integrated gradients (Gauss-Legendre).
         internal_batch_size: sequences per forward pass (examples x integration points;
             default: as many as ``max_memory`` holds).
         pad_id: the pad token, when it cannot be told from the batch (:func:`resolve_pad_id`).
-        baseline: integrated gradients' baseline token: ``"pad"``, ``"unk"`` (inseq's:
-            ``<unk>`` everywhere but the end-of-sequence token, which is kept) or an id.
+        baseline: the baseline token of integrated gradients, occlusion, deeplift and
+            gradient_shap: ``"pad"``, ``"unk"`` (inseq's: ``<unk>`` everywhere but the
+            end-of-sequence token, which is kept) or an id.
         detach_attention: methods whose gradients treat cross-attention weights as
             constants (default: saliency and input_x_gradient, the Jain & Wallace variant).
         output: what is attributed, one of ``OUTPUTS``; ``contrast`` and ``contrast_logit``
@@ -464,15 +519,21 @@ def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         reduction: ``sum`` (signed) or ``norm`` (L2) over the embedding dimension, for
             input_x_gradient and integrated_gradients.
         target_side: attribute to the decoder's input tokens as well (needs
-            ``target.target_embedding``); fills ``Attributions.prefix_scores``.
+            ``target.target_embedding``); fills ``Attributions.prefix_scores`` for the
+            methods of ``PREFIX_METHODS``.
         max_memory: the budget of one pass (bytes or "2GiB").
+        shap_samples, shap_stdev: gradient_shap's baselines per example and the standard
+            deviation of their Gaussian noise (embedding units).
+        seed, first_example: gradient_shap's draws are seeded by (``seed``, default
+            ``target.seed``; ``first_example`` + the example's index in the batch).
         progress: show a progress bar over the examples (one tick per example and pass kind).
     """
     methods = _check_methods(methods, detach_attention)
     _check_ids("emitted", batch, emitted)
     if contrast is not None:
         _check_ids("contrast", batch, contrast, emitted.shape[1])
-    _check_options(output, contrast, reduction, n_steps, internal_batch_size)
+    _check_options(output, contrast, reduction, n_steps, internal_batch_size, shap_samples,
+                   shap_stdev)
     baseline_id = resolve_baseline_id(target, batch, baseline, pad_id)
     steps = target.step_mask(emitted)
     n_examples, n_target = emitted.shape
@@ -486,16 +547,24 @@ def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
     per_pass = internal_batch_size or pass_sequences(target, vocab=inputs.vocab, keys=n_keys,
                                                      steps=width, max_memory=max_memory)
     scores = {m: torch.zeros(n_examples, width, n_keys) for m in methods}
-    prefix = {m: torch.zeros(n_examples, width, width) for m in methods} if target_side else None
+    prefix = ({m: torch.zeros(n_examples, width, width) for m in methods if m in PREFIX_METHODS}
+              if target_side else None)
     detach_groups: dict[bool, list[str]] = {}
     for method in (m for m in methods if m in GRADIENT_METHODS):
         detach_groups.setdefault(method in detach_attention, []).append(method)
     ig = "integrated_gradients" in methods
     delta = None
-    kinds = len(detach_groups) + ig + ("occlusion" in methods)
+    kinds = len(detach_groups) + ig + sum(m in methods for m in VECTOR_METHODS)
+    seed = target.seed if seed is None else seed
     with progress_bar(n_examples * kinds, "attribution", progress) as bar:
         if "occlusion" in methods:
             _occlusion_scores(passes, inputs, per_pass, scores["occlusion"], bar)
+        if "deeplift" in methods:
+            _fill(scores["deeplift"], deeplift_vectors(passes, inputs, per_pass), reduction, bar)
+        if "gradient_shap" in methods:
+            _fill(scores["gradient_shap"],
+                  gradient_shap_vectors(passes, inputs, per_pass, shap_samples, shap_stdev, seed,
+                                        first_example), reduction, bar)
         for detach, group in detach_groups.items():
             _gradient_scores(passes, inputs, per_pass, group, detach, reduction, scores,
                              prefix, bar)
@@ -516,8 +585,9 @@ def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         convergence_delta=None if delta is None else _widen(delta * steps[:, :width], n_target),
         keys=keys, steps=steps, detached=tuple(m for m in methods if m in detach_attention),
         n_steps=n_steps, baseline_id=baseline_id, eos_kept=baseline == "unk", output=output,
-        reduction=reduction,
-        prefix_scores=prefix)
+        reduction=reduction, prefix_scores=prefix, shap_samples=shap_samples,
+        shap_stdev=shap_stdev,
+        rule_modules=rule_modules(target.model) if "deeplift" in methods else ())
 
 
 def _widen(values: torch.Tensor, width: int) -> torch.Tensor:

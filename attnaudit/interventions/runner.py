@@ -403,8 +403,13 @@ def progress_bar(total: int, desc: str, enabled: bool) -> Counter:
 def row_generator(ref: Reference, example: int, step: int, salt: int) -> torch.Generator:
     """A generator seeded by (target seed, global example index, step, purpose), so each
     row's random draws do not depend on how the data was batched or chunked."""
-    mixed = (ref.seed * 0x9E3779B1 + (ref.first_example + example) * 0x85EBCA77
-             + step * 0xC2B2AE3D + salt * 0x27D4EB2F) % (2**63 - 1)
+    return seeded_generator(ref.seed, ref.first_example + example, step, salt)
+
+
+def seeded_generator(seed: int, example: int, step: int, salt: int) -> torch.Generator:
+    """A CPU generator seeded by (seed, global example index, step, purpose)."""
+    mixed = (seed * 0x9E3779B1 + example * 0x85EBCA77 + step * 0xC2B2AE3D
+             + salt * 0x27D4EB2F) % (2**63 - 1)
     return torch.Generator().manual_seed(mixed)
 
 

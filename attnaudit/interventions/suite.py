@@ -102,8 +102,9 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     is given). limit: first N examples. sites: edited sites (default every cross-attention
     site); heads: edit only these heads at each edited site (default all). max_memory: the
     budget of one chunk of edited sequences (bytes or "2GiB"). attribution: what the
-    attribution methods attribute and their variant (default: the probability, signed sums,
-    pad baseline). Batches are processed one at a time and only per-row tables are kept,
+    attribution methods attribute, their variant and which methods run (default: the
+    probability, signed sums, pad baseline; saliency, input x gradient and, unless quick,
+    integrated gradients). Batches are processed one at a time and only per-row tables are kept,
     so memory does not grow with the data.
     shard: this process's part of a distributed suite (:mod:`attnaudit.distributed`): it
     runs its own batches and every rank returns the whole suite, its tables gathered in
@@ -120,7 +121,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     cumulative_set = seeded_examples(n_examples, cumulative_examples, target.seed)
     adversarial_set = set() if quick else seeded_examples(n_examples, adversarial_examples,
                                                           target.seed + 1)
-    methods = tuple(m for m in METHODS if not (quick and m == "integrated_gradients"))
+    methods = attribution.methods or tuple(m for m in METHODS
+                                           if not (quick and m == "integrated_gradients"))
     if shard.is_distributed:
         data = TextsDigest()
         for batch in batches:
@@ -215,7 +217,8 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
                       baseline=attribution.baseline, target_side=attribution.target_side,
                       detach_attention=attribution.detach_attention,
                       contrast=attribution.contrast_ids(batch, ref.emitted, target.eos_id),
-                      max_memory=ref.budget.max_memory)
+                      max_memory=ref.budget.max_memory, seed=ref.seed,
+                      first_example=ref.first_example)
     loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
                         max_memory=ref.budget.max_memory, progress=progress)
     importances = {"attention": ref.attention, **found.importance, "loo": loo}

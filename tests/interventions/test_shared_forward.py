@@ -303,12 +303,14 @@ def test_report_command_line_keeps_the_attribution_options() -> None:
     from attnaudit.cli.loading import attribution_option
 
     argv = ["report", "--hf", "m", "--data", "d.tsv", "--contrast", "c.txt", "--attribute",
-            "contrast_logit", "--attribution-variant", "inseq", "--target-side", "--out", "o"]
+            "contrast_logit", "--attribution-variant", "inseq", "--target-side", "--methods",
+            "deeplift,occlusion", "--out", "o"]
     args = build_parser().parse_args(argv)
     again = build_parser().parse_args(report_command_line(args)[1:])
     assert vars(again) | {"run": None} == vars(args) | {"run": None}
-    assert attribution_option(args) == AttributionOptions("contrast_logit", "norm", "unk", True,
-                                                          detach_attention=())
+    assert attribution_option(args) == AttributionOptions(
+        "contrast_logit", "norm", "unk", True, detach_attention=(),
+        methods=("deeplift", "occlusion"))
     plain = build_parser().parse_args(["report", "--out", "o"])
     assert report_command_line(plain) == ["attnaudit", "report", "--out", "o"]
     assert attribution_option(plain) == AttributionOptions()
