@@ -1,14 +1,16 @@
-"""Audit data files: ``source[<TAB>target]`` lines, read strictly.
+"""Audit data files: ``source[<TAB>target[<TAB>contrast]]`` lines, read strictly.
 
-Every problem is reported with the file and the line it is on, and what to do about it:
-a missing file or a folder, an empty file, binary content (a NUL byte), bytes that are not
-UTF-8, a line with more than two tab-separated columns or an empty source, and a file in
-which some lines give a target and others do not. Blank lines are skipped; line numbers
-count every line of the file, from 1.
+The optional third column is a contrast output per source (contrastive attribution,
+``--attribute contrast``). Every problem is reported with the file and the line it is on, and
+what to do about it: a missing file or a folder, an empty file, binary content (a NUL byte),
+bytes that are not UTF-8, a line with more than three tab-separated columns, an empty source
+or contrast, and a file in which some lines give a target (or a contrast) and others do not.
+Blank lines are skipped; line numbers count every line of the file, from 1.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from attnaudit.errors import AttnauditError
@@ -18,8 +20,18 @@ class DataFileError(AttnauditError):
     """A data file cannot be read as ``source[<TAB>target]`` lines."""
 
 
-def read_pairs(path: str | Path) -> tuple[list[str], list[str] | None]:
-    """The sources of ``path`` and their targets (None when no line gives one).
+@dataclass(frozen=True)
+class DataRows:
+    """A data file's columns: sources, targets and contrasts (None when no line gives
+    them), one entry per non-blank line."""
+
+    sources: list[str]
+    targets: list[str] | None
+    contrasts: list[str] | None
+
+
+def read_rows(path: str | Path) -> DataRows:
+    """The sources, targets and contrasts of ``path``.
 
     Raises:
         DataFileError: naming the file, the line and the fix (see the module docstring).
@@ -32,34 +44,37 @@ def read_pairs(path: str | Path) -> tuple[list[str], list[str] | None]:
                             "source[<TAB>target] lines")
     raw = path.read_bytes()
     lines = raw.split(b"\n")
-    sources: list[str] = []
-    targets: list[str | None] = []
-    first_with, first_without = None, None
+    columns: list[list[str]] = [[], [], []]
+    first_line = {}  # number of columns -> the first line that has that many
     for number, line in enumerate(lines, start=1):
         text = _decode(path, number, line.removesuffix(b"\r"))
         if not text.strip():
             continue
         cells = text.split("\t")
-        if len(cells) > 2:
+        if len(cells) > 3:
             raise DataFileError(f"{path}, line {number}: {len(cells)} tab-separated columns; "
-                                "expected source or source<TAB>target (a tab inside a "
-                                "sentence must be replaced by a space)")
+                                "expected source, source<TAB>target or "
+                                "source<TAB>target<TAB>contrast (a tab inside a sentence must "
+                                "be replaced by a space)")
         if not cells[0].strip():
             raise DataFileError(f"{path}, line {number}: the source (first column) is empty")
-        sources.append(cells[0])
-        targets.append(cells[1] if len(cells) == 2 else None)
-        if len(cells) == 2:
-            first_with = first_with or number
-        else:
-            first_without = first_without or number
-    if not sources:
+        if len(cells) == 3 and not cells[2].strip():
+            raise DataFileError(f"{path}, line {number}: the contrast (third column) is empty")
+        first_line.setdefault(len(cells), number)
+        for column, cell in zip(columns, cells, strict=False):
+            column.append(cell)
+    if not columns[0]:
         raise DataFileError(f"data file {path} is empty: expected source[<TAB>target] lines, "
                             "one example per line")
-    if first_with and first_without:
-        raise DataFileError(f"{path}: line {first_with} gives a target (source<TAB>target) "
-                            f"but line {first_without} does not; give targets on every line "
-                            "or on none")
-    return sources, None if first_without else [t or "" for t in targets]
+    if len(first_line) > 1:
+        (fewer, at), (_, other) = sorted(first_line.items())[:2]
+        what = "a target (source<TAB>target)" if fewer == 1 else "a contrast (third column)"
+        raise DataFileError(f"{path}: line {other} gives {what} but line {at} does not; give "
+                            f"{'targets' if fewer == 1 else 'contrasts'} on every line or on "
+                            "none")
+    width = next(iter(first_line))
+    return DataRows(columns[0], columns[1] if width > 1 else None,
+                    columns[2] if width > 2 else None)
 
 
 def _decode(path: Path, number: int, line: bytes) -> str:

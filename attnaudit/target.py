@@ -45,7 +45,7 @@ from torch import nn
 from attnaudit.capturing.hf import check_backends
 from attnaudit.capturing.sites import SiteSelection
 from attnaudit.causal_target import CausalLM, is_causal_lm
-from attnaudit.datafile import read_pairs
+from attnaudit.datafile import DataRows, read_rows
 from attnaudit.errors import AttnauditError, CaptureError
 from attnaudit.hf_cache import cache_argument, cache_prefix, cache_tensors
 from attnaudit.tokenizer_checks import check_tokenization, check_tokenizer_files
@@ -334,7 +334,7 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         if tokenizer is None:
             raise TargetError("a loaded model needs its tokenizer: from_hf(model, data, "
                               "tokenizer=tokenizer)")
-        sources, references = _audit_data(data)
+        sources, references, contrast = _audit_data(data, contrast)
         model = _loaded_model(model_or_dir, device, dtype)
         origin = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
         label = origin or type(model).__name__
@@ -342,7 +342,7 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         model_dir = Path(model_or_dir)
         if not model_dir.is_dir():
             raise TargetError(f"Hugging Face model directory not found: {model_dir}")
-        sources, references = _audit_data(data)  # before the (slow) load
+        sources, references, contrast = _audit_data(data, contrast)  # before the slow load
         if tokenizer is None:
             check_tokenizer_files(model_dir)
         causal = False
@@ -550,9 +550,11 @@ def _loaded_model(model: nn.Module, device: torch.device | None,
     return copy.deepcopy(model).to(device=device, dtype=dtype)
 
 
-def _audit_data(data: Any) -> tuple[list[str], list[str] | None]:
-    """Sources and optional references from a TSV path, an iterable of strings (a list, a
-    pandas Series, a ``datasets`` column), or a DataFrame laid out as the TSV."""
+def _audit_data(data: Any, contrast: Sequence[str] | None
+                ) -> tuple[list[str], list[str] | None, Sequence[str] | None]:
+    """Sources, optional references and contrast outputs from a TSV path (its third column,
+    or ``contrast``, not both), an iterable of strings (a list, a pandas Series, a
+    ``datasets`` column), or a DataFrame laid out as the TSV's first two columns."""
     pandas = sys.modules.get("pandas")
     if pandas is not None and isinstance(data, pandas.DataFrame):
         if data.shape[1] not in (1, 2):
@@ -560,14 +562,20 @@ def _audit_data(data: Any) -> tuple[list[str], list[str] | None]:
                               f"(sources, references), got {data.shape[1]}: pass one "
                               "column, e.g. frame['source']")
         references = list(data.iloc[:, 1]) if data.shape[1] == 2 else None
-        sources, _ = _read_pairs(list(data.iloc[:, 0]))
+        sources = _read_rows(list(data.iloc[:, 0])).sources
     else:
-        sources, references = _read_pairs(data)
+        rows = _read_rows(data)
+        sources, references = rows.sources, rows.targets
+        if rows.contrasts is not None:
+            if contrast is not None:
+                raise TargetError(f"{data} gives a contrast column and contrast outputs were "
+                                  "given as well (--contrast FILE); give one of them")
+            contrast = rows.contrasts
     wrong = next((s for s in sources if not isinstance(s, str)), None)
     if wrong is not None:
         raise TargetError(f"audit sources must be strings, got {type(wrong).__name__} "
                           f"{wrong!r}")
-    return sources, references
+    return sources, references, contrast
 
 
 def _source_embedding(model: nn.Module) -> nn.Module:
@@ -617,13 +625,13 @@ def _source_limit(tokenizer: Any, config: Any, sources: list[str],
     return limit, what
 
 
-def _read_pairs(data: str | Path | Sequence[str]) -> tuple[list[str], list[str] | None]:
+def _read_rows(data: str | Path | Sequence[str]) -> DataRows:
     if isinstance(data, str | Path):
-        return read_pairs(data)
+        return read_rows(data)
     sources = list(data)
     if not sources:
         raise TargetError("the audit data is empty")
-    return sources, None
+    return DataRows(sources, None, None)
 
 
 def load_target(spec: str | None) -> Seq2SeqTarget:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from attnaudit.auditing.validity import run_validity_audit
-from attnaudit.datafile import DataFileError, read_pairs
+from attnaudit.datafile import DataFileError, DataRows, read_rows
 from attnaudit.interventions.suite import run_suite
 from attnaudit.target import TargetError
 from attnaudit.target_checks import position_limit
@@ -39,7 +39,9 @@ def attnaudit(*args: str) -> subprocess.CompletedProcess:
     (b"March 3, 2001\n\xff\xfebinary\n", "line 2: not UTF-8 (byte 0xff at column 1)"),
     (b"ok line\nMai 3, 2001 caf\xe9\n", "line 2: not UTF-8 (byte 0xe9 at column 16)"),
     (b"ok\n\nPK\x03\x04\x00\x00zip\n", "line 3: binary data (a NUL byte at column 5)"),
-    (b"a\tb\tc\n", "line 1: 3 tab-separated columns"),
+    (b"a\tb\tc\td\n", "line 1: 4 tab-separated columns"),
+    (b"a\tb\tc\nd\te\n", "line 1 gives a contrast (third column) but line 2 does not"),
+    (b"a\tb\tc\nd\te\t \n", "line 2: the contrast (third column) is empty"),
     (b"a\tb\n\tc\n", "line 2: the source (first column) is empty"),
     (b"a\tA\nb\nc\tC\n", "line 1 gives a target (source<TAB>target) but line 2 does not"),
 ])
@@ -47,18 +49,21 @@ def test_broken_data_files_name_the_file_and_line(tmp_path, content, message):
     path = tmp_path / "dev.tsv"
     path.write_bytes(content)
     with pytest.raises(DataFileError) as error:
-        read_pairs(path)
+        read_rows(path)
     assert str(path) in str(error.value) and message in str(error.value)
 
 
 def test_good_data_file_reads_sources_and_targets(tmp_path):
     path = tmp_path / "dev.tsv"
     path.write_bytes(b"March 3, 2001\t2001-03-03\r\n\n3/4/99\t1999-03-04\n")
-    assert read_pairs(path) == (["March 3, 2001", "3/4/99"], ["2001-03-03", "1999-03-04"])
+    assert read_rows(path) == DataRows(["March 3, 2001", "3/4/99"],
+                                       ["2001-03-03", "1999-03-04"], None)
     path.write_text("only sources\nhere\n")
-    assert read_pairs(path) == (["only sources", "here"], None)
+    assert read_rows(path) == DataRows(["only sources", "here"], None, None)
+    path.write_text("a\tA\tB\n\nb\t\tC\n")  # a blank line, an empty target
+    assert read_rows(path) == DataRows(["a", "b"], ["A", ""], ["B", "C"])
     with pytest.raises(DataFileError, match="is not a file"):
-        read_pairs(tmp_path)
+        read_rows(tmp_path)
 
 
 def test_binary_data_file_through_the_cli(tmp_path):

@@ -126,7 +126,8 @@ def _add_attribution_arguments(parser: argparse.ArgumentParser) -> None:
                              "p(output) - p(contrast token), contrast_logit: the logit "
                              "difference)")
     parser.add_argument("--contrast", metavar="FILE",
-                        help="with --hf: one contrast output per line, aligned with --data")
+                        help="with --hf: one contrast output per line, aligned with --data's "
+                             "sources (or give source<TAB>target<TAB>contrast lines in --data)")
     parser.add_argument("--attribution-variant", choices=["attnaudit", "inseq"],
                         default="attnaudit",
                         help="attnaudit: signed sums, pad baseline, attention held constant "

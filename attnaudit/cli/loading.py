@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import attnaudit.target as targets
+from attnaudit.datafile import read_rows
 from attnaudit.interventions.attribution import AttributionOptions
 from attnaudit.interventions.memory import parse_memory
 from attnaudit.interventions.runner import InterventionError
@@ -68,7 +69,9 @@ def _no_library_bars() -> None:
 
 
 def read_contrast(args: argparse.Namespace) -> list[str] | None:
-    """``--contrast FILE``: one contrast output per line, aligned with the data's sources."""
+    """``--contrast FILE``: one contrast output per line, aligned with the data's sources
+    (its non-blank lines); a blank line before the last contrast is refused, since it would
+    shift every later contrast onto another source."""
     path = getattr(args, "contrast", None)
     if path is None:
         return None
@@ -76,13 +79,22 @@ def read_contrast(args: argparse.Namespace) -> list[str] | None:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise TargetError(f"--contrast {path}: {exc}") from None
-    return [line for line in lines if line.strip()]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    blank = next((n for n, line in enumerate(lines, start=1) if not line.strip()), None)
+    if blank is not None:
+        raise TargetError(f"--contrast {path}, line {blank}: blank; give one contrast output "
+                          "per source of --data, in order, with no blank lines (or put the "
+                          "contrasts in a third column of --data)")
+    return lines
 
 
 def attribution_option(args: argparse.Namespace) -> AttributionOptions:
     """``--attribute``, ``--attribution-variant``, ``--target-side`` and ``--methods`` as
     options."""
-    if args.attribute.startswith("contrast") and args.contrast is None and args.hf is not None:
-        raise TargetError(f"--attribute {args.attribute} needs --contrast FILE")
+    if (args.attribute.startswith("contrast") and args.contrast is None and args.hf is not None
+            and args.data is not None and read_rows(args.data).contrasts is None):
+        raise TargetError(f"--attribute {args.attribute} needs --contrast FILE or a third "
+                          f"column (contrast) in {args.data}")
     return AttributionOptions.variant(args.attribution_variant, output=args.attribute,
                                       target_side=args.target_side, methods=args.methods)
