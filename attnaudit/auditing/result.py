@@ -143,7 +143,8 @@ class Audit:
     def figure(self, name: str) -> MplFigure:
         """The report's figure ``name`` (see :meth:`figure_names`) as a matplotlib figure:
         ``example_map_<i>`` (first example, site i), ``entropy_by_head``, ``masked_mass``,
-        ``permutation_tvd``, ``agreement``. Example maps need a live audit."""
+        ``permutation_tvd``, ``agreement`` and, with target-side attribution,
+        ``attribution_sides``. Example maps need a live audit."""
         if name not in self._figures:
             raise KeyError(f"no figure {name!r} in this audit; it has "
                            f"{', '.join(self._figures) or 'none'}")

@@ -109,6 +109,45 @@ def attention_heatmap(name: str, weights: np.ndarray, source_tokens: Sequence[st
     return Figure(name, title, caption, alt, fig)
 
 
+def paired_heatmaps(name: str, panels: Sequence[tuple[np.ndarray, Sequence[str], str]],
+                    step_labels: Sequence[str], *, title: str, caption: str,
+                    value_label: str) -> Figure:
+    """Heatmaps side by side that share their rows (the emitted steps): each panel is
+    ``(values (steps, keys) in 0..1, key labels, x-axis label)``; NaN cells are left blank."""
+    cut_q = min(len(step_labels), MAX_HEATMAP_QUERIES)
+    steps = [visible_token(t) for t in step_labels]
+    cuts = [min(values.shape[1], MAX_HEATMAP_KEYS) for values, _, _ in panels]
+    notes = [f"Only the first {cut} of {values.shape[1]} {xlabel}s are drawn."
+             for cut, (values, _, xlabel) in zip(cuts, panels, strict=True)
+             if cut < values.shape[1]]
+    if cut_q < len(step_labels):
+        notes.append(f"Only the first {cut_q} of {len(step_labels)} steps are drawn.")
+    caption = " ".join([caption, *notes, f"Spaces are drawn as {VISIBLE[ord(' ')]}."])
+    with matplotlib.rc_context(STYLE):
+        width = sum(heatmap_size(cut_q, cut)[0] for cut in cuts)
+        fig = MplFigure(figsize=(width, heatmap_size(cut_q, 1)[1]))
+        axes = fig.subplots(1, len(panels), sharey=True, width_ratios=[c + 2 for c in cuts])
+        for at, (ax, cut, (values, labels, xlabel)) in enumerate(
+                zip(np.atleast_1d(axes), cuts, panels, strict=True)):
+            last = at == len(panels) - 1
+            sns.heatmap(np.asarray(values, dtype=float)[:cut_q, :cut], ax=ax, cmap="viridis",
+                        vmin=0.0, vmax=1.0, cbar=last,
+                        xticklabels=[visible_token(t) for t in labels][:cut],
+                        yticklabels=steps[:cut_q],
+                        cbar_kws={"label": value_label} if last else None)
+            ax.set_xlabel(xlabel)
+            ax.tick_params(axis="x", labelrotation=90)
+            ax.tick_params(axis="y", labelrotation=0)
+        np.atleast_1d(axes)[0].set_ylabel("emitted token (step)")
+        fig.suptitle(title)
+    keys = ". ".join(f"{xlabel}s: {' '.join(visible_token(t) for t in labels)}"
+                     for _, labels, xlabel in panels)
+    alt = (f"{len(panels)} heatmaps of {value_label} side by side, {len(step_labels)} "
+           f"emitted steps by {', '.join(str(v.shape[1]) for v, _, _ in panels)} keys. "
+           f"Steps: {' '.join(steps)}. {keys}.")
+    return Figure(name, title, caption, alt, fig)
+
+
 def site_head_heatmap(name: str, frame: pd.DataFrame, value: str, *, title: str,
                       caption: str, vmin: float | None = None,
                       vmax: float | None = None) -> Figure:

@@ -100,6 +100,7 @@ def _intervention_figures(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figur
                         "permutations, in 4 equal-width bins of the row's largest weight, "
                         "each labelled by its left edge as in the permutation_bins table "
                         f"(Jain & Wallace's plot); dashed: {SMALL_TVD:g}."))
+    out += _attribution_sides(tables)
     agreement = agreement_with_intervals(tables)
     if agreement is not None:
         low, high, _ = band = jain_wallace_band()
@@ -116,6 +117,47 @@ def _intervention_figures(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figur
                     f"{high:g} over their five datasets (a different task; "
                     "docs/metrics.md)."))
     return out
+
+
+START_LABEL = "<start>"
+
+
+def _attribution_sides(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figure]:
+    """The first example's attributions to its source words beside those to its output
+    prefix, for one method (input x gradient where run): drawn only when target-side
+    attribution ran (the ``attribution_prefix`` table)."""
+    prefix, words = tables.get("attribution_prefix"), tables.get("word_importance")
+    if prefix is None or words is None:
+        return []
+    prefix = prefix[prefix["example"] == 0]
+    methods = list(dict.fromkeys(prefix["method"]))
+    if not methods:
+        return []
+    method = GRADIENT if GRADIENT in methods else methods[0]
+    source = words[words["method"] == method]
+    if source.empty:
+        return []
+    step_labels = source.drop_duplicates("step").set_index("step")["target_token"].sort_index()
+    word_labels = source.drop_duplicates("word").set_index("word")["word_text"].sort_index()
+    steps = step_labels.index
+    by_word = source.pivot_table(index="step", columns="word", values="value").reindex(
+        index=steps, columns=word_labels.index)
+    keys = range(int(steps.max()) + 1)  # decoder inputs: the start token, then the output
+    by_key = prefix[prefix["method"] == method].pivot_table(
+        index="step", columns="key", values="importance").reindex(index=steps, columns=keys)
+    tokens = dict(step_labels.items())
+    prefix_labels = [START_LABEL if key == 0 else str(tokens.get(key - 1, key - 1))
+                     for key in keys]
+    return [figs.paired_heatmaps(
+        "attribution_sides", [(by_word.to_numpy(), [str(w) for w in word_labels], "source word"),
+                              (by_key.to_numpy(), prefix_labels, "output prefix token")],
+        [str(t) for t in step_labels], value_label=f"{method} importance",
+        title=f"{method}: source words and output prefix, first audited example",
+        caption=(f"{method} importance of each source word (left: the sum of its tokens' "
+                 "importance, normalised over the source at each step) and of each decoder "
+                 "input token (right: the start token, then the tokens emitted before the "
+                 "step, normalised over the prefix) for every emitted token of the first "
+                 "example; blank: positions after the step, which it cannot read."))]
 
 
 CI_LEVEL = 0.95

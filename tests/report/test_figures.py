@@ -113,3 +113,37 @@ def test_violin_labels_follow_the_table_on_hand_made_rows():
     shown = [t.get_text() for t in violin.figure.axes[0].get_xticklabels()]
     assert shown == ["0.00", "0.25", "0.50", "0.75"]
     assert "0.00: 2 rows" in violin.alt and "0.25: 2 rows" in violin.alt  # 0.25 closes bin 0
+
+
+def test_target_side_heatmap_beside_the_source_one_only_when_target_side_ran(date_audit):
+    from attnaudit.interventions.attribution import AttributionOptions
+    from attnaudit.interventions.suite import run_suite
+    from attnaudit.report.item_figures import item_figures
+    from examples.date.target import make_target
+
+    suite = run_suite(make_target(limit=2), quick=True, progress=False, n_permutations=2,
+                      cumulative_examples=1,
+                      attribution=AttributionOptions(target_side=True))
+    [sides] = [f for f in item_figures(suite.tables, None, None)["interventions"]
+               if f.name == "attribution_sides"]
+    source_ax, prefix_ax = sides.figure.axes[:2]
+    prefix = suite.tables["attribution_prefix"]
+    prefix = prefix[(prefix.example == 0) & (prefix.method == "input_x_gradient")]
+    steps = sorted(prefix.step.unique())
+    drawn = prefix_ax.collections[0].get_array().reshape(len(steps), -1)
+    for row, step in enumerate(steps):
+        at = prefix[prefix.step == step].sort_values("key")
+        np.testing.assert_allclose(drawn[row, : step + 1].filled(np.nan), at.importance)
+        assert drawn.mask[row, step + 1 :].all()  # positions after the step: blank
+    words = suite.tables["word_importance"]
+    words = words[words.method == "input_x_gradient"]
+    shown = [t.get_text() for t in source_ax.get_xticklabels()]
+    assert shown == [figs.visible_token(w) for w in
+                     words.drop_duplicates("word").sort_values("word").word_text]
+    emitted = list(words.drop_duplicates("step").sort_values("step").target_token)
+    assert [t.get_text() for t in prefix_ax.get_xticklabels()] == [
+        "<start>", *[figs.visible_token(t) for t in emitted[:-1]]]
+    without = {k: v for k, v in suite.tables.items() if k != "attribution_prefix"}
+    assert "attribution_sides" not in [f.name for f in item_figures(without, None, None)[
+        "interventions"]]
+    assert "attribution_sides" not in date_audit.figure_names()
