@@ -125,5 +125,6 @@ def gradient_shap_vectors(passes: _Passes, inputs: _Inputs, per_pass: int, n_sam
             path = (start + alpha[..., None, None] * diff).flatten(0, 1)
             rows = chunk.repeat_interleave(start.shape[1])
             for step, grads, _ in passes.gradients(rows, inputs, path, None, False):
-                total[:, step] += (grads.unflatten(0, start.shape[:2]) * diff).float().sum(1)
+                total[:, step] += (grads.unflatten(0, start.shape[:2]).float()
+                                   * diff.float()).sum(1)
         yield chunk, total / n_samples

@@ -16,6 +16,7 @@ from attnaudit.interventions import reference_methods
 from attnaudit.interventions.attribution import attribute
 from attnaudit.target import Batch, Seq2SeqTarget
 from tests.conftest import assert_unchanged, model_fingerprint
+from tests.interventions.test_attribution import PAD, TinyAttention, tiny_target
 from tests.interventions.test_shared_forward import bundled, hooked_first_call
 
 
@@ -43,11 +44,13 @@ class StepProbability(nn.Module):
             -1, self.emitted[rows, self.step, None]).squeeze(-1)
 
 
-def embedded(target: Seq2SeqTarget, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The embedded source (B, n, d) and the pad baseline's embedding (the model's pad id)."""
+def embedded(target: Seq2SeqTarget, batch: Batch, pad: int | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The embedded source (B, n, d) and the pad baseline's embedding (default: the model's
+    pad id)."""
     module = target.source_embedding
     assert module is not None
-    pad = target.model.config.pad_token_id
+    pad = target.model.config.pad_token_id if pad is None else pad
     with torch.no_grad():
         return module(batch.source_ids), module(torch.full_like(batch.source_ids, pad))
 
@@ -58,6 +61,20 @@ def date_bart() -> tuple[Seq2SeqTarget, Batch, torch.Tensor]:
     return target, batch, target.greedy(batch)
 
 
+def captum_deeplift(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
+                    pad: int | None = None) -> torch.Tensor:
+    """Captum's DeepLift called directly, one step at a time: (B, T, n) signed sums."""
+    x, base = embedded(target, batch, pad)
+    expected = torch.zeros(*emitted.shape, x.shape[1])
+    for t in range(emitted.shape[1]):
+        forward = StepProbability(target, batch, emitted, t, torch.arange(len(batch)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected[:, t] = DeepLift(forward).attribute(
+                x.clone().requires_grad_(), baselines=base).detach().sum(-1)
+    return expected * target.step_mask(emitted)[:, :, None]
+
+
 def test_deeplift_equals_captum_deeplift_step_by_step(
         date_bart: tuple[Seq2SeqTarget, Batch, torch.Tensor]) -> None:
     target, batch, emitted = date_bart
@@ -66,15 +83,7 @@ def test_deeplift_equals_captum_deeplift_step_by_step(
                       detach_attention=(), internal_batch_size=4)
     assert_unchanged(target.model, before)
     assert found.baseline_id == target.model.config.pad_token_id
-    x, base = embedded(target, batch)
-    expected = torch.zeros(found.token_scores["deeplift"].shape)
-    for t in range(emitted.shape[1]):
-        forward = StepProbability(target, batch, emitted, t, torch.arange(len(batch)))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            expected[:, t] = DeepLift(forward).attribute(
-                x.clone().requires_grad_(), baselines=base).detach().sum(-1)
-    expected *= target.step_mask(emitted)[:, :, None]
+    expected = captum_deeplift(target, batch, emitted)
     assert expected.abs().max() > 1e-4
     torch.testing.assert_close(found.token_scores["deeplift"], expected, atol=1e-5, rtol=1e-4)
     # BART has no module Captum's rules hook: DeepLift is (x - baseline) x the gradient at x
@@ -82,6 +91,36 @@ def test_deeplift_equals_captum_deeplift_step_by_step(
     variant = found.variant("deeplift")
     assert f"token {found.baseline_id}'s embedding at every position" in variant
     assert "no nonlinearity module Captum's rules apply to" in variant
+
+
+class TanhModules(TinyAttention):
+    """TinyAttention with its two tanh as modules (each called once per teacher-forced
+    pass), where Captum's DeepLift applies its rescale rule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc_act, self.query_act = nn.Tanh(), nn.Tanh()
+
+    def from_embedding(self, embedded: torch.Tensor, valid: torch.Tensor,
+                       tgt_in: torch.Tensor) -> torch.Tensor:
+        memory = self.enc_act(self.enc(embedded))
+        queries = self.query_act(self.query(self.tgt_embed(tgt_in)))
+        return torch.stack([self.out(torch.cat([self.attend(queries[:, t], memory, valid),
+                                                queries[:, t]], -1))
+                            for t in range(tgt_in.shape[1])], 1)
+
+
+def test_deeplift_applies_captum_rules_at_nonlinearity_modules() -> None:
+    target, batch, emitted = tiny_target(TanhModules())
+    found = attribute(target, batch, emitted, ("deeplift",), detach_attention=())
+    expected = captum_deeplift(target, batch, emitted, pad=PAD)
+    torch.testing.assert_close(found.token_scores["deeplift"], expected, atol=1e-6, rtol=1e-5)
+    assert found.rule_modules == ("Tanh",)
+    assert "rescale rule at the model's Tanh modules" in found.variant("deeplift")
+    # the same weights with functional tanh: the plain gradient, other numbers
+    plain_target, _, _ = tiny_target(TinyAttention())
+    plain = attribute(plain_target, batch, emitted, ("deeplift",), detach_attention=())
+    assert (plain.token_scores["deeplift"] - expected).abs().max() > 1e-4
 
 
 def test_gradient_shap_equals_captum_gradient_shap_with_the_same_draws(
