@@ -214,10 +214,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, check=False)
 
 
+@pytest.mark.parametrize("saved", ["gpt2"], indirect=True)  # one architecture suffices here
 def test_cli_check_report_intervene_on_a_saved_gpt2(saved, tmp_path):
-    name, folder = saved
-    if name != "gpt2":
-        pytest.skip("one architecture suffices for the command line")
+    _, folder = saved
     data = tmp_path / "prompts.tsv"
     data.write_text("".join(f"{p}\tw20 w21\n" for p in PROMPTS))
     common = ["--hf", str(folder), "--data", str(data), "--max-new-tokens", "3"]
