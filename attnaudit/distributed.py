@@ -302,6 +302,9 @@ def torchrun_session() -> Iterator[Shard]:
                               f"group torchrun set up: {' '.join(str(exc).split())}") from exc
     try:
         yield current_shard()
+        # Every rank has finished its last collective before any tears its connections
+        # down: a rank leaving while a peer still reads from it aborts that peer in gloo.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
