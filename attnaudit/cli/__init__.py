@@ -9,6 +9,7 @@ lives in the library (:func:`attnaudit.audit` and the views of its result).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -20,7 +21,7 @@ from attnaudit import __version__
 from attnaudit.auditing.validity import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
 from attnaudit.cli.commands import check_command, intervene_command, report_command
 from attnaudit.cli.loading import quiet
-from attnaudit.distributed import main_rank_output, torchrun_session
+from attnaudit.distributed import launched_by_torchrun, main_rank_output, torchrun_session
 from attnaudit.errors import AttnauditError
 from attnaudit.interventions.attribution import ALL_METHODS
 from attnaudit.interventions.permutation import N_PERMUTATIONS
@@ -209,7 +210,21 @@ def main(argv: list[str] | None = None) -> int:
     exits 2 (``--debug``: the traceback too); Ctrl-C and SIGTERM print one line and exit
     130, after every output folder has been cleaned up. Under ``torchrun`` the command runs
     on every rank (:mod:`attnaudit.distributed`): rank 0 prints and writes, every rank
-    prints its error and exits with the same status."""
+    prints its error and exits with the same status.
+
+    A process that ``torchrun`` started for the command line (``argv`` None) leaves with
+    :func:`os._exit` once its process group is destroyed and its output flushed: gloo's
+    threads can otherwise abort it (exit -6) while the interpreter tears its objects down,
+    after the audit is complete."""
+    status = _run_command(argv)
+    if argv is None and launched_by_torchrun():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
+
+
+def _run_command(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     debug = getattr(args, "debug", False)
     in_main_thread = threading.current_thread() is threading.main_thread()
