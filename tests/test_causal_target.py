@@ -117,6 +117,46 @@ def test_an_empty_prompt_is_degenerate_and_square_prefix_views_are_decoder_self(
     assert audit.degenerate.counts["no eligible key"] == 3  # the empty prompt's steps
 
 
+@pytest.mark.parametrize("saved", ["gpt2"], indirect=True)  # views do not depend on it
+def test_a_raw_row_that_does_not_sum_to_one_fails_the_row_sum_check_in_both_views(saved):
+    """A GPT-2 whose attention rows sum to 0.8 (weights declared with ``tap`` after a faulty
+    rescaling): each view keeps the raw row's total, so the row-sum check fails at every
+    continuation row of every view, however the view is renormalised."""
+    name, folder = saved
+    module = sys.modules[type(loaded(name, folder, "eager")).__module__]
+    original = module.eager_attention_forward
+
+    def faulty(mod, query, key, value, attention_mask, scaling=None, dropout=0.0, **_):
+        scores = query @ key.transpose(-1, -2) * scaling + attention_mask
+        scores = scores - scores.amax(-1, keepdim=True)
+        weights = scores.exp() / scores.exp().sum(-1, keepdim=True) * 0.8
+        weights = attnaudit.tap(f"transformer.h.{mod.layer_idx}.attn", weights)
+        return (weights @ value).transpose(1, 2).contiguous(), weights
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    target = from_hf(loaded(name, folder, "eager"), PROMPTS, tokenizer=tokenizer,
+                     max_new_tokens=NEW_TOKENS)
+    module.eager_attention_forward = faulty
+    try:
+        batch = next(target.iter_batches())
+        emitted = target.greedy(batch)
+        with torch.no_grad(), attnaudit.capture(target.model) as cap:
+            target.teacher_forced(batch, emitted)
+        audit = run_validity_audit(target, progress=False)
+    finally:
+        module.eager_attention_forward = original
+    assert sorted(r.kind for r in cap.records.values()) == ["cross"] * 2 + ["self"] * 2
+    for record in cap.records.values():
+        assert (record.weights.sum(-1) - 0.8).abs().max() <= 1e-5, record.name
+    row_sum = {f.site: f for f in audit.findings() if f.check == "row_sum"}
+    rows = {s: int(n) for s, n in zip(audit.site_summary["site"], audit.site_summary["rows"],
+                                      strict=True)}
+    assert sorted(row_sum) == sorted(rows) and len(rows) == 4
+    for site, finding in row_sum.items():
+        assert finding.status == "fail" and finding.rows == rows[site] > 0, finding
+        assert abs(finding.value - 0.2) <= 1e-5
+
+
 def hand_edited_probs(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
                       row: int, n_prompt: int, edit=None) -> torch.Tensor:
     """p(. | prompt, prefix) at position ``row``, eager attention written out by hand, with

@@ -10,12 +10,15 @@ inside it), capture presents each of those calls as two views instead of the raw
 
 Query rows are the positions ``>= P-1`` (the row at ``P-1 + t`` predicts continuation token
 ``t``); a call's queries are its last ``Q`` of ``K`` positions, so a full teacher-forced pass
-and a cached one-token step map alike. Each view is renormalised over its own keys, so that
-it is a distribution (its rows sum to 1) as the analysers and interventions expect; the
-share of the raw row it holds is left out. An edit of a view is written back scaled by the
-view's original mass (held constant: no gradient flows through it), and the rest of the row
-is left as it was. Key ``P-1`` is in both views; when both are edited in one call the cross
-view is written first and the self view is cut from the result.
+and a cached one-token step map alike. Each view is renormalised over its own keys and
+scaled by its raw row's total, so that a view row sums to what the raw row sums to: 1 for a
+valid attention (a distribution, as the analysers and interventions expect), and a raw row
+that is off (does not sum to 1, or is not finite) is off in both views, where the row-sum
+and finiteness checks see it. The share of the raw row a view holds is left out. An edit of
+a view is written back scaled by the view's original mass over the row's total (held
+constant: no gradient flows through it), and the rest of the row is left as it was. Key
+``P-1`` is in both views; when both are edited in one call the cross view is written first
+and the self view is cut from the result.
 """
 
 from __future__ import annotations
@@ -60,11 +63,16 @@ class View:
         block = weights[:, :, self.rows:, self.keys].float()
         return block.sum(-1, keepdim=True)
 
+    def total(self, weights: torch.Tensor) -> torch.Tensor:
+        """(B, H, Q_view, 1) float32: what the view's raw rows sum to over all keys."""
+        return weights[:, :, self.rows:].float().sum(-1, keepdim=True)
+
     def of(self, weights: torch.Tensor) -> torch.Tensor:
-        """(B, H, Q_view, K_view): the block renormalised per row, in the weights' dtype."""
+        """(B, H, Q_view, K_view): the block renormalised per row and scaled by the raw row's
+        total, in the weights' dtype."""
         block = weights[:, :, self.rows:, self.keys].float()
         mass = self.mass(weights).clamp_min(torch.finfo(torch.float32).tiny)
-        return (block / mass).to(weights.dtype)
+        return (block / mass * self.total(weights)).to(weights.dtype)
 
     def mask(self, key_mask: torch.Tensor | None) -> torch.Tensor | None:
         """A key mask broadcastable to the call's weights cut to the block's."""
@@ -74,9 +82,11 @@ class View:
         return key_mask[:, :, rows, self.keys]
 
     def write(self, weights: torch.Tensor, edited: torch.Tensor) -> torch.Tensor:
-        """``weights`` with the block replaced by ``edited`` (a view) times the block's mass."""
+        """``weights`` with the block replaced by ``edited`` (a view) times the block's mass
+        over the row's total."""
         new = weights.clone()
-        scaled = edited.float() * self.mass(weights).detach()
+        total = self.total(weights).clamp_min(torch.finfo(torch.float32).tiny)
+        scaled = edited.float() * (self.mass(weights) / total).detach()
         new[:, :, self.rows:, self.keys] = scaled.to(weights.dtype)
         return new
 
