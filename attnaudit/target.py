@@ -554,27 +554,35 @@ def _audit_data(data: Any, contrast: Sequence[str] | None
                 ) -> tuple[list[str], list[str] | None, Sequence[str] | None]:
     """Sources, optional references and contrast outputs from a TSV path (its third column,
     or ``contrast``, not both), an iterable of strings (a list, a pandas Series, a
-    ``datasets`` column), or a DataFrame laid out as the TSV's first two columns."""
+    ``datasets`` column), or a DataFrame laid out as the TSV's columns (sources, then
+    optionally references, then optionally contrast outputs)."""
     pandas = sys.modules.get("pandas")
     if pandas is not None and isinstance(data, pandas.DataFrame):
-        if data.shape[1] not in (1, 2):
-            raise TargetError(f"a DataFrame of audit data has 1 column (sources) or 2 "
-                              f"(sources, references), got {data.shape[1]}: pass one "
-                              "column, e.g. frame['source']")
-        references = list(data.iloc[:, 1]) if data.shape[1] == 2 else None
+        if data.shape[1] not in (1, 2, 3):
+            raise TargetError(f"a DataFrame of audit data has 1 to 3 columns (sources, "
+                              f"references, contrast outputs), got {data.shape[1]}: pass "
+                              "those columns, e.g. frame[['source', 'target']]")
+        references = list(data.iloc[:, 1]) if data.shape[1] > 1 else None
         sources = _read_rows(list(data.iloc[:, 0])).sources
+        given = list(data.iloc[:, 2]) if data.shape[1] == 3 else None
+        what = f"column {data.columns[-1]!r} of the DataFrame"
     else:
         rows = _read_rows(data)
-        sources, references = rows.sources, rows.targets
-        if rows.contrasts is not None:
-            if contrast is not None:
-                raise TargetError(f"{data} gives a contrast column and contrast outputs were "
-                                  "given as well (--contrast FILE); give one of them")
-            contrast = rows.contrasts
-    wrong = next((s for s in sources if not isinstance(s, str)), None)
-    if wrong is not None:
-        raise TargetError(f"audit sources must be strings, got {type(wrong).__name__} "
-                          f"{wrong!r}")
+        sources, references, given, what = rows.sources, rows.targets, rows.contrasts, data
+    if given is not None:
+        if contrast is not None:
+            raise TargetError(f"{what} gives a contrast column and contrast outputs were "
+                              "given as well (contrast=... or --contrast FILE); give one of "
+                              "them")
+        wrong = [c for c in given if not isinstance(c, str)]
+        if wrong:
+            raise TargetError(f"contrast outputs must be strings, got "
+                              f"{type(wrong[0]).__name__} {wrong[0]!r} in {what}")
+        contrast = given
+    wrong = [s for s in sources if not isinstance(s, str)]
+    if wrong:
+        raise TargetError(f"audit sources must be strings, got {type(wrong[0]).__name__} "
+                          f"{wrong[0]!r}")
     return sources, references, contrast
 
 

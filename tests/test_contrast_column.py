@@ -75,3 +75,21 @@ def test_contrast_file_and_column_rules(tmp_path: Path,
         code = main(argv + (["--contrast", str(contrast)] if contrast else []))
         err = capsys.readouterr().err
         assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_a_dataframe_third_column_is_the_contrast_output() -> None:
+    transformers = pytest.importorskip("transformers")
+    from attnaudit.target import TargetError, from_hf
+
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(HF_MODEL).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(HF_MODEL)
+    frame = pd.DataFrame({"source": SOURCES, "iso": TARGETS, "foil": FOILS})
+    batch = next(from_hf(model, frame, tokenizer=tokenizer).iter_batches())
+    foils = tokenizer(text_target=FOILS, padding=True, return_tensors="pt")
+    expected = foils["input_ids"].masked_fill(foils["attention_mask"] == 0,
+                                              tokenizer.eos_token_id)
+    assert batch.references == TARGETS
+    assert batch.inputs["contrast_ids"].tolist() == expected.tolist()
+    with pytest.raises(TargetError, match="column 'foil' of the DataFrame gives a contrast "
+                                          "column and contrast outputs were given as well"):
+        from_hf(model, frame, tokenizer=tokenizer, contrast=FOILS)

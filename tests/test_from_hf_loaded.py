@@ -105,7 +105,10 @@ def test_a_model_in_training_mode_is_left_so_with_a_warning():
 @pytest.mark.parametrize(("data", "tokenizer", "message"), [
     (["3 march 2001"], None, "a loaded model needs its tokenizer"),
     ([3, 4], "tok", "audit sources must be strings, got int"),
-    (pd.DataFrame({"a": ["x"], "b": ["y"], "c": ["z"]}), "tok", "pass one column"),
+    (["3 march 2001", None], "tok", "audit sources must be strings, got NoneType"),
+    (pd.DataFrame({"a": ["x"], "b": ["y"], "c": ["z"], "d": ["w"]}), "tok", "1 to 3 columns"),
+    (pd.DataFrame({"a": ["x"], "b": ["y"], "c": [None]}), "tok",
+     "contrast outputs must be strings, got NoneType None in column 'c' of the DataFrame"),
 ])
 def test_bad_loaded_inputs_are_clear_errors(data, tokenizer, message):
     model, real_tokenizer = _load()
