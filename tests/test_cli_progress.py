@@ -126,6 +126,7 @@ def test_help_is_plain_usage_and_quick_says_what_it_changes(capsys):
         with pytest.raises(SystemExit):
             attnaudit_cli.main([command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
-        assert (f"--quick a cheaper audit: no adversarial search, no integrated gradients, "
+        assert (f"--quick a cheaper audit: no adversarial search, no integrated gradients "
+                f"(unless --methods names them), "
                 f"{QUICK_PERMUTATIONS} permutations per row instead of {N_PERMUTATIONS}"
                 in text)

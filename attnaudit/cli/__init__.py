@@ -36,7 +36,8 @@ DESCRIPTION = ("Audit the attention of a sequence-to-sequence model: capture its
 EPILOG = ("Run 'attnaudit COMMAND --help' for a command's options. Progress goes to stderr "
           "(whole lines when stderr is not a terminal; none with --quiet); results go to "
           "stdout.")
-QUICK_HELP = (f"a cheaper audit: no adversarial search, no integrated gradients, "
+QUICK_HELP = (f"a cheaper audit: no adversarial search, no integrated gradients (unless "
+              f"--methods names them), "
               f"{QUICK_PERMUTATIONS} permutations per row instead of {N_PERMUTATIONS}")
 USAGE_ERROR = 2
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
