@@ -25,6 +25,7 @@ An edited step runs one position from the key/value cache of the unedited pass
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +101,17 @@ class CausalLM:
         mask = left_padded([[True] * len(row) for row in enc["input_ids"]], False, self.limit)
         offsets = {"offsets": left_padded(enc["offset_mapping"], (0, 0), self.limit)}
         return ids, mask, offsets if fast else {}
+
+    def continuations(self, texts: Sequence[str]) -> torch.Tensor:
+        """Continuation texts as ids (B, T'), tokenized alone without special tokens (a
+        text continues the prompt as written: give its leading space where the tokenizer
+        marks one), right-padded with the end-of-sequence id."""
+        rows = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        width = max([1, *(len(row) for row in rows)])
+        out = torch.full((len(rows), width), self.eos_id, dtype=torch.long)
+        for at, row in enumerate(rows):
+            out[at, : len(row)] = torch.tensor(row, dtype=torch.long)
+        return out
 
     @torch.no_grad()
     def greedy(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

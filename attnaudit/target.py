@@ -302,7 +302,8 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         name: the label in reports (default: the folder as given, or the name the loaded
             model was loaded from).
         contrast: optional, one contrast output string per source, for contrastive
-            attribution; tokenized as targets into ``batch.inputs["contrast_ids"]``.
+            attribution; tokenized as targets into ``batch.inputs["contrast_ids"]`` (for a
+            decoder-only model: as a continuation, without special tokens).
 
     A loaded model is left exactly as it is — mode, dtype, device, attention backend: the
     target runs it in place. When ``device`` or ``dtype`` would change it, a copy is moved
@@ -369,13 +370,14 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         check_backends(list(model.named_modules()))
     except CaptureError as exc:
         raise TargetError(f"{label}: {exc}") from None
+    if contrast is not None and len(contrast) != len(sources):
+        raise TargetError(f"contrast gives {len(contrast)} outputs for {len(sources)} sources; "
+                          "give one per source")
     if is_causal_lm(getattr(model, "config", None)):
-        if contrast is not None:
-            raise TargetError(f"{label}: contrast outputs are supported for seq2seq models "
-                              f"only, not for a decoder-only model")
         return _causal_target(CausalLM(model, tokenizer, max_new_tokens), sources, references,
-                              batch_size=batch_size, max_source_tokens=max_source_tokens,
-                              label=label, origin=origin, name=name)
+                              contrast, batch_size=batch_size,
+                              max_source_tokens=max_source_tokens, label=label, origin=origin,
+                              name=name)
     config = model.config
     start = config.decoder_start_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.pad_token_id
@@ -383,9 +385,6 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
     if start is None or pad is None or eos is None:
         raise TargetError(f"{label}: config needs decoder_start_token_id, pad and eos ids")
     limit, truncation = _source_limit(tokenizer, config, sources, max_source_tokens)
-    if contrast is not None and len(contrast) != len(sources):
-        raise TargetError(f"contrast gives {len(contrast)} outputs for {len(sources)} sources; "
-                          "give one per source")
     where = next(model.parameters()).device
     cache_arg = cache_argument(model)
 
@@ -484,8 +483,9 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
     )
 
 
-def _causal_target(lm: CausalLM, sources: list[str], references: list[str] | None, *,
-                   batch_size: int, max_source_tokens: int | None, label: str, origin: str,
+def _causal_target(lm: CausalLM, sources: list[str], references: list[str] | None,
+                   contrast: Sequence[str] | None, *, batch_size: int,
+                   max_source_tokens: int | None, label: str, origin: str,
                    name: str | None) -> Seq2SeqTarget:
     """Prompt -> continuation (:mod:`attnaudit.causal_target`): prompts cut to the smaller of
     ``max_source_tokens`` and the position limit less the continuation, keeping their end."""
@@ -502,6 +502,9 @@ def _causal_target(lm: CausalLM, sources: list[str], references: list[str] | Non
         for at in range(0, len(sources), batch_size):
             texts = sources[at : at + batch_size]
             ids, mask, inputs = lm.prompts(texts)
+            if contrast is not None:
+                foils = lm.continuations(contrast[at : at + batch_size])
+                inputs["contrast_ids"] = foils.to(where)
             yield Batch(ids.to(where), mask.to(where), texts,
                         None if references is None else references[at : at + batch_size],
                         inputs)

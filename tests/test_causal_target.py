@@ -17,6 +17,7 @@ import torch
 import attnaudit
 from attnaudit.auditing.validity import run_validity_audit
 from attnaudit.interventions.ablation import uniform_test, zeroing_test
+from attnaudit.interventions.attribution import AttributionOptions, attribute
 from attnaudit.interventions.permutation import _PermutationEdit, permutation_test
 from attnaudit.interventions.runner import Rows, reference
 from attnaudit.target import from_hf
@@ -249,6 +250,44 @@ def test_protocols_equal_a_hand_written_rerun(saved):
         assert zeroing["zero_top_tvd"][i] == pytest.approx(change(zero_top), abs=1e-5)
 
 
+def test_contrastive_input_x_gradient_on_a_causal_lm_equals_a_hand_gradient(saved):
+    """Contrast continuations (tokenized alone) and p(y_t) - p(c_t) after the emitted prefix:
+    input x gradient at the prompt embeddings equals the model's own autograd, by hand."""
+    name, folder = saved
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    foils = ["w20 w21", "w22", "w23 w24 w25 w26 w27"]
+    target = from_hf(loaded(name, folder, "sdpa"), PROMPTS, tokenizer=tokenizer,
+                     max_new_tokens=NEW_TOKENS, contrast=foils)
+    batch = next(target.iter_batches())
+    by_hand = [tokenizer(f, add_special_tokens=False)["input_ids"] for f in foils]
+    ids = batch.inputs["contrast_ids"]
+    for row, expected in zip(ids.tolist(), by_hand, strict=True):
+        assert row[: len(expected)] == expected
+        assert set(row[len(expected):]) <= {target.eos_id}
+    emitted = target.greedy(batch)
+    contrast = AttributionOptions(output="contrast").contrast_ids(batch, emitted, target.eos_id)
+    found = attribute(target, batch, emitted, ("input_x_gradient",), output="contrast",
+                      contrast=contrast, detach_attention=()).token_scores["input_x_gradient"]
+
+    model = target.model
+    n_prompt, n_steps = batch.source_ids.shape[1], emitted.shape[1]
+    embedded = model.get_input_embeddings()(batch.source_ids).detach().requires_grad_()
+    prefix = model.get_input_embeddings()(emitted[:, :-1]).detach()
+    mask = torch.cat([batch.source_mask, torch.ones_like(emitted[:, :-1], dtype=torch.bool)], 1)
+    inputs = hf_inputs(torch.zeros_like(mask, dtype=torch.long), mask)
+    del inputs["input_ids"]
+    probs = torch.softmax(model(inputs_embeds=torch.cat([embedded, prefix], 1),
+                                **inputs).logits[:, n_prompt - 1:].float(), -1)
+    steps = target.step_mask(emitted)
+    for t in range(n_steps):
+        picked = probs[:, t].gather(-1, emitted[:, t : t + 1]) - probs[:, t].gather(
+            -1, contrast[:, t : t + 1])
+        (grad,) = torch.autograd.grad(picked.sum(), embedded, retain_graph=True)
+        expected = (grad * embedded).sum(-1) * steps[:, t : t + 1]
+        assert (found[:, t] - expected).abs().max() <= 1e-5, t
+    assert found.abs().max() > 1e-3
+
+
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "attnaudit", *args], capture_output=True,
                           text=True, check=False)
@@ -278,8 +317,13 @@ def test_cli_check_report_intervene_on_a_saved_gpt2(saved, tmp_path):
     sums = words.groupby(["site", "step"])["attention"].sum()
     assert ((sums - 1).abs() < 1e-5).all()  # every prompt token is in a word
     out = tmp_path / "intervene"
-    result = cli("intervene", *common, "--quick", "--out", str(out))
+    foils = tmp_path / "foils.txt"
+    foils.write_text("".join(f"w2{i} w30\n" for i in range(len(PROMPTS))))
+    result = cli("intervene", *common, "--quick", "--out", str(out), "--attribute", "contrast",
+                 "--contrast", str(foils))
     assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["metadata"]["attribution_output"] == "contrast"
     importance = pd.read_csv(out / "word_importance.csv")
     assert {"attention", "saliency", "loo"} <= set(importance["method"])
     attention = importance[importance["method"] == "attention"]
