@@ -32,12 +32,15 @@ gradient of the attributed output with respect to it, per token:
 - ``occlusion``: Captum ``Occlusion`` with a one-token window: token score = ``f(x) -
   f(x with that token's embedding replaced by the baseline token's)``, no gradient (not in
   the suite's default methods: one forward pass per source token).
-- ``deeplift`` and ``gradient_shap`` (source side only, not in the suite's default methods):
-  Captum's ``DeepLift`` (rescale rule where the model has nonlinearity modules Captum
-  supports, else ``(x - baseline) * gradient``) and ``GradientShap`` (a Gaussian baseline
-  distribution around the same baseline, seeded per example);
-  :mod:`attnaudit.interventions.reference_methods` says how; token score reduced over ``d``
-  as for integrated gradients.
+- ``deeplift`` and ``gradient_shap`` (not in the suite's default methods): Captum's
+  ``DeepLift`` (rescale rule where the model has nonlinearity modules Captum supports, else
+  ``(x - baseline) * gradient`` from the shared forward pass, at the cost of input x
+  gradient) and ``GradientShap`` (a Gaussian baseline distribution around the same
+  baseline, seeded per example); :mod:`attnaudit.interventions.reference_methods` says how;
+  token score reduced over ``d`` as for integrated gradients.
+
+Every method but occlusion also scores the output prefix with ``target_side``, the prefix
+embeddings measured against the same baseline token's embedding.
 
 Variant reported: by default ``saliency`` and ``input_x_gradient`` treat cross-attention
 weights as constants ("attention detached", as Jain & Wallace compute gradient importance):
@@ -49,8 +52,8 @@ changes which methods are detached; :meth:`Attributions.variant` says it in word
 
 Speed (attnaudit.interventions.step_gradients): all target steps of an example share each
 forward pass (one teacher-forced pass per input point over the whole output), and their
-gradients come from batched backward passes; saliency and input x gradient with the same
-detachment share one gradient.
+gradients come from batched backward passes; saliency, input x gradient and DeepLift
+without rule modules share one gradient when their detachment is the same.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from attnaudit.capturing.recorder import capture
 from attnaudit.interventions.reference_methods import (
     SHAP_SAMPLES,
     SHAP_STDEV,
+    Vectors,
     deeplift_vectors,
     gradient_shap_vectors,
     rule_modules,
@@ -88,8 +92,8 @@ METHODS = ("saliency", "input_x_gradient", "integrated_gradients")  # the suite'
 ALL_METHODS = (*METHODS, "occlusion", "deeplift", "gradient_shap")
 GRADIENT_METHODS = ("saliency", "input_x_gradient")  # the gradient at the input itself
 DETACHABLE = (*GRADIENT_METHODS, "integrated_gradients")
-PREFIX_METHODS = DETACHABLE  # the methods that attribute to the output prefix too
 VECTOR_METHODS = ("deeplift", "gradient_shap")  # reference_methods: attribution vectors
+PREFIX_METHODS = (*DETACHABLE, *VECTOR_METHODS)  # those that attribute to the prefix too
 DETACHED_BY_DEFAULT = ("saliency", "input_x_gradient")
 REDUCTIONS = ("sum", "norm")
 IG_METHOD = "gausslegendre"
@@ -199,6 +203,8 @@ class Attributions:
                  "plain gradients through functional operations" if self.rule_modules else
                  "no nonlinearity module Captum's rules apply to, so (x - baseline) x the "
                  "gradient at x")
+        prefix_noise = ("" if self.prefix_scores is None
+                        else " and each decoder input of a valid step")
         if method == "saliency":
             score = "L2 norm of the gradient over the embedding dimension"
         else:
@@ -209,8 +215,8 @@ class Attributions:
                 "deeplift": f"DeepLift attribution (baseline: {baseline}; {rules})",
                 "gradient_shap": f"GradientShap attribution (baselines: {baseline} plus "
                                  f"Gaussian noise of standard deviation {self.shap_stdev} at "
-                                 f"each source token, {self.shap_samples} samples per example "
-                                 "seeded from the target seed)",
+                                 f"each source token{prefix_noise}, {self.shap_samples} samples "
+                                 "per example seeded from the target seed)",
             }[method]
             score = (f"signed sum of the {what} over the embedding dimension"
                      if self.reduction == "sum"
@@ -328,6 +334,14 @@ class _Inputs:
     values: torch.Tensor
     vocab: int
 
+    def sides(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The attributed inputs with their baselines: the source, then (with target-side
+        attribution) the prefix."""
+        sides = [(self.source, self.source_base)]
+        if self.prefix is not None and self.prefix_base is not None:
+            sides.append((self.prefix, self.prefix_base))
+        return sides
+
 
 class _Passes:
     """Teacher-forced forward passes over the whole output with replaced embeddings, and the
@@ -441,11 +455,15 @@ def _reduced(vectors: torch.Tensor, reduction: str) -> torch.Tensor:
     return vectors.sum(-1) if reduction == "sum" else vectors.norm(dim=-1)
 
 
-def _fill(scores: torch.Tensor, vectors: Iterator[tuple[torch.Tensor, torch.Tensor]],
-          reduction: str, bar: object) -> None:
-    """Token scores into ``scores`` (B, w, n) from ``(rows, vectors (R, w, n, d))`` chunks."""
-    for rows, found in vectors:
-        scores[rows] = _reduced(found, reduction).cpu()
+def _fill(method: str, vectors: Iterator[Vectors], reduction: str,
+          scores: dict[str, torch.Tensor], prefix: dict[str, torch.Tensor] | None,
+          bar: object) -> None:
+    """Token scores of ``method`` into ``scores`` (B, w, n) (and ``prefix`` (B, w, w)) from
+    ``(rows, source vectors (R, w, n, d), prefix vectors (R, w, w, d) or None)`` chunks."""
+    for rows, source, at_prefix in vectors:
+        scores[method][rows] = _reduced(source, reduction).cpu()
+        if prefix is not None and at_prefix is not None:
+            prefix[method][rows] = _reduced(at_prefix, reduction).cpu()
         bar.update(len(rows))  # type: ignore[attr-defined]
 
 
@@ -549,22 +567,27 @@ def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
     scores = {m: torch.zeros(n_examples, width, n_keys) for m in methods}
     prefix = ({m: torch.zeros(n_examples, width, width) for m in methods if m in PREFIX_METHODS}
               if target_side else None)
+    rules = rule_modules(target.model) if "deeplift" in methods else ()
+    # without rule modules DeepLift is (x - baseline) x the gradient at x: a gradient method
+    at_input = (*GRADIENT_METHODS, *(() if rules else ("deeplift",)))
     detach_groups: dict[bool, list[str]] = {}
-    for method in (m for m in methods if m in GRADIENT_METHODS):
+    for method in (m for m in methods if m in at_input):
         detach_groups.setdefault(method in detach_attention, []).append(method)
     ig = "integrated_gradients" in methods
     delta = None
-    kinds = len(detach_groups) + ig + sum(m in methods for m in VECTOR_METHODS)
+    kinds = len(detach_groups) + ig + sum(m in methods and m not in at_input
+                                          for m in VECTOR_METHODS)
     seed = target.seed if seed is None else seed
     with progress_bar(n_examples * kinds, "attribution", progress) as bar:
         if "occlusion" in methods:
             _occlusion_scores(passes, inputs, per_pass, scores["occlusion"], bar)
-        if "deeplift" in methods:
-            _fill(scores["deeplift"], deeplift_vectors(passes, inputs, per_pass), reduction, bar)
+        if "deeplift" in methods and rules:
+            _fill("deeplift", deeplift_vectors(passes, inputs, per_pass), reduction, scores,
+                  prefix, bar)
         if "gradient_shap" in methods:
-            _fill(scores["gradient_shap"],
+            _fill("gradient_shap",
                   gradient_shap_vectors(passes, inputs, per_pass, shap_samples, shap_stdev, seed,
-                                        first_example), reduction, bar)
+                                        first_example), reduction, scores, prefix, bar)
         for detach, group in detach_groups.items():
             _gradient_scores(passes, inputs, per_pass, group, detach, reduction, scores,
                              prefix, bar)
@@ -586,8 +609,7 @@ def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         keys=keys, steps=steps, detached=tuple(m for m in methods if m in detach_attention),
         n_steps=n_steps, baseline_id=baseline_id, eos_kept=baseline == "unk", output=output,
         reduction=reduction, prefix_scores=prefix, shap_samples=shap_samples,
-        shap_stdev=shap_stdev,
-        rule_modules=rule_modules(target.model) if "deeplift" in methods else ())
+        shap_stdev=shap_stdev, rule_modules=rules)
 
 
 def _widen(values: torch.Tensor, width: int) -> torch.Tensor:
@@ -600,19 +622,26 @@ def _widen(values: torch.Tensor, width: int) -> torch.Tensor:
 def _gradient_scores(passes: _Passes, inputs: _Inputs, per_pass: int, group: list[str],
                      detach: bool, reduction: str, scores: dict[str, torch.Tensor],
                      prefix: dict[str, torch.Tensor] | None, bar: object) -> None:
-    """Saliency and input x gradient of ``group`` (same detachment) from one gradient."""
+    """Saliency, input x gradient and DeepLift without rule modules of ``group`` (same
+    detachment) from one gradient ``g``: ``||g||``, ``g * x`` and ``g * (x - baseline)``."""
     for rows in torch.arange(len(passes.batch)).split(per_pass):
-        source = inputs.source[rows]
-        embedded = None if inputs.prefix is None else inputs.prefix[rows]
-        for step, g_source, g_prefix in passes.gradients(rows, inputs, source, embedded,
-                                                         detach):
+        sides = [(x[rows], base[rows]) for x, base in inputs.sides()]
+        into = [scores, prefix] if prefix is not None else [scores]
+        factors = {m: [_gradient_factor(m, x, base) for x, base in sides] for m in group}
+        for step, *grads in passes.gradients(rows, inputs, sides[0][0],
+                                             sides[1][0] if len(sides) > 1 else None, detach):
             for method in group:
-                at = None if method == "saliency" else source
-                scores[method][rows, step] = _token_score(g_source, at, reduction).cpu()
-                if prefix is not None and g_prefix is not None:
-                    at = None if method == "saliency" else embedded
-                    prefix[method][rows, step] = _token_score(g_prefix, at, reduction).cpu()
+                for out, grad, at in zip(into, grads, factors[method], strict=False):
+                    out[method][rows, step] = _token_score(grad, at, reduction).cpu()
         bar.update(len(rows))  # type: ignore[attr-defined]
+
+
+def _gradient_factor(method: str, x: torch.Tensor, base: torch.Tensor) -> torch.Tensor | None:
+    """What the gradient at ``x`` is multiplied by: nothing (saliency), ``x`` (input x
+    gradient) or ``x - base`` (DeepLift without rule modules)."""
+    if method == "saliency":
+        return None
+    return x if method == "input_x_gradient" else x - base
 
 
 def _occlusion_scores(passes: _Passes, inputs: _Inputs, per_pass: int, scores: torch.Tensor,
@@ -641,9 +670,7 @@ def _integrated_gradients(passes: _Passes, inputs: _Inputs, per_pass: int, n_ste
     weights = torch.tensor(step_sizes(n_steps), dtype=torch.float32)
     points = torch.tensor(alphas(n_steps), dtype=torch.float32)
     points_per_pass = min(n_steps, per_pass)
-    sides = [(inputs.source, inputs.source_base)]
-    if inputs.prefix is not None and inputs.prefix_base is not None:
-        sides.append((inputs.prefix, inputs.prefix_base))
+    sides = inputs.sides()
     signed_total = torch.zeros(inputs.values.shape, dtype=torch.float32)
     for chunk in torch.arange(len(passes.batch)).split(max(per_pass // n_steps, 1)):
         diffs = [x[chunk] - base[chunk] for x, base in sides]

@@ -1,5 +1,6 @@
 """DeepLift and GradientShap against Captum called directly, one target step at a time, on the
-date BART."""
+bundled models and a tiny model with nonlinearity modules; with target-side attribution the
+decoder's input embeddings are Captum's second input."""
 
 from __future__ import annotations
 
@@ -16,13 +17,31 @@ from attnaudit.interventions import reference_methods
 from attnaudit.interventions.attribution import attribute
 from attnaudit.target import Batch, Seq2SeqTarget
 from tests.conftest import assert_unchanged, model_fingerprint
-from tests.interventions.test_attribution import PAD, TinyAttention, tiny_target
+from tests.interventions.test_attribution import BOS, PAD, TinyAttention, tiny_target
 from tests.interventions.test_shared_forward import bundled, hooked_first_call
+
+
+def hooked_prefix(module: nn.Module, prefix: torch.Tensor) -> torch.utils.hooks.RemovableHandle:
+    """A forward hook making ``module``'s calls return the decoder input embeddings ``prefix``
+    (R, T, d) in order: a call giving (R, t, d) takes the next t positions, one giving (R, d)
+    the next one."""
+    at = [0]
+
+    def hook(_m: nn.Module, _a: object, output: torch.Tensor) -> torch.Tensor:
+        first = at[0]
+        if output.ndim == 2:
+            at[0] += 1
+            return prefix[:, first]
+        at[0] += output.shape[1]
+        return prefix[:, first : at[0]]
+
+    return module.register_forward_hook(hook)
 
 
 class StepProbability(nn.Module):
     """p(y_t) of example rows ``rows`` (cycled over the rows given) with the source embedding's
-    first call replaced: the forward Captum sees, holding the model as a submodule."""
+    first call replaced (and, given a prefix, the decoder's input embeddings): the forward
+    Captum sees, holding the model as a submodule."""
 
     def __init__(self, target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, step: int,
                  rows: torch.Tensor) -> None:
@@ -30,16 +49,21 @@ class StepProbability(nn.Module):
         self.model, self.target, self.batch = target.model, target, batch
         self.emitted, self.step, self.rows = emitted, step, rows
 
-    def forward(self, embedded: torch.Tensor) -> torch.Tensor:
+    def forward(self, embedded: torch.Tensor, prefix: torch.Tensor | None = None
+                ) -> torch.Tensor:
         rows = self.rows[torch.arange(embedded.shape[0]) % len(self.rows)]
-        module = self.target.source_embedding
-        assert module is not None
-        handle = hooked_first_call(module, embedded)
+        source, decoder = self.target.source_embedding, self.target.target_embedding
+        assert source is not None and source is not decoder
+        handles = [hooked_first_call(source, embedded)]
+        if prefix is not None:
+            assert decoder is not None
+            handles.append(hooked_prefix(decoder, prefix))
         try:
             logits = self.target.teacher_forced(self.batch.select(rows),
                                                 self.emitted[rows, : self.step + 1])
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
         return torch.softmax(logits[:, self.step].float(), -1).gather(
             -1, self.emitted[rows, self.step, None]).squeeze(-1)
 
@@ -55,42 +79,82 @@ def embedded(target: Seq2SeqTarget, batch: Batch, pad: int | None = None
         return module(batch.source_ids), module(torch.full_like(batch.source_ids, pad))
 
 
+def embedded_prefix(target: Seq2SeqTarget, emitted: torch.Tensor, start: int, pad: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decoder's input embeddings (B, T, d) (``start``, then the emitted ids but the last)
+    and the pad baseline's embedding at every position."""
+    module = target.target_embedding
+    assert module is not None
+    ids = torch.cat([torch.full_like(emitted[:, :1], start), emitted[:, :-1]], 1)
+    with torch.no_grad():
+        return module(ids), module(torch.full_like(ids, pad))
+
+
+Case = tuple[Seq2SeqTarget, Batch, torch.Tensor, int, int]
+
+
+def bundled_case(name: str) -> Case:
+    """A bundled target, 3 sources, their greedy output, the pad and decoder start ids."""
+    target, batch = bundled(name)
+    if name == "date":
+        from examples.date.data import BOS as DATE_BOS
+        from examples.date.data import PAD as DATE_PAD
+
+        pad, start = DATE_PAD, DATE_BOS
+    else:
+        pad, start = (target.model.config.pad_token_id,
+                      target.model.config.decoder_start_token_id)
+    return target, batch, target.greedy(batch), pad, start
+
+
 @pytest.fixture(scope="module")
-def date_bart() -> tuple[Seq2SeqTarget, Batch, torch.Tensor]:
-    target, batch = bundled("date_transformer")
-    return target, batch, target.greedy(batch)
+def date_bart() -> Case:
+    return bundled_case("date_transformer")
 
 
-def captum_deeplift(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
-                    pad: int | None = None) -> torch.Tensor:
-    """Captum's DeepLift called directly, one step at a time: (B, T, n) signed sums."""
-    x, base = embedded(target, batch, pad)
-    expected = torch.zeros(*emitted.shape, x.shape[1])
+def captum_deeplift(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, pad: int,
+                    start: int | None = None) -> list[torch.Tensor]:
+    """Captum's DeepLift called directly, one step at a time: [(B, T, n) signed sums] and, with
+    ``start``, the decoder's input embeddings as a second input: [..., (B, T, T)]."""
+    inputs = [embedded(target, batch, pad)]
+    if start is not None:
+        inputs.append(embedded_prefix(target, emitted, start, pad))
+    expected = [torch.zeros(*emitted.shape, x.shape[1]) for x, _ in inputs]
     for t in range(emitted.shape[1]):
         forward = StepProbability(target, batch, emitted, t, torch.arange(len(batch)))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            expected[:, t] = DeepLift(forward).attribute(
-                x.clone().requires_grad_(), baselines=base).detach().sum(-1)
-    return expected * target.step_mask(emitted)[:, :, None]
+            found = DeepLift(forward).attribute(
+                tuple(x.clone().requires_grad_() for x, _ in inputs),
+                baselines=tuple(base for _, base in inputs))
+        for into, side in zip(expected, found, strict=True):
+            into[:, t] = side.detach().sum(-1)
+    steps = target.step_mask(emitted)[:, :, None]
+    return [side * steps for side in expected]
 
 
-def test_deeplift_equals_captum_deeplift_step_by_step(
-        date_bart: tuple[Seq2SeqTarget, Batch, torch.Tensor]) -> None:
-    target, batch, emitted = date_bart
+@pytest.mark.parametrize("name", ["date", "date_transformer"])
+def test_deeplift_without_rule_modules_equals_captum_deeplift(name: str) -> None:
+    """No module Captum's rules hook: attnaudit computes DeepLift from the shared forward pass;
+    it equals Captum's, on the source alone and with the decoder inputs as a second input."""
+    target, batch, emitted, pad, start = bundled_case(name)
     before = model_fingerprint(target.model)
-    found = attribute(target, batch, emitted, ("deeplift", "input_x_gradient"),
-                      detach_attention=(), internal_batch_size=4)
+    both = attribute(target, batch, emitted, ("deeplift", "input_x_gradient"),
+                     detach_attention=(), internal_batch_size=2, target_side=True)
+    alone = attribute(target, batch, emitted, ("deeplift",))
     assert_unchanged(target.model, before)
-    assert found.baseline_id == target.model.config.pad_token_id
-    expected = captum_deeplift(target, batch, emitted)
-    assert expected.abs().max() > 1e-4
-    torch.testing.assert_close(found.token_scores["deeplift"], expected, atol=1e-5, rtol=1e-4)
-    # BART has no module Captum's rules hook: DeepLift is (x - baseline) x the gradient at x
-    assert found.rule_modules == ()
-    variant = found.variant("deeplift")
-    assert f"token {found.baseline_id}'s embedding at every position" in variant
+    assert both.baseline_id == alone.baseline_id == pad
+    source, prefix = captum_deeplift(target, batch, emitted, pad, start)
+    assert source.abs().max() > 1e-4 and prefix.abs().max() > 1e-4
+    assert both.prefix_scores is not None
+    for found, expected in ((both.token_scores, source), (alone.token_scores, source),
+                            (both.prefix_scores, prefix)):
+        torch.testing.assert_close(found["deeplift"], expected, atol=1e-5, rtol=0)
+    assert both.rule_modules == alone.rule_modules == ()
+    variant = both.variant("deeplift")
+    assert f"token {pad}'s embedding at every position" in variant
     assert "no nonlinearity module Captum's rules apply to" in variant
+    assert "gradient through the attention weights" in variant
 
 
 class TanhModules(TinyAttention):
@@ -111,83 +175,120 @@ class TanhModules(TinyAttention):
 
 
 def test_deeplift_applies_captum_rules_at_nonlinearity_modules() -> None:
-    target, batch, emitted = tiny_target(TanhModules())
-    found = attribute(target, batch, emitted, ("deeplift",), detach_attention=())
-    expected = captum_deeplift(target, batch, emitted, pad=PAD)
-    torch.testing.assert_close(found.token_scores["deeplift"], expected, atol=1e-6, rtol=1e-5)
-    assert found.rule_modules == ("Tanh",)
-    assert "rescale rule at the model's Tanh modules" in found.variant("deeplift")
-    # the same weights with functional tanh: the plain gradient, other numbers
-    plain_target, _, _ = tiny_target(TinyAttention())
-    plain = attribute(plain_target, batch, emitted, ("deeplift",), detach_attention=())
-    assert (plain.token_scores["deeplift"] - expected).abs().max() > 1e-4
+    model = TanhModules()
+    target, batch, emitted = tiny_target(model)
+    target = target.with_options(target_embedding=model.tgt_embed)
+    before = model_fingerprint(model)
+    alone = attribute(target, batch, emitted, ("deeplift",), detach_attention=())
+    both = attribute(target, batch, emitted, ("deeplift",), detach_attention=(),
+                     target_side=True, internal_batch_size=3)
+    assert_unchanged(model, before)
+    (expected,) = captum_deeplift(target, batch, emitted, pad=PAD)
+    source, prefix = captum_deeplift(target, batch, emitted, pad=PAD, start=BOS)
+    assert both.prefix_scores is not None
+    for found, wanted in ((alone.token_scores, expected), (both.token_scores, source),
+                          (both.prefix_scores, prefix)):
+        torch.testing.assert_close(found["deeplift"], wanted, atol=1e-6, rtol=1e-5)
+    assert alone.rule_modules == ("Tanh",)
+    assert "rescale rule at the model's Tanh modules" in alone.variant("deeplift")
+    # the same weights with functional tanh: (x - baseline) x the gradient, other numbers
+    plain_model = TinyAttention()
+    plain_target, _, _ = tiny_target(plain_model)
+    plain_target = plain_target.with_options(target_embedding=plain_model.tgt_embed)
+    plain = attribute(plain_target, batch, emitted, ("deeplift",), detach_attention=(),
+                      target_side=True)
+    assert plain.prefix_scores is not None
+    assert (plain.token_scores["deeplift"] - source).abs().max() > 1e-4
+    assert (plain.prefix_scores["deeplift"] - prefix).abs().max() > 1e-4
 
 
+@pytest.mark.parametrize("target_side", [False, True])
 def test_gradient_shap_equals_captum_gradient_shap_with_the_same_draws(
-        date_bart: tuple[Seq2SeqTarget, Batch, torch.Tensor],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Captum draws which baseline of the distribution each sample starts from and its
-    alpha from numpy (np.random.choice, then np.random.uniform): seeded alike, the same draws
-    are handed to attnaudit in place of its own."""
-    target, batch, emitted = date_bart
-    x, base = embedded(target, batch)
+        date_bart: Case, target_side: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Captum draws which baseline of the distribution each sample starts from (one draw per
+    input: np.random.choice for the source, then for the prefix) and its alpha (one for all
+    inputs, np.random.uniform) from numpy: seeded alike, the same draws are handed to
+    attnaudit in place of its own."""
+    target, batch, emitted, pad, start = date_bart
+    inputs = [embedded(target, batch, pad)]
+    if target_side:
+        inputs.append(embedded_prefix(target, emitted, start, pad))
     n_dist, n_samples = 5, 4
-    distributions = base[:, None] + 0.1 * torch.randn(
-        len(batch), n_dist, *x.shape[1:], generator=torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(0)
+    distributions = [base[:, None] + 0.1 * torch.randn(len(batch), n_dist, *base.shape[1:],
+                                                       generator=generator)
+                     for _, base in inputs]
     chosen = []
     for b in range(len(batch)):
         np.random.seed(100 + b)
-        index = np.random.choice(n_dist, n_samples).tolist()
-        alpha = torch.tensor(np.random.uniform(0.0, 1.0, n_samples), dtype=x.dtype)
-        chosen.append((distributions[b, index], alpha))
-    given: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(chosen)
+        index = [np.random.choice(n_dist, n_samples).tolist() for _ in inputs]
+        alpha = torch.tensor(np.random.uniform(0.0, 1.0, n_samples), dtype=torch.float32)
+        chosen.append(([d[b, i] for d, i in zip(distributions, index, strict=True)], alpha))
+    given: Iterator[tuple[list[torch.Tensor], torch.Tensor]] = iter(chosen)
     monkeypatch.setattr(reference_methods, "shap_draws", lambda *_: next(given))
     found = attribute(target, batch, emitted, ("gradient_shap",), shap_samples=n_samples,
-                      internal_batch_size=3)  # one example's samples per pass
-    expected = torch.zeros(found.token_scores["gradient_shap"].shape)
+                      internal_batch_size=3, target_side=target_side)  # one example a pass
+    expected = [torch.zeros(*emitted.shape, x.shape[1]) for x, _ in inputs]
     for b in range(len(batch)):
         for t in range(emitted.shape[1]):
             forward = StepProbability(target, batch, emitted, t, torch.tensor([b]))
             np.random.seed(100 + b)
-            expected[b, t] = GradientShap(forward).attribute(
-                x[b : b + 1], baselines=distributions[b], n_samples=n_samples,
-                stdevs=0.0).detach()[0].sum(-1)
-    expected *= target.step_mask(emitted)[:, :, None]
-    assert expected.abs().max() > 1e-4
-    torch.testing.assert_close(found.token_scores["gradient_shap"], expected, atol=1e-5,
-                               rtol=1e-4)
+            attributions = GradientShap(forward).attribute(
+                tuple(x[b : b + 1] for x, _ in inputs),
+                baselines=tuple(d[b] for d in distributions), n_samples=n_samples,
+                stdevs=0.0)
+            for into, side in zip(expected, attributions, strict=True):
+                into[b, t] = side.detach()[0].sum(-1)
+    steps = target.step_mask(emitted)[:, :, None]
+    sides = [found.token_scores] + ([found.prefix_scores] if target_side else [])
+    for scores, wanted in zip(sides, expected, strict=True):
+        assert scores is not None and wanted.abs().max() > 1e-4
+        torch.testing.assert_close(scores["gradient_shap"], wanted * steps, atol=1e-5,
+                                   rtol=0)
+    assert (found.prefix_scores is not None) == target_side
 
 
-def test_gradient_shap_draws_are_seeded_per_example_not_per_batch(
-        date_bart: tuple[Seq2SeqTarget, Batch, torch.Tensor]) -> None:
-    target, batch, emitted = date_bart
-    whole = attribute(target, batch, emitted, ("gradient_shap",), shap_samples=3,
-                      shap_stdev=0.2)
+@pytest.mark.parametrize("target_side", [False, True])
+def test_gradient_shap_draws_are_seeded_per_example_not_per_batch(date_bart: Case,
+                                                                  target_side: bool) -> None:
+    target, batch, emitted, _, _ = date_bart
+    emitted = emitted.clone()
+    emitted[2, 5] = target.eos_id  # example 2 alone runs 6 steps, the batch more
+    steps = target.step_mask(emitted).sum(1)
+    assert steps[2] == 6 and steps.max() > 6
+    options = {"shap_samples": 3, "shap_stdev": 0.2, "target_side": target_side}
+    whole = attribute(target, batch, emitted, ("gradient_shap",), **options)
     alone = attribute(target, batch.select(torch.tensor([2])), emitted[2:], ("gradient_shap",),
-                      shap_samples=3, shap_stdev=0.2, first_example=2)
+                      first_example=2, **options)
     width = alone.token_scores["gradient_shap"].shape[2]
     torch.testing.assert_close(alone.token_scores["gradient_shap"][0],
                                whole.token_scores["gradient_shap"][2, :, :width],
                                atol=1e-6, rtol=1e-5)
-    other = attribute(target, batch, emitted, ("gradient_shap",), shap_samples=3,
-                      shap_stdev=0.2, seed=target.seed + 1)
+    if target_side:
+        assert alone.prefix_scores is not None and whole.prefix_scores is not None
+        assert alone.prefix_scores["gradient_shap"][0].abs().max() > 1e-4
+        torch.testing.assert_close(alone.prefix_scores["gradient_shap"][0],
+                                   whole.prefix_scores["gradient_shap"][2],
+                                   atol=1e-6, rtol=1e-5)
+    other = attribute(target, batch, emitted, ("gradient_shap",), seed=target.seed + 1,
+                      **options)
     assert not torch.equal(other.token_scores["gradient_shap"],
                            whole.token_scores["gradient_shap"])
     variant = whole.variant("gradient_shap")
     assert "standard deviation 0.2" in variant and "3 samples per example" in variant
     assert f"token {whole.baseline_id}'s embedding" in variant
+    assert ("each decoder input of a valid step" in variant) == target_side
     with pytest.raises(ValueError, match="shap_stdev"):
         attribute(target, batch, emitted, ("gradient_shap",), shap_stdev=-1.0)
 
 
 def test_suite_and_cli_run_the_methods_asked_for(
-        date_bart: tuple[Seq2SeqTarget, Batch, torch.Tensor],
-        capsys: pytest.CaptureFixture[str]) -> None:
+        date_bart: Case, capsys: pytest.CaptureFixture[str]) -> None:
     from attnaudit.cli import main
     from attnaudit.interventions.attribution import AttributionOptions
     from attnaudit.interventions.suite import run_suite
 
-    target, _, _ = date_bart
+    target = date_bart[0]
     asked = ("deeplift", "gradient_shap", "occlusion")
     suite = run_suite(target, quick=True, limit=2, progress=False, n_permutations=2,
                       cumulative_examples=1, attribution=AttributionOptions(methods=asked))
