@@ -18,6 +18,15 @@ and its scores move with the padding of a batch): the largest absolute differenc
 mean Spearman correlation. The machine may be shared: the runs alternate and the best of
 each counts, only the side-by-side ratio is meaningful; note ``uptime`` beside any figure
 quoted.
+
+It also prints two floors for an exact method that back-propagates each step's output (the
+gradient at the source of each of the ``T`` steps is a separate vector-Jacobian product
+through the encoder), measured in the same run on the same batch. Both count greedy
+generation and one forward pass per input point; per input point and step, the first adds
+one backward pass through the encoder alone (the decoder's backward free), the second also
+the decoder's backward over the step's own prefix only (positions ``0..t``, as if it cost
+nothing to leave out the later positions of a shared pass). inseq's time over a floor is the
+largest ratio such a method can reach here.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import importlib.util
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -36,6 +46,7 @@ from scipy.stats import spearmanr
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.interventions.attribution import attribute
+from attnaudit.target import Batch
 from examples.date_transformer.model import MODEL_DIR
 from examples.date_transformer.target import make_target
 
@@ -58,6 +69,67 @@ def compare(ours: torch.Tensor, theirs: list[torch.Tensor]) -> tuple[float, floa
             if rho == rho:  # constant rows have none
                 rhos.append(rho)
     return max(gaps), max(scale), float(sum(rhos) / len(rhos))
+
+
+def best_of(run: Callable[[], object], repeats: int = 5) -> float:
+    """The fastest of ``repeats`` timed calls (one untimed call first), in seconds."""
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def pass_costs(model: torch.nn.Module, batch: Batch, emitted: torch.Tensor) -> dict[str, float]:
+    """Seconds for the batch's greedy generation (``greedy``), one teacher-forced forward
+    pass with gradients (``forward``: encoder and decoder), one backward pass through the
+    encoder alone from a step's gradient at its output (``encoder_backward``), and the
+    decoder's backward passes from each step ``t`` to the encoder's output through a decoder
+    run over positions ``0..t`` only (``prefix_backward``, their sum over the steps)."""
+    mask = batch.source_mask.long()
+    start = torch.full_like(emitted[:, :1], model.config.decoder_start_token_id)
+    decoder_ids = torch.cat([start, emitted[:, :-1]], 1)
+    embedded = model.get_encoder().get_input_embeddings()(batch.source_ids)
+    embedded = embedded.detach().requires_grad_()
+
+    def encode() -> torch.Tensor:
+        return model.get_encoder()(inputs_embeds=embedded, attention_mask=mask)[0]
+
+    def decode(states: torch.Tensor, width: int) -> torch.Tensor:
+        return model(encoder_outputs=(states,), attention_mask=mask,
+                     decoder_input_ids=decoder_ids[:, :width]).logits
+
+    with torch.enable_grad():
+        states = encode()
+        held = states.detach().requires_grad_()
+        logits = decode(held, decoder_ids.shape[1])
+        at_states = torch.autograd.grad(logits[:, 0].logsumexp(-1).sum(), held)[0]
+        prefix = []
+        for step in range(decoder_ids.shape[1]):
+            out = decode(held, step + 1)[:, step].logsumexp(-1).sum()
+            prefix.append(best_of(lambda out=out: torch.autograd.grad(out, held,
+                                                                      retain_graph=True)))
+        return {
+            "greedy": best_of(lambda: model.generate(
+                input_ids=batch.source_ids, attention_mask=mask, do_sample=False,
+                num_beams=1, max_new_tokens=emitted.shape[1])),
+            "forward": best_of(lambda: decode(encode(), decoder_ids.shape[1])),
+            "encoder_backward": best_of(lambda: torch.autograd.grad(
+                states, embedded, at_states, retain_graph=True)),
+            "prefix_backward": sum(prefix),
+        }
+
+
+def floors(costs: dict[str, float], steps: int, points: int) -> tuple[float, float]:
+    """Seconds no exact per-step method can beat (module docstring): with the decoder's
+    backward free, and with it over each step's prefix only. Integrated gradients adds the
+    forward passes at the input and at the baseline."""
+    extra = 2 if points > 1 else 0
+    encoder_only = (costs["greedy"] + (points + extra) * costs["forward"]
+                    + points * steps * costs["encoder_backward"])
+    return encoder_only, encoder_only + points * costs["prefix_backward"]
 
 
 def main() -> None:
@@ -84,6 +156,13 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), inseq "
           f"{importlib.metadata.version('inseq')}; date BART, {len(batch)} sources, IG "
           f"{args.ig_steps} points")
+    emitted = target.greedy(batch)
+    costs = pass_costs(target.model, batch, emitted)
+    n_steps = emitted.shape[1]
+    print(f"one batch, {n_steps} steps: greedy {costs['greedy']:.3f} s, teacher-forced "
+          f"forward {costs['forward']:.3f} s, encoder backward {costs['encoder_backward']:.3f} "
+          f"s per step, decoder backward over each step's prefix {costs['prefix_backward']:.3f} "
+          "s for all steps")
     for method, goal in TARGETS.items():
         options = {"n_steps": args.ig_steps} if method == "integrated_gradients" else {}
         model = inseq.load_model(target.model, method, tokenizer=tokenizer)
@@ -108,10 +187,13 @@ def main() -> None:
         theirs = [reduce(seq.source_attributions) for seq in alone.sequence_attributions]
         gap, scale, rho = compare(ours.token_scores[method][: args.check], theirs)
         ratio = min(theirs_s) / min(ours_s)
+        encoder_only, truncated = floors(costs, n_steps, options.get("n_steps", 1))
         print(f"{method:22s} attnaudit {min(ours_s):7.2f} s  inseq {min(theirs_s):7.2f} s  "
               f"(best of {args.repeats})  ratio {ratio:5.2f}x (target >= {goal}x: "
-              f"{'met' if ratio >= goal else 'NOT met'}); scores: max |difference| "
-              f"{gap:.1e} (largest {scale:.1e}), mean Spearman {rho:.3f}")
+              f"{'met' if ratio >= goal else 'NOT met'}); floors {encoder_only:.2f} s / "
+              f"{truncated:.2f} s: at most {min(theirs_s) / encoder_only:.2f}x / "
+              f"{min(theirs_s) / truncated:.2f}x; scores: max |difference| {gap:.1e} (largest "
+              f"{scale:.1e}), mean Spearman {rho:.3f}")
 
 if __name__ == "__main__":
     main()
