@@ -124,7 +124,8 @@ def _add_memory_argument(parser: argparse.ArgumentParser) -> None:
 
 def _add_attribution_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attribute", choices=list(OUTPUTS), default="prob",
-                        help="what gradient attributions explain (default prob; contrast: "
+                        help="what gradient attributions explain (default prob; entropy: "
+                             "of the output distribution; contrast: "
                              "p(output) - p(contrast token), contrast_logit: the logit "
                              "difference)")
     parser.add_argument("--contrast", metavar="FILE",

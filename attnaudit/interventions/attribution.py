@@ -2,7 +2,8 @@
 
 For every example ``b`` and target step ``t`` within the step mask, the attributed output is
 chosen by ``output`` (default ``prob``, the teacher-forced probability
-``p(emitted[b, t] | y_<t, x)``; also ``logprob``, ``logit``, and against a contrast token
+``p(emitted[b, t] | y_<t, x)``; also ``logprob``, ``logit``, ``entropy`` (of the whole
+output distribution at the step, whichever token was emitted), and against a contrast token
 ``c_t``: ``contrast`` = ``p(y_t) - p(c_t)`` and ``contrast_logit`` = ``logit(y_t) -
 logit(c_t)``, both after the emitted prefix). The attributed input is the output of the
 **first call** of ``target.source_embedding`` in the forward pass, ``(n, d)`` per example; a

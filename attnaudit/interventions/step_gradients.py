@@ -30,11 +30,13 @@ from attnaudit.interventions.memory import ChunkBudget, encoder_bytes
 from attnaudit.interventions.runner import InterventionError
 from attnaudit.target import Seq2SeqTarget
 
-OUTPUTS = ("prob", "logprob", "logit", "contrast", "contrast_logit")
+OUTPUTS = ("prob", "logprob", "logit", "entropy", "contrast", "contrast_logit")
 OUTPUT_VARIANTS = {
     "prob": "p(y_t | y_<t, x), the softmax probability of the emitted token",
     "logprob": "log p(y_t | y_<t, x)",
     "logit": "the emitted token's logit (before the softmax)",
+    "entropy": "H(p(. | y_<t, x)), the entropy of the output distribution after the emitted "
+               "prefix, in nats",
     "contrast": "p(y_t | y_<t, x) - p(c_t | y_<t, x): emitted minus contrast token "
                 "probability, both after the emitted prefix",
     "contrast_logit": "logit(y_t) - logit(c_t): emitted minus contrast token logit, after the "
@@ -49,6 +51,9 @@ def attributed_output(logits: torch.Tensor, emitted: torch.Tensor, output: str,
     """What is attributed at each step, float32 (R, T), from logits (R, T, V), the emitted
     ids (R, T) and, for the contrast outputs, the contrast ids (R, T)."""
     logits = logits.float()
+    if output == "entropy":
+        logp = torch.log_softmax(logits, -1)
+        return -(logp.exp() * logp).sum(-1)
     if output in ("prob", "contrast"):
         scores = torch.softmax(logits, -1)
     elif output == "logprob":

@@ -1,5 +1,5 @@
 """Shared-forward attributions against Captum run one target step at a time, what is attributed
-(probability, log-probability, logit, contrast) against hand-written gradients, and
+(probability, log-probability, logit, entropy, contrast) against hand-written gradients, and
 target-side (output prefix) attribution."""
 
 from __future__ import annotations
@@ -147,6 +147,7 @@ def test_what_is_attributed_matches_hand_gradients() -> None:
         "prob": lambda lg, b, t: torch.softmax(lg, -1)[emitted[b, t]],
         "logprob": lambda lg, b, t: torch.log_softmax(lg, -1)[emitted[b, t]],
         "logit": lambda lg, b, t: lg[emitted[b, t]],
+        "entropy": lambda lg, b, t: -(torch.softmax(lg, -1) * torch.log_softmax(lg, -1)).sum(),
         "contrast_logit": lambda lg, b, t: lg[emitted[b, t]] - lg[contrast[b, t]],
     }
     for output, pick in picks.items():
@@ -248,7 +249,7 @@ def test_bad_options_give_clear_errors() -> None:
     with pytest.raises(ValueError, match="contrast must be long ids"):
         attribute(target, batch, emitted, output="contrast", contrast=emitted[:, :2])
     with pytest.raises(ValueError, match="output must be one of"):
-        attribute(target, batch, emitted, output="entropy")
+        attribute(target, batch, emitted, output="probability")
     with pytest.raises(ValueError, match="reduction must be one of"):
         attribute(target, batch, emitted, reduction="max")
     with pytest.raises(InterventionError, match="declares no unk_id"):
