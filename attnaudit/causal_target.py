@@ -15,7 +15,10 @@ an encoder-decoder. The mapping:
   keys (renormalised over the prompt), and ``:self``, the same rows over the prompt's last
   token and the generated prefix (renormalised over those, causal);
 - ``source_embedding`` is the model's input embedding, called on the prompt first in every
-  teacher-forced pass, so attribution and leave-one-out see the prompt positions.
+  teacher-forced pass, so attribution and leave-one-out see the prompt positions;
+  ``target_embedding`` is the same module, whose second call embeds the steps' inputs (the
+  prompt's last token, then the emitted prefix), so target-side attribution scores the
+  generated prefix.
 
 Eligible prompt keys come from the attention mask (left padding is out) and the special
 tokens; causality holds by construction (every prompt key precedes every continuation row).
@@ -123,11 +126,16 @@ class CausalLM:
 
     def teacher_forced(self, ids: torch.Tensor, mask: torch.Tensor,
                        emitted: torch.Tensor) -> torch.Tensor:
-        """Logits (B, T, V): prompt + emitted[:, :-1] in one pass, the prompt embedded
-        first; position ids count real tokens only, as generate() sets them."""
+        """Logits (B, T, V): prompt + emitted[:, :-1] in one pass; position ids count real
+        tokens only, as generate() sets them. Two calls of the input embedding: the prompt
+        (B, P) first, then the steps' inputs (B, T) as a seq2seq decoder's (the prompt's
+        last token, then emitted[:, :-1]), whose first position is not used again (the
+        prompt's call holds it), so target-side attribution gives it no score."""
         embed = self.model.get_input_embeddings()
         prompt, prefix = ids.shape[1], emitted[:, :-1]
-        embedded = torch.cat([embed(ids), embed(prefix)], dim=1)
+        embedded_prompt = embed(ids)  # first: the source embedding's call
+        inputs = embed(torch.cat([ids[:, -1:], prefix], dim=1))
+        embedded = torch.cat([embedded_prompt, inputs[:, 1:]], dim=1)
         full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
         with prompt_views(prompt):
             out = self.model(inputs_embeds=embedded, attention_mask=full_mask,

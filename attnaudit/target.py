@@ -527,7 +527,7 @@ def _causal_target(lm: CausalLM, sources: list[str], references: list[str] | Non
         source_tokens=lambda batch: lm.tokens(batch.source_ids), target_tokens=lm.tokens,
         eos_id=lm.eos_id, special_ids=lm.special_ids,
         description=lm.description(origin, len(sources)), device=where,
-        truncation=truncation)
+        truncation=truncation, target_embedding=lm.model.get_input_embeddings())
 
 
 def _loaded_model(model: nn.Module, device: torch.device | None,

@@ -250,6 +250,32 @@ def test_protocols_equal_a_hand_written_rerun(saved):
         assert zeroing["zero_top_tvd"][i] == pytest.approx(change(zero_top), abs=1e-5)
 
 
+def hand_input_x_gradient(target, batch, emitted: torch.Tensor, pick
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input x gradient (signed sums) of ``pick(probs (B, V), t)`` (B,) at each step t, by
+    the model's own autograd on prompt + emitted[:, :-1]: at the prompt tokens (B, T, P) and
+    at the steps' inputs (B, T, T), position j >= 1 being emitted token j - 1 (position 0,
+    the prompt's last token, is a prompt token: 0 there)."""
+    model = target.model
+    n_prompt, n_steps = batch.source_ids.shape[1], emitted.shape[1]
+    embed = model.get_input_embeddings()
+    prompt = embed(batch.source_ids).detach().requires_grad_()
+    prefix = embed(emitted[:, :-1]).detach().requires_grad_()
+    mask = torch.cat([batch.source_mask, torch.ones_like(emitted[:, :-1], dtype=torch.bool)], 1)
+    inputs = hf_inputs(torch.zeros_like(mask, dtype=torch.long), mask)
+    del inputs["input_ids"]
+    probs = torch.softmax(model(inputs_embeds=torch.cat([prompt, prefix], 1),
+                                **inputs).logits[:, n_prompt - 1:].float(), -1)
+    at_prompt = torch.zeros(len(emitted), n_steps, n_prompt)
+    at_prefix = torch.zeros(len(emitted), n_steps, n_steps)
+    for t in range(n_steps):
+        grads = torch.autograd.grad(pick(probs[:, t], t).sum(), (prompt, prefix),
+                                    retain_graph=True)
+        at_prompt[:, t] = (grads[0] * prompt).sum(-1)
+        at_prefix[:, t, 1:] = (grads[1] * prefix).sum(-1)
+    return at_prompt.detach(), at_prefix.detach()
+
+
 def test_contrastive_input_x_gradient_on_a_causal_lm_equals_a_hand_gradient(saved):
     """Contrast continuations (tokenized alone) and p(y_t) - p(c_t) after the emitted prefix:
     input x gradient at the prompt embeddings equals the model's own autograd, by hand."""
@@ -268,24 +294,29 @@ def test_contrastive_input_x_gradient_on_a_causal_lm_equals_a_hand_gradient(save
     contrast = AttributionOptions(output="contrast").contrast_ids(batch, emitted, target.eos_id)
     found = attribute(target, batch, emitted, ("input_x_gradient",), output="contrast",
                       contrast=contrast, detach_attention=()).token_scores["input_x_gradient"]
-
-    model = target.model
-    n_prompt, n_steps = batch.source_ids.shape[1], emitted.shape[1]
-    embedded = model.get_input_embeddings()(batch.source_ids).detach().requires_grad_()
-    prefix = model.get_input_embeddings()(emitted[:, :-1]).detach()
-    mask = torch.cat([batch.source_mask, torch.ones_like(emitted[:, :-1], dtype=torch.bool)], 1)
-    inputs = hf_inputs(torch.zeros_like(mask, dtype=torch.long), mask)
-    del inputs["input_ids"]
-    probs = torch.softmax(model(inputs_embeds=torch.cat([embedded, prefix], 1),
-                                **inputs).logits[:, n_prompt - 1:].float(), -1)
-    steps = target.step_mask(emitted)
-    for t in range(n_steps):
-        picked = probs[:, t].gather(-1, emitted[:, t : t + 1]) - probs[:, t].gather(
-            -1, contrast[:, t : t + 1])
-        (grad,) = torch.autograd.grad(picked.sum(), embedded, retain_graph=True)
-        expected = (grad * embedded).sum(-1) * steps[:, t : t + 1]
-        assert (found[:, t] - expected).abs().max() <= 1e-5, t
+    expected, _ = hand_input_x_gradient(
+        target, batch, emitted, lambda p, t: p.gather(-1, emitted[:, t : t + 1])
+        - p.gather(-1, contrast[:, t : t + 1]))
+    steps = target.step_mask(emitted)[:, :, None]
+    torch.testing.assert_close(found, expected * steps, atol=1e-5, rtol=0)
     assert found.abs().max() > 1e-3
+
+
+def test_target_side_input_x_gradient_on_a_causal_lm_scores_the_generated_prefix(saved):
+    name, folder = saved
+    target = target_of(name, folder)
+    batch = next(target.iter_batches())
+    emitted = target.greedy(batch)
+    found = attribute(target, batch, emitted, ("input_x_gradient",), detach_attention=(),
+                      target_side=True)
+    at_prompt, at_prefix = hand_input_x_gradient(
+        target, batch, emitted, lambda p, t: p.gather(-1, emitted[:, t : t + 1]))
+    steps = target.step_mask(emitted)[:, :, None]
+    torch.testing.assert_close(found.token_scores["input_x_gradient"], at_prompt * steps,
+                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(found.prefix_scores["input_x_gradient"], at_prefix * steps,
+                               atol=1e-5, rtol=0)
+    assert found.prefix_scores["input_x_gradient"][:, 2:].abs().max() > 1e-3
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -117,6 +117,8 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
     target = checked_target(target)  # its data's errors name the target, from here on
     texts = [text for batch in target.iter_batches(limit) for text in batch.texts]
     suite_runs = interventions and not checks_only
+    if suite_runs and attribution is not None:
+        attribution.check(target)  # asked for explicitly: an error now, not a skipped suite
     with display(len(texts), 1 + suite_runs, enabled=progress, name=f"audit {target.name}"):
         validity = run_validity_audit(target, limit=limit, progress=progress,
                                       keep_example=not checks_only, regions=not checks_only,

@@ -132,6 +132,13 @@ class AttributionOptions:
             return cls(output, target_side=target_side, methods=methods)
         return cls(output, "norm", "unk", target_side, detach_attention=(), methods=methods)
 
+    def check(self, target: Seq2SeqTarget) -> None:
+        """Raise InterventionError at once when ``target`` cannot run these options (so that
+        an audit fails before its passes, not after): target-side attribution needs
+        ``target.target_embedding``."""
+        if self.target_side:
+            _prefix_module(target)
+
     def contrast_ids(self, batch: Batch, emitted: torch.Tensor, eos_id: int
                      ) -> torch.Tensor | None:
         """The contrast token at each step (B, T), or None for a non-contrast output."""

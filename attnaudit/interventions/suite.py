@@ -114,6 +114,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     if n_permutations is None:
         n_permutations = QUICK_PERMUTATIONS if quick else N_PERMUTATIONS
     target = checked_target(target)
+    attribution.check(target)
     batches = list(target.iter_batches(limit))
     n_examples = sum(len(b) for b in batches)
     if n_examples == 0:

@@ -258,6 +258,21 @@ def test_bad_options_give_clear_errors() -> None:
         attribute(target, batch, emitted, target_side=True)
 
 
+def test_an_audit_refuses_target_side_attribution_before_its_passes(monkeypatch) -> None:
+    import attnaudit
+    from attnaudit.auditing import orchestration
+
+    target, _, _ = tiny_target(TinyAttention())
+
+    def not_reached(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the validity pass ran")
+
+    monkeypatch.setattr(orchestration, "run_validity_audit", not_reached)
+    with pytest.raises(InterventionError, match="declares no target_embedding"):
+        attnaudit.audit(target, attribution=AttributionOptions(target_side=True),
+                        progress=False)
+
+
 def test_contrast_outputs_from_hf_reach_the_suite(capsys: pytest.CaptureFixture[str]) -> None:
     from transformers import AutoTokenizer
 
