@@ -30,27 +30,35 @@ VOCAB = 1000
 PERMUTATIONS = 20
 
 
-def build(prompts: int, words: int, new_tokens: int):
+def build(prompts: int, words: int, new_tokens: int, *, vocab: int = VOCAB, width: int = 128,
+          layers: int = 4, batch_size: int | None = None, contrast_words: int = 0):
+    """A seeded GPT-2 target of the given size over seeded word-level prompts; with
+    ``contrast_words``, a seeded contrast continuation of that many words per prompt."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=128, n_layer=4, n_head=4,
-                        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config = GPT2Config(vocab_size=vocab, n_positions=128, n_embd=width, n_layer=layers,
+                        n_head=4, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model = GPT2LMHeadModel(config).eval()
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3,
-             **{f"w{i}": i for i in range(4, VOCAB)}}
-    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    words_of = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3,
+                **{f"w{i}": i for i in range(4, vocab)}}
+    tok = Tokenizer(WordLevel(words_of, unk_token="<unk>"))
     tok.pre_tokenizer = WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
                                         pad_token="<pad>", eos_token="</s>", bos_token="<s>")
     gen = torch.Generator().manual_seed(1)
-    texts = [" ".join(f"w{i}" for i in torch.randint(4, VOCAB, (int(n),), generator=gen))
-             for n in torch.randint(words // 2, words + 1, (prompts,), generator=gen)]
-    return from_hf(model, texts, tokenizer=tokenizer, batch_size=prompts,
-                   max_new_tokens=new_tokens, name="gpt2-bench")
+
+    def text(n: int) -> str:
+        return " ".join(f"w{i}" for i in torch.randint(4, vocab, (n,), generator=gen))
+
+    texts = [text(int(n)) for n in torch.randint(words // 2, words + 1, (prompts,),
+                                                  generator=gen)]
+    contrast = [text(contrast_words) for _ in texts] if contrast_words else None
+    return from_hf(model, texts, tokenizer=tokenizer, batch_size=batch_size or prompts,
+                   max_new_tokens=new_tokens, name="gpt2-bench", contrast=contrast)
 
 
 def main() -> None:
