@@ -133,6 +133,9 @@ class Seq2SeqTarget:
         target_embedding: optional, the module embedding the decoder's input tokens (its
             calls after the source's: one ``(B, T, d)``, or one ``(B, d)`` per step), for
             target-side attribution.
+        first_prefix_input: the first decoder input that target-side attribution scores (1
+            for a decoder-only target, whose input 0, the prompt's last token, is a prompt
+            token scored on the source side).
         unk_id: optional, the unknown token's id (the ``"unk"`` attribution baseline).
         source_tokens: batch -> per example, a label per source position.
         target_tokens: emitted (B, T) -> per example, a label per step.
@@ -179,6 +182,7 @@ class Seq2SeqTarget:
     device: torch.device | None = None
     truncation: str = ""
     target_embedding: nn.Module | None = None
+    first_prefix_input: int = 0
     unk_id: int | None = None
 
     def step_mask(self, emitted: torch.Tensor) -> torch.Tensor:
@@ -527,7 +531,8 @@ def _causal_target(lm: CausalLM, sources: list[str], references: list[str] | Non
         source_tokens=lambda batch: lm.tokens(batch.source_ids), target_tokens=lm.tokens,
         eos_id=lm.eos_id, special_ids=lm.special_ids,
         description=lm.description(origin, len(sources)), device=where,
-        truncation=truncation, target_embedding=lm.model.get_input_embeddings())
+        truncation=truncation, target_embedding=lm.model.get_input_embeddings(),
+        first_prefix_input=1)
 
 
 def _loaded_model(model: nn.Module, device: torch.device | None,

@@ -317,6 +317,12 @@ def test_target_side_input_x_gradient_on_a_causal_lm_scores_the_generated_prefix
     torch.testing.assert_close(found.prefix_scores["input_x_gradient"], at_prefix * steps,
                                atol=1e-5, rtol=0)
     assert found.prefix_scores["input_x_gradient"][:, 2:].abs().max() > 1e-3
+    rows = found.to_frame().query("side == 'prefix'")  # input 0 is the prompt's: not a row
+    assert rows["key"].min() == 1 and (rows["key"] <= rows["step"]).all()
+    valid = {(b, t) for b, t in steps[:, :, 0].nonzero().tolist() if t >= 1}
+    assert set(zip(rows["example"], rows["step"], strict=True)) == valid
+    sums = rows.groupby(["example", "step"])["importance"].sum()
+    assert ((sums - 1).abs() < 1e-5).all()
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -179,6 +179,9 @@ class Attributions:
     prefix_scores: method -> (B, T, T) float, token scores of decoder input ``j`` (the start
         token, then emitted ``j - 1``) at step ``t``, 0 where ``j > t`` and outside the step
         mask, for the methods of ``PREFIX_METHODS`` run; None without target-side attribution.
+    prefix_start: the first decoder input the target scores
+        (``Seq2SeqTarget.first_prefix_input``); inputs before it are left out of the prefix
+        rows of :meth:`to_frame` and of their normalisation.
     shap_samples, shap_stdev: gradient_shap's baselines per example and noise standard
         deviation. rule_modules: the model's module types at which DeepLift's rules apply.
     """
@@ -195,6 +198,7 @@ class Attributions:
     output: str = "prob"
     reduction: str = "sum"
     prefix_scores: dict[str, torch.Tensor] | None = None
+    prefix_start: int = 0
     shap_samples: int = SHAP_SAMPLES
     shap_stdev: float = SHAP_STDEV
     rule_modules: tuple[str, ...] = ()
@@ -243,6 +247,7 @@ class Attributions:
         if self.prefix_scores is not None:
             width = self.steps.shape[1]
             causal = torch.ones(width, width, dtype=torch.bool).tril()
+            causal[:, : self.prefix_start] = False
             prefix_valid = self.steps[:, :, None] & causal
             sides["prefix"] = (prefix_valid, self.prefix_scores,
                                {m: normalised_importance(s, prefix_valid)
@@ -616,7 +621,8 @@ def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         convergence_delta=None if delta is None else _widen(delta * steps[:, :width], n_target),
         keys=keys, steps=steps, detached=tuple(m for m in methods if m in detach_attention),
         n_steps=n_steps, baseline_id=baseline_id, eos_kept=baseline == "unk", output=output,
-        reduction=reduction, prefix_scores=prefix, shap_samples=shap_samples,
+        reduction=reduction, prefix_scores=prefix, prefix_start=target.first_prefix_input,
+        shap_samples=shap_samples,
         shap_stdev=shap_stdev, rule_modules=rules)
 
 

@@ -142,8 +142,10 @@ def _attribution_sides(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figure]:
     steps = step_labels.index
     by_word = source.pivot_table(index="step", columns="word", values="value").reindex(
         index=steps, columns=word_labels.index)
-    keys = range(int(steps.max()) + 1)  # decoder inputs: the start token, then the output
-    by_key = prefix[prefix["method"] == method].pivot_table(
+    scored = prefix[prefix["method"] == method]
+    # decoder inputs: the start token (where the target scores it), then the output
+    keys = range(int(scored["key"].min()), int(steps.max()) + 1)
+    by_key = scored.pivot_table(
         index="step", columns="key", values="importance").reindex(index=steps, columns=keys)
     tokens = dict(step_labels.items())
     prefix_labels = [START_LABEL if key == 0 else str(tokens.get(key - 1, key - 1))
@@ -155,9 +157,10 @@ def _attribution_sides(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figure]:
         title=f"{method}: source words and output prefix, first audited example",
         caption=(f"{method} importance of each source word (left: the sum of its tokens' "
                  "importance, normalised over the source at each step) and of each decoder "
-                 "input token (right: the start token, then the tokens emitted before the "
-                 "step, normalised over the prefix) for every emitted token of the first "
-                 "example; blank: positions after the step, which it cannot read."))]
+                 "input token (right: the start token where the target scores it, then the "
+                 "tokens emitted before the step, normalised over the prefix) for every "
+                 "emitted token of the first example; blank: positions after the step, which "
+                 "it cannot read."))]
 
 
 CI_LEVEL = 0.95
