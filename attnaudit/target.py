@@ -582,11 +582,13 @@ def _audit_data(data: Any, contrast: Sequence[str] | None
             raise TargetError(f"{what} gives a contrast column and contrast outputs were "
                               "given as well (contrast=... or --contrast FILE); give one of "
                               "them")
-        wrong = [c for c in given if not isinstance(c, str)]
-        if wrong:
-            raise TargetError(f"contrast outputs must be strings, got "
-                              f"{type(wrong[0]).__name__} {wrong[0]!r} in {what}")
         contrast = given
+    else:
+        what = "contrast="
+    wrong = [c for c in contrast or () if not isinstance(c, str)]
+    if wrong:
+        raise TargetError(f"contrast outputs must be strings, got "
+                          f"{type(wrong[0]).__name__} {wrong[0]!r} in {what}")
     wrong = [s for s in sources if not isinstance(s, str)]
     if wrong:
         raise TargetError(f"audit sources must be strings, got {type(wrong[0]).__name__} "

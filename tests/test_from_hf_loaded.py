@@ -102,6 +102,13 @@ def test_a_model_in_training_mode_is_left_so_with_a_warning():
     _assert_same_state(model, before)
 
 
+def test_a_contrast_output_that_is_not_a_string_is_a_clear_error():
+    model, tokenizer = _load()
+    with pytest.raises(TargetError, match="contrast outputs must be strings, got int 7 in "
+                                          "contrast="):
+        from_hf(model, ["3 march 2001"], tokenizer=tokenizer, contrast=[7])
+
+
 @pytest.mark.parametrize(("data", "tokenizer", "message"), [
     (["3 march 2001"], None, "a loaded model needs its tokenizer"),
     ([3, 4], "tok", "audit sources must be strings, got int"),
