@@ -28,6 +28,7 @@ An edited step runs one position from the key/value cache of the unedited pass
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +106,14 @@ class CausalLM:
         offsets = {"offsets": left_padded(enc["offset_mapping"], (0, 0), self.limit)}
         return ids, mask, offsets if fast else {}
 
+    def _logits_of(self, positions: int) -> dict[str, int]:
+        """The keyword that makes the model compute the logits of its last ``positions``
+        positions only (the output projection of a 50,000-token vocabulary costs more than
+        the rest of a small model), when its forward takes one."""
+        if "logits_to_keep" in inspect.signature(self.model.forward).parameters:
+            return {"logits_to_keep": positions}
+        return {}
+
     def continuations(self, texts: Sequence[str]) -> torch.Tensor:
         """Continuation texts as ids (B, T'), tokenized alone without special tokens (a
         text continues the prompt as written: give its leading space where the tokenizer
@@ -139,8 +148,9 @@ class CausalLM:
         full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
         with prompt_views(prompt):
             out = self.model(inputs_embeds=embedded, attention_mask=full_mask,
-                             position_ids=_positions(full_mask), use_cache=False)
-        return out.logits[:, prompt - 1:]
+                             position_ids=_positions(full_mask), use_cache=False,
+                             **self._logits_of(emitted.shape[1]))
+        return out.logits[:, -emitted.shape[1]:]
 
     def states(self, ids: torch.Tensor, mask: torch.Tensor,
                emitted: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -151,7 +161,7 @@ class CausalLM:
         full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
         out = self.model(inputs_embeds=torch.cat([embed(ids), embed(prefix)], dim=1),
                          attention_mask=full_mask, position_ids=_positions(full_mask),
-                         use_cache=True)
+                         use_cache=True, **self._logits_of(1))
         return cache_tensors(getattr(out, cache_argument(self.model)))
 
     def step(self, ids: torch.Tensor, mask: torch.Tensor, states: tuple[torch.Tensor, ...],

@@ -54,7 +54,10 @@ changes which methods are detached; :meth:`Attributions.variant` says it in word
 Speed (attnaudit.interventions.step_gradients): all target steps of an example share each
 forward pass (one teacher-forced pass per input point over the whole output), and their
 gradients come from batched backward passes; saliency, input x gradient and DeepLift
-without rule modules share one gradient when their detachment is the same.
+without rule modules share one gradient when their detachment is the same. In those passes
+the output projection's backward multiplies only the rows a step reaches
+(:mod:`attnaudit.interventions.output_head`), and a decoder-only model computes the logits of
+the continuation's positions only.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from captum.attr._utils.approximation_methods import approximation_parameters
 from torch import nn
 
 from attnaudit.capturing.recorder import capture
+from attnaudit.interventions.output_head import sparse_output_head
 from attnaudit.interventions.reference_methods import (
     SHAP_SAMPLES,
     SHAP_STDEV,
@@ -393,8 +397,9 @@ class _Passes:
         output: yields ``(step, source grads (R, n, d), prefix grads (R, T, d) or None)``."""
         leaves = tuple(x.detach().requires_grad_() for x in (source, prefix) if x is not None)
         with torch.enable_grad():
-            values, _, _ = self.outputs(rows, inputs.emitted, inputs.contrast, leaves[0],
-                                        leaves[1] if len(leaves) > 1 else None, detach)
+            with sparse_output_head(self.target.model):
+                values, _, _ = self.outputs(rows, inputs.emitted, inputs.contrast, leaves[0],
+                                            leaves[1] if len(leaves) > 1 else None, detach)
             for step, grads in step_gradients(values, leaves):
                 yield step, grads[0], grads[1] if len(grads) > 1 else None
 
