@@ -53,7 +53,10 @@ def _head(model: nn.Module) -> nn.Linear | None:
     """The model's output projection when it is a plain ``nn.Linear`` (not a subclass, which
     may store its weight otherwise), else None."""
     getter = getattr(model, "get_output_embeddings", None)
-    head = getter() if callable(getter) else None
+    try:
+        head = getter() if callable(getter) else None
+    except (AttributeError, NotImplementedError):  # models that have no such head say so
+        return None
     return head if type(head) is nn.Linear else None
 
 

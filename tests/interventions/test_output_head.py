@@ -63,3 +63,14 @@ def test_the_date_bart_head_runs_sparse_and_is_restored() -> None:
     for t, (a, b) in enumerate(zip(sparse, dense, strict=True)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=f"step {t}")
     assert max(float(g.abs().max()) for g in dense) > 1e-4
+
+
+class _NoHead(nn.Module):
+    def get_output_embeddings(self) -> nn.Module:
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("model", [nn.Linear(2, 2), _NoHead()])
+def test_a_model_without_a_plain_linear_head_runs_unchanged(model: nn.Module) -> None:
+    with sparse_output_head(model):
+        assert "forward" not in vars(model)
