@@ -31,6 +31,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -106,13 +107,15 @@ class CausalLM:
         offsets = {"offsets": left_padded(enc["offset_mapping"], (0, 0), self.limit)}
         return ids, mask, offsets if fast else {}
 
+    @cached_property
+    def _keeps_logits(self) -> bool:
+        return "logits_to_keep" in inspect.signature(self.model.forward).parameters
+
     def _logits_of(self, positions: int) -> dict[str, int]:
         """The keyword that makes the model compute the logits of its last ``positions``
         positions only (the output projection of a 50,000-token vocabulary costs more than
         the rest of a small model), when its forward takes one."""
-        if "logits_to_keep" in inspect.signature(self.model.forward).parameters:
-            return {"logits_to_keep": positions}
-        return {}
+        return {"logits_to_keep": positions} if self._keeps_logits else {}
 
     def continuations(self, texts: Sequence[str]) -> torch.Tensor:
         """Continuation texts as ids (B, T'), tokenized alone without special tokens (a

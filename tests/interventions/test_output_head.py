@@ -65,12 +65,26 @@ def test_the_date_bart_head_runs_sparse_and_is_restored() -> None:
     assert max(float(g.abs().max()) for g in dense) > 1e-4
 
 
-class _NoHead(nn.Module):
+class _PackedLinear(nn.Linear):
+    """A subclass that may store its weight otherwise (as quantized linears do)."""
+
+
+class _Model(nn.Module):
+    def __init__(self, head: nn.Module | None) -> None:
+        super().__init__()
+        self.head = head
+
     def get_output_embeddings(self) -> nn.Module:
-        raise NotImplementedError
+        if self.head is None:
+            raise NotImplementedError
+        return self.head
 
 
-@pytest.mark.parametrize("model", [nn.Linear(2, 2), _NoHead()])
-def test_a_model_without_a_plain_linear_head_runs_unchanged(model: nn.Module) -> None:
-    with sparse_output_head(model):
-        assert "forward" not in vars(model)
+@pytest.mark.parametrize("head", [_PackedLinear(2, 2), None])
+def test_a_model_without_a_plain_linear_head_runs_unchanged(head: nn.Module | None) -> None:
+    with sparse_output_head(_Model(head)):
+        assert head is None or "forward" not in vars(head)
+    plain = nn.Linear(2, 2)  # the contrast: a plain head is patched, then restored
+    with sparse_output_head(_Model(plain)):
+        assert "forward" in vars(plain)
+    assert "forward" not in vars(plain)
