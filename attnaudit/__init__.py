@@ -6,7 +6,7 @@ and test what they do and do not explain. The top level holds capture, the audit
 ``attnaudit.analysis`` (streaming analysers), ``attnaudit.auditing`` (the validity
 pipeline and the orchestration), ``attnaudit.interventions`` (interventions, attributions,
 agreement), ``attnaudit.checklist``, ``attnaudit.report`` (HTML/CSV reports),
-``attnaudit.gate`` (the CI gate) and ``attnaudit.testing`` (a pytest helper).
+``attnaudit.validity.gate`` (the CI gate) and ``attnaudit.testing`` (a pytest helper).
 """
 
 from typing import Any
@@ -18,16 +18,11 @@ from attnaudit.errors import (
     EditError,
     NoAttentionFound,
     SiteNotFound,
+    TargetError,
 )
 from attnaudit.record import AttentionCall, AttentionRecord, Site
-from attnaudit.target import (
-    Batch,
-    Expectation,
-    Seq2SeqTarget,
-    TargetError,
-    from_hf,
-    load_target,
-)
+from attnaudit.targets.loading import load_target
+from attnaudit.targets.target import Batch, Expectation, Seq2SeqTarget, from_hf
 
 __version__ = "0.1.0"
 

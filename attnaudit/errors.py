@@ -1,4 +1,28 @@
-"""Errors raised by attnaudit; each says what was looked for and what to do instead."""
+"""Every exception attnaudit defines; each says what was looked for and what to do instead.
+
+The hierarchy::
+
+    Exception
+    ├── AttnauditError                 raised on purpose: the CLI prints it as one line, exit 2
+    │   ├── CaptureError (RuntimeError)       capture cannot start or proceed
+    │   │   ├── NoAttentionFound              the model ran, no attention site was seen
+    │   │   └── SiteNotFound (KeyError)       requested sites never appeared
+    │   ├── EditError (ValueError)            an edit returned something unusable
+    │   ├── TargetError                       a target cannot be loaded or lacks a part
+    │   ├── DataFileError                     a data file is not source[<TAB>target] lines
+    │   ├── TokenizerError                    a checkpoint's tokenizer is missing or useless
+    │   ├── InterventionError (ValueError)    an intervention cannot run on this target
+    │   ├── OutputFolderError                 an output location cannot take the output
+    │   ├── RankError                         an AttnauditError on one rank, on every rank
+    │   ├── CollectiveError                   a collective failed (a peer died or timed out)
+    │   ├── GateError                         the gate was asked for what it cannot do
+    │   └── AuditError                        an audit cannot give the view asked for
+    ├── RankFailed (RuntimeError)      an unexpected error on one rank, raised on every rank:
+    │                                  a bug, not a refusal, so it keeps its traceback
+    └── KeyboardInterrupt
+        └── Terminated                 SIGTERM in the CLI, raised like Ctrl-C so that every
+                                       ``finally`` and output folder cleans up
+"""
 
 from __future__ import annotations
 
@@ -24,3 +48,47 @@ class SiteNotFound(CaptureError, KeyError):
 
 class EditError(AttnauditError, ValueError):
     """An edit callable returned something the model cannot use in place of its weights."""
+
+
+class TargetError(AttnauditError):
+    """A target could not be loaded or does not provide what the audit needs."""
+
+
+class DataFileError(AttnauditError):
+    """A data file cannot be read as ``source[<TAB>target]`` lines."""
+
+
+class TokenizerError(AttnauditError):
+    """A checkpoint's tokenizer is missing or turns the audit data into nothing."""
+
+
+class InterventionError(AttnauditError, ValueError):
+    """An intervention cannot run on this target (no selectable sites, wrong shapes...)."""
+
+
+class OutputFolderError(AttnauditError):
+    """The output location cannot take the output (names a file, unwritable, not ours)."""
+
+
+class RankError(AttnauditError):
+    """An attnaudit error on one rank of a distributed audit, raised on every rank."""
+
+
+class CollectiveError(AttnauditError):
+    """A collective failed: a peer rank died, or did not arrive within the timeout."""
+
+
+class GateError(AttnauditError):
+    """The gate was asked for something it cannot do (bad option value, unwritable file)."""
+
+
+class AuditError(AttnauditError):
+    """An audit cannot give the view asked for (a loaded audit has no live parts)."""
+
+
+class RankFailed(RuntimeError):
+    """An unexpected error on one rank of a distributed audit, raised on every rank."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every ``finally`` and output folder cleans up."""

@@ -17,14 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
-import attnaudit
-from attnaudit.auditing.validity import (
+from attnaudit.capturing import capture
+from attnaudit.capturing.sites import SiteSelection
+from attnaudit.validity.findings import Finding, failing_sites, site_findings, summarise_sites
+from attnaudit.validity.pipeline import (
     DEFAULT_MAX_MASKED_MASS,
     DEFAULT_ROW_SUM_TOLERANCE,
     ValidityAnalysers,
 )
-from attnaudit.capturing.sites import SiteSelection
-from attnaudit.findings import Finding, failing_sites, site_findings, summarise_sites
 
 
 def assert_attention_healthy(model: nn.Module, run: Callable[[], Any], *,
@@ -56,7 +56,7 @@ def assert_attention_healthy(model: nn.Module, run: Callable[[], Any], *,
     """
     declared = dict(eligible or {})
     analysers = ValidityAnalysers(max_masked_mass, row_sum_tolerance)
-    with attnaudit.capture(model, sites, kinds=kinds) as cap:
+    with capture(model, sites, kinds=kinds) as cap:
         run()
     unknown = [name for name in declared
                if not any(name in (site, site.split(":", 1)[0]) for site in cap.records)]

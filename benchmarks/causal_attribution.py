@@ -30,8 +30,8 @@ BATCH = 8
 
 def child(prompts: int, new_tokens: int) -> None:
     """Build the target and run the suite (in this fresh process)."""
-    from attnaudit.interventions.attribution import AttributionOptions
-    from attnaudit.interventions.suite import run_suite
+    from attnaudit.attribution.methods import AttributionOptions
+    from attnaudit.auditing.intervention_suite import run_suite
     from benchmarks.causal_lm import build
 
     target = build(prompts, 30, new_tokens, vocab=50257, width=512, layers=6,

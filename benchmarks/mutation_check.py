@@ -145,13 +145,13 @@ MUTATIONS = (
              "[..., eligible]",
              (FULL_SUITE + "::test_tables_do_not_depend_on_the_example_batch_size",)),
     Mutation("ig_zero_baseline", "integrated gradients from a zero baseline, not the pad "
-             "embedding", "attnaudit/interventions/attribution.py",
+             "embedding", "attnaudit/attribution/methods.py",
              "source_base = passes.source_module(",
              "source_base = 0 * passes.source_module(",
              (FULL_SUITE + "::test_integrated_gradients_and_agreement_against_independent_"
               "references",)),
     Mutation("shared_forward_step", "every step's gradient taken from the last step's output",
-             "attnaudit/interventions/step_gradients.py",
+             "attnaudit/attribution/step_gradients.py",
              "torch.autograd.grad(outputs[:, step].sum(), leaves,",
              "torch.autograd.grad(outputs[:, -1].sum(), leaves,",
              ("tests/interventions/test_shared_forward.py::test_shared_forward_equals_captum_"
@@ -164,7 +164,7 @@ MUTATIONS = (
              'CAPTURABLE_BACKENDS = ("eager", "sdpa", "flex_attention")',
              (CAPTURE_PINS + "::test_flex_backend_is_refused_on_a_hugging_face_model",)),
     Mutation("gate_ignores_row_sum", "the gate does not fail on row sums",
-             "attnaudit/findings.py",
+             "attnaudit/validity/findings.py",
              'site, "row_sum", int(s.row_sum_rows), total,', 'site, "row_sum", 0, total,',
              (ROW_SUM_GATE,)),
     Mutation("row_sum_tolerance_fixed", "--row-sum-tolerance is ignored",
@@ -184,10 +184,10 @@ MUTATIONS = (
              "if insensitive < 0.05 and top_matters",
              (REPORT + "::test_checklist_statuses_and_verdicts_are_pinned",)),
     Mutation("shard_rank_order", "distributed suite: gathered batches kept in rank order",
-             "attnaudit/interventions/suite.py", "key=lambda part: part[0])",
+             "attnaudit/auditing/intervention_suite.py", "key=lambda part: part[0])",
              "key=lambda part: 0)", (TORCHRUN + "[date_lstm]",)),
     Mutation("shard_stats_own_only", "distributed audit: each rank keeps its own analyser "
-             "statistics", "attnaudit/distributed.py",
+             "statistics", "attnaudit/runtime/distributed.py",
              "self._all_reduce_stats(analyser.stats)", "None", (TORCHRUN + "[date_lstm]",)),
 )
 

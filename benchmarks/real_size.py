@@ -46,10 +46,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import attnaudit
+from attnaudit.auditing.intervention_suite import CUMULATIVE_EXAMPLES, QUICK_PERMUTATIONS, run_suite
 from attnaudit.interventions.permutation import permutation_test
 from attnaudit.interventions.runner import Reference, Rows, reference
-from attnaudit.interventions.suite import CUMULATIVE_EXAMPLES, QUICK_PERMUTATIONS, run_suite
-from attnaudit.target import Seq2SeqTarget, from_hf, select_state
+from attnaudit.targets.target import Seq2SeqTarget, from_hf, select_state
 
 VOCAB = 58_101
 SPECIALS = ["</s>", "<unk>", "<pad>"]  # ids 0, 1, 2 as in opus-mt (pad is the start token)

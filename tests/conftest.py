@@ -104,7 +104,7 @@ def api_audits():
     """``attnaudit.audit(target, limit=N, quick=True)`` for each bundled model, once per
     session, with the model's fingerprint from before the audit."""
     import attnaudit
-    from attnaudit.target import load_target
+    from attnaudit.targets.loading import load_target
 
     done: dict[str, tuple] = {}
 

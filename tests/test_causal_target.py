@@ -15,12 +15,12 @@ import pytest
 import torch
 
 import attnaudit
-from attnaudit.auditing.validity import run_validity_audit
+from attnaudit.attribution.methods import AttributionOptions, attribute
 from attnaudit.interventions.ablation import uniform_test, zeroing_test
-from attnaudit.interventions.attribution import AttributionOptions, attribute
 from attnaudit.interventions.permutation import _PermutationEdit, permutation_test
 from attnaudit.interventions.runner import Rows, reference
-from attnaudit.target import from_hf
+from attnaudit.targets.target import from_hf
+from attnaudit.validity.pipeline import run_validity_audit
 
 transformers = pytest.importorskip("transformers")
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import attnaudit.cli as attnaudit_cli
-import attnaudit.progress as progress
+import attnaudit.runtime.progress as progress
+from attnaudit.auditing.intervention_suite import QUICK_PERMUTATIONS
 from attnaudit.interventions.permutation import N_PERMUTATIONS
-from attnaudit.interventions.suite import QUICK_PERMUTATIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import attnaudit
-from attnaudit.target import TargetError, from_hf
+from attnaudit.errors import TargetError
+from attnaudit.targets.target import from_hf
 from tests.conftest import assert_unchanged, model_fingerprint
 from tests.timing import assert_same_untimed_tables
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from attnaudit.auditing.validity import run_validity_audit
-from attnaudit.datafile import DataFileError, DataRows, read_rows
-from attnaudit.interventions.suite import run_suite
-from attnaudit.target import TargetError
-from attnaudit.target_checks import position_limit
+from attnaudit.auditing.intervention_suite import run_suite
+from attnaudit.errors import DataFileError, TargetError, TokenizerError
+from attnaudit.targets.checks import position_limit
+from attnaudit.targets.datafile import DataRows, read_rows
+from attnaudit.validity.pipeline import run_validity_audit
 from tests.gate.toy_targets import DIM, PAD, ToySeq2Seq, make_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,8 +91,7 @@ def test_checkpoint_without_tokenizer_files_is_refused_not_healthy(tmp_path):
 
 def test_tokenizer_that_turns_every_source_into_special_tokens_is_refused(tmp_path):
     pytest.importorskip("transformers")
-    from attnaudit.target import from_hf
-    from attnaudit.tokenizer_checks import TokenizerError
+    from attnaudit.targets.target import from_hf
 
     data = tmp_path / "other script.tsv"
     data.write_text("日本語\n中文\n", encoding="utf-8")  # the character tokenizer knows neither
@@ -180,7 +179,7 @@ def test_source_beyond_the_position_limit_is_a_clear_error_not_an_index_error():
 
 
 def test_a_device_this_machine_lacks_is_named_with_the_fix():
-    from attnaudit.target import resolve_device
+    from attnaudit.targets.target import resolve_device
 
     if torch.cuda.is_available():
         bad, message = f"cuda:{torch.cuda.device_count()}", "CUDA device(s), cuda:0 to"

@@ -1,22 +1,42 @@
 """The package's layers, read off its source: which modules import which.
 
-capture -> analysis / interventions -> auditing.validity -> checklist -> report, gate
--> auditing.result (the Audit and its views) -> auditing.orchestration -> cli. Imports
-inside functions count as much as those at the top of a module; those under
-``if TYPE_CHECKING:`` (never run) do not.
+Every module belongs to exactly one layer; a module imports only its own layer and the tiers
+below it. Imports inside functions and under ``if TYPE_CHECKING:`` count as much as those at
+the top of a module: a type-only import is still a dependency a reader has to follow.
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
 import json
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import attnaudit
+from attnaudit import errors
+
 PACKAGE = Path(__file__).resolve().parents[1] / "attnaudit"
+
+# Bottom to top. Layers in one tier are peers: neither imports the other.
+TIERS: list[dict[str, tuple[str, ...]]] = [
+    {"base": ("attnaudit.errors", "attnaudit.record")},
+    {"capturing": ("attnaudit.capturing",)},
+    {"targets": ("attnaudit.targets",)},
+    {"analysis": ("attnaudit.analysis",)},
+    {"runtime": ("attnaudit.runtime",)},
+    {"interventions": ("attnaudit.interventions",),
+     "validity": ("attnaudit.validity", "attnaudit.testing")},
+    {"attribution": ("attnaudit.attribution",), "checklist": ("attnaudit.checklist",)},
+    {"report": ("attnaudit.report",)},
+    {"auditing": ("attnaudit.auditing",)},
+    {"cli": ("attnaudit.cli",)},
+    {"api": ("attnaudit", "attnaudit.__main__")},
+]
 
 
 def _module_name(path: Path) -> str:
@@ -27,29 +47,31 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _type_checking(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (
-        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+def _inside(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
 
 
-def _nodes(tree: ast.AST):
-    """Every node of ``tree`` but those under ``if TYPE_CHECKING:``: annotations only, never
-    run (modules use ``from __future__ import annotations``), so they import nothing."""
-    for child in ast.iter_child_nodes(tree):
-        if _type_checking(child):
-            yield from (n for part in child.orelse for n in [part, *_nodes(part)])
-            continue
-        yield child
-        yield from _nodes(child)
+def _layer_of(module: str) -> tuple[int, str]:
+    """(tier, layer) of ``module``: the longest prefix that names a layer decides, so
+    ``attnaudit`` itself is the API facade and ``attnaudit.capturing.x`` is capturing."""
+    best: tuple[int, int, str] | None = None
+    for tier, layers in enumerate(TIERS):
+        for layer, prefixes in layers.items():
+            for prefix in prefixes:
+                matches = module == "attnaudit" if prefix == "attnaudit" else \
+                    _inside(module, prefix)
+                if matches and (best is None or len(prefix) > best[0]):
+                    best = (len(prefix), tier, layer)
+    assert best is not None, f"{module} belongs to no layer"
+    return best[1], best[2]
 
 
 def _imports(name: str) -> set[str]:
-    """The attnaudit modules ``name`` imports anywhere in its source, inside functions too (a
-    ``from X import Y`` names module X.Y when Y is a module, else X)."""
+    """The attnaudit modules ``name`` imports anywhere in its source, inside functions and
+    under ``if TYPE_CHECKING:`` too (a ``from X import Y`` names module X.Y when Y is a
+    module, else X)."""
     found: set[str] = set()
-    for node in _nodes(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
+    for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -58,13 +80,13 @@ def _imports(name: str) -> set[str]:
             for alias in node.names:
                 found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES
                           else base)
-    return {m for m in found if m in MODULES}
+    return {m for m in found if m in MODULES and m != name}
 
 
 GRAPH = {name: _imports(name) for name in MODULES}
 
 
-def _cycle() -> list[str] | None:
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One import cycle as a list of modules, or None."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []
@@ -72,7 +94,7 @@ def _cycle() -> list[str] | None:
     def visit(node: str) -> list[str] | None:
         state[node] = 1
         path.append(node)
-        for nxt in sorted(GRAPH[node]):
+        for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
                 return [*path[path.index(nxt):], nxt]
             if nxt not in state and (found := visit(nxt)):
@@ -81,75 +103,91 @@ def _cycle() -> list[str] | None:
         state[node] = 2
         return None
 
-    for start in sorted(GRAPH):
+    for start in sorted(graph):
         if start not in state and (found := visit(start)):
             return found
     return None
 
 
-def test_the_walk_sees_the_package():
-    assert {"attnaudit.cli", "attnaudit.gate", "attnaudit.auditing.orchestration",
-            "attnaudit.report.item_figures"} <= set(MODULES)
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    wrong = []
+    for module, imported in graph.items():
+        tier, layer = _layer_of(module)
+        for other in imported:
+            other_tier, other_layer = _layer_of(other)
+            if other_tier > tier or (other_tier == tier and other_layer != layer):
+                wrong.append(f"{module} ({layer}) imports {other} ({other_layer})")
+    return sorted(wrong)
+
+
+def test_the_walk_sees_the_whole_package():
+    walked = {m.name for m in pkgutil.walk_packages(attnaudit.__path__, "attnaudit.")}
+    assert walked | {"attnaudit"} == set(MODULES)
     assert "attnaudit.auditing.result" in GRAPH["attnaudit.auditing.orchestration"]
-    assert "attnaudit.report" in GRAPH["attnaudit.auditing.result"]
+
+
+def test_every_module_belongs_to_a_layer_and_no_module_floats_at_the_top():
+    for module in MODULES:
+        _layer_of(module)
+    top = sorted(m for m in MODULES if m.count(".") == 1 and not (PACKAGE / f"{m[10:]}").is_dir())
+    assert top == ["attnaudit.__main__", "attnaudit.errors", "attnaudit.record",
+                   "attnaudit.testing"]
 
 
 def test_no_import_cycle_among_attnaudit_modules():
-    assert _cycle() is None, " -> ".join(_cycle() or [])
+    assert _cycle(GRAPH) is None, " -> ".join(_cycle(GRAPH) or [])
 
 
-def test_the_cycle_search_finds_a_planted_cycle(monkeypatch):
-    monkeypatch.setitem(GRAPH, "attnaudit.capturing.recorder",
-                        GRAPH["attnaudit.capturing.recorder"] | {"attnaudit.gate"})
-    monkeypatch.setitem(GRAPH, "attnaudit.gate", GRAPH["attnaudit.gate"]
-                        | {"attnaudit.capturing.recorder"})
-    assert _cycle() is not None
+def test_no_module_imports_a_layer_above_it_or_a_peer_type_only_imports_included():
+    assert _upward(GRAPH) == []
 
 
-def _reach(name: str) -> set[str]:
-    seen, todo = set(), [name]
+def test_the_checks_find_a_planted_cycle_and_a_planted_upward_type_only_import():
+    planted = {**GRAPH, "attnaudit.capturing.recorder":
+               GRAPH["attnaudit.capturing.recorder"] | {"attnaudit.validity.gate"},
+               "attnaudit.validity.gate": GRAPH["attnaudit.validity.gate"]
+               | {"attnaudit.capturing.recorder"}}
+    assert _cycle(planted) is not None
+    assert any("capturing.recorder" in w for w in _upward(planted))
+    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+              "    from attnaudit.cli import main\n")
+    nodes = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)]
+    assert [n.module for n in nodes] == ["typing", "attnaudit.cli"]
+
+
+def test_peers_do_not_import_each_other():
+    planted = {**GRAPH, "attnaudit.interventions.runner":
+               GRAPH["attnaudit.interventions.runner"] | {"attnaudit.validity.findings"}}
+    assert _upward(planted) == [
+        "attnaudit.interventions.runner (interventions) imports "
+        "attnaudit.validity.findings (validity)"]
+
+
+def test_every_attnaudit_exception_lives_in_errors():
+    for info in pkgutil.walk_packages(attnaudit.__path__, "attnaudit."):
+        if not info.name.endswith("__main__"):
+            __import__(info.name)
+    seen, todo = [], [BaseException]
     while todo:
-        for nxt in GRAPH[todo.pop()] - seen:
-            seen.add(nxt)
-            todo.append(nxt)
-    return seen
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__.startswith("attnaudit"):
+                seen.append(sub)
+    assert errors.AttnauditError in seen and len(seen) > 10
+    assert [c for c in seen if c.__module__ != "attnaudit.errors"] == []
+    documented = inspect.getdoc(errors) or ""
+    for cls in seen:
+        assert cls.__name__ in documented, f"{cls.__name__} missing from the hierarchy"
 
 
-# What each layer may not reach, directly or through others.
-ABOVE = {
-    "attnaudit.capturing": ("attnaudit.analysis", "attnaudit.interventions",
-                            "attnaudit.auditing", "attnaudit.checklist", "attnaudit.report",
-                            "attnaudit.gate", "attnaudit.cli"),
-    "attnaudit.analysis": ("attnaudit.interventions", "attnaudit.auditing",
-                           "attnaudit.checklist", "attnaudit.report", "attnaudit.gate",
-                           "attnaudit.cli"),
-    "attnaudit.interventions": ("attnaudit.auditing", "attnaudit.checklist",
-                                "attnaudit.report", "attnaudit.gate", "attnaudit.cli"),
-    "attnaudit.auditing.validity": ("attnaudit.checklist", "attnaudit.report",
-                                    "attnaudit.gate", "attnaudit.cli",
-                                    "attnaudit.auditing.result",
-                                    "attnaudit.auditing.orchestration"),
-    "attnaudit.checklist": ("attnaudit.report", "attnaudit.gate", "attnaudit.cli",
-                            "attnaudit.auditing.result", "attnaudit.auditing.orchestration"),
-    "attnaudit.report": ("attnaudit.gate", "attnaudit.cli", "attnaudit.auditing.result",
-                         "attnaudit.auditing.orchestration"),
-    "attnaudit.gate": ("attnaudit.report", "attnaudit.cli", "attnaudit.auditing.result",
-                       "attnaudit.auditing.orchestration"),
-    "attnaudit.auditing.result": ("attnaudit.cli", "attnaudit.auditing.orchestration"),
-    "attnaudit.auditing.orchestration": ("attnaudit.cli",),
-}
-
-
-def _inside(module: str, layer: str) -> bool:
-    return module == layer or module.startswith(layer + ".")
-
-
-@pytest.mark.parametrize("layer", list(ABOVE))
-def test_no_layer_reaches_a_layer_above_it(layer):
-    for module in (m for m in MODULES if _inside(m, layer)):
-        wrong = sorted(m for m in _reach(module)
-                       if any(_inside(m, above) for above in ABOVE[layer]))
-        assert not wrong, f"{module} reaches {wrong}"
+def test_no_sys_path_edits_anywhere():
+    root = PACKAGE.parent
+    needle = "sys" + ".path"
+    offenders = [str(p.relative_to(root)) for folder in
+                 ("attnaudit", "tests", "benchmarks", "examples", "scripts")
+                 for p in (root / folder).rglob("*.py")
+                 if needle in p.read_text(encoding="utf-8")]
+    assert offenders == []
 
 
 def test_only_the_cli_imports_argparse():
@@ -162,21 +200,22 @@ def test_only_the_cli_imports_argparse():
 
 
 def test_importing_the_gate_report_and_interventions_loads_no_cli_module():
-    code = ("import sys, json\nimport attnaudit.gate, attnaudit.report, "
+    code = ("import sys, json\nimport attnaudit.validity.gate, attnaudit.report, "
             "attnaudit.interventions, attnaudit.auditing.result\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('attnaudit') "
             "or m == 'argparse')))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, cwd=PACKAGE.parent)
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
-    assert "attnaudit.report" in loaded and "attnaudit.gate" in loaded
+    assert "attnaudit.report" in loaded and "attnaudit.validity.gate" in loaded
     assert not [m for m in loaded if _inside(m, "attnaudit.cli")], loaded
 
 
-def test_import_attnaudit_stays_light_until_an_audit_is_asked_for():
+@pytest.mark.parametrize("light", ["attnaudit.report", "attnaudit.interventions",
+                                   "attnaudit.attribution", "captum", "matplotlib"])
+def test_import_attnaudit_stays_light_until_an_audit_is_asked_for(light):
     code = ("import sys\nimport attnaudit\n"
-            "assert 'attnaudit.report' not in sys.modules, 'report imported'\n"
-            "assert 'attnaudit.interventions' not in sys.modules, 'interventions imported'\n"
+            f"assert {light!r} not in sys.modules, '{light} imported'\n"
             "from attnaudit.auditing.orchestration import audit\n"
             "assert attnaudit.audit is audit and 'attnaudit.report' in sys.modules\n"
             "assert {'audit', 'Audit', 'capture'} <= set(dir(attnaudit))\n"

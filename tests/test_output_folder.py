@@ -10,12 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from attnaudit.output_folder import (
-    OutputFolder,
-    OutputFolderError,
-    _signals_deferred,
-    is_attnaudit_output,
-)
+from attnaudit.errors import OutputFolderError
+from attnaudit.runtime.output_folder import OutputFolder, _signals_deferred, is_attnaudit_output
 
 
 def earlier_output(folder: Path) -> dict[str, bytes]:

@@ -11,7 +11,8 @@ import torch
 
 import attnaudit.cli
 import attnaudit.cli.loading
-from attnaudit.target import TargetError, from_hf, place
+from attnaudit.errors import TargetError
+from attnaudit.targets.target import from_hf, place
 
 ROOT = Path(__file__).resolve().parents[1]
 DATE_BART = ROOT / "examples" / "date_transformer" / "model"
@@ -67,8 +68,8 @@ def test_max_new_tokens_bounds_greedy_decoding():
 
 def test_over_long_sources_are_truncated_with_a_warning_and_reported():
     pytest.importorskip("transformers")
-    from attnaudit.auditing.validity import run_validity_audit
     from attnaudit.checklist import build_checklist
+    from attnaudit.validity.pipeline import run_validity_audit
 
     limit = 64  # the checkpoint's max_position_embeddings
     sources = ["3 March 2001", "x" * 200, "y" * 65, "April 4, 1999"]

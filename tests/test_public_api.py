@@ -12,13 +12,13 @@ import attnaudit
 PUBLIC = {
     "attnaudit.record": ("AttentionCall", "AttentionRecord", "Site"),
     "attnaudit.errors": ("AttnauditError", "CaptureError", "EditError", "NoAttentionFound",
-                         "SiteNotFound"),
+                         "SiteNotFound", "TargetError"),
     "attnaudit.capturing.recorder": ("Capture", "Edit", "capture"),
     "attnaudit.capturing.tap": ("tap",),
     "attnaudit.auditing.orchestration": ("audit",),
     "attnaudit.auditing.result": ("Audit",),
-    "attnaudit.target": ("Batch", "Expectation", "Seq2SeqTarget", "TargetError", "from_hf",
-                         "load_target"),
+    "attnaudit.targets.target": ("Batch", "Expectation", "Seq2SeqTarget", "from_hf"),
+    "attnaudit.targets.loading": ("load_target",),
 }
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnaudit.datafile import DataFileError
-from attnaudit.target import Batch, Seq2SeqTarget, TargetError, from_hf, load_target
-from attnaudit.tokenizer_checks import TokenizerError
+from attnaudit.errors import DataFileError, TargetError, TokenizerError
+from attnaudit.targets.loading import load_target
+from attnaudit.targets.target import Batch, Seq2SeqTarget, from_hf
 
 DATE_BART = Path(__file__).resolve().parents[1] / "examples" / "date_transformer" / "model"
 

@@ -80,7 +80,7 @@ def keys_from_word_spans(words: Sequence[int] | torch.Tensor,
     Args:
         words: per token its word index, -1 for none (padding, special tokens), as
             :func:`~attnaudit.analysis.aggregation.words_from_offsets` or
-            :func:`~attnaudit.auditing.example_maps.source_words` give it; length <= n_keys.
+            :func:`~attnaudit.analysis.example_maps.source_words` give it; length <= n_keys.
         spans: half-open ``(first word, end word)`` pairs (or step-1 ranges) of word indices.
         n_keys: length of the key axis.
     """

@@ -1,10 +1,10 @@
 """Auditing: one audit of a target, from capture to the :class:`~attnaudit.auditing.result.Audit`.
 
-- :mod:`~attnaudit.auditing.validity`: the validity pipeline (capture, declared key rules,
+- :mod:`~attnaudit.validity.pipeline`: the validity pipeline (capture, declared key rules,
   streaming analysers, findings);
-- :mod:`~attnaudit.auditing.measurement`: wall time, peak memory, capture size;
-- :mod:`~attnaudit.auditing.example_maps`: the first example's attention, labelled;
-- :mod:`~attnaudit.auditing.placement`: a model on another device or dtype for one audit,
+- :mod:`~attnaudit.runtime.measurement`: wall time, peak memory, capture size;
+- :mod:`~attnaudit.analysis.example_maps`: the first example's attention, labelled;
+- :mod:`~attnaudit.targets.placement`: a model on another device or dtype for one audit,
   restored exactly afterwards;
 - :mod:`~attnaudit.auditing.result`: the :class:`Audit` result and its views (report, gate,
   figures, notebook summary, loading a saved report);

@@ -16,22 +16,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnaudit.auditing.placement import placed
+from attnaudit.attribution.methods import AttributionOptions
+from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
 from attnaudit.auditing.result import Audit
-from attnaudit.auditing.validity import (
+from attnaudit.checklist import build_checklist
+from attnaudit.errors import AttnauditError, TargetError
+from attnaudit.report.manifest import build_manifest
+from attnaudit.runtime.distributed import Shard, current_shard
+from attnaudit.runtime.progress import display
+from attnaudit.targets.checks import checked_target
+from attnaudit.targets.placement import placed
+from attnaudit.targets.target import Seq2SeqTarget, from_hf
+from attnaudit.validity.pipeline import (
     DEFAULT_MAX_MASKED_MASS,
     DEFAULT_ROW_SUM_TOLERANCE,
     run_validity_audit,
 )
-from attnaudit.checklist import build_checklist
-from attnaudit.distributed import Shard, current_shard
-from attnaudit.errors import AttnauditError
-from attnaudit.interventions.attribution import AttributionOptions
-from attnaudit.interventions.suite import InterventionSuite, run_suite
-from attnaudit.progress import display
-from attnaudit.report.manifest import build_manifest
-from attnaudit.target import Seq2SeqTarget, TargetError, from_hf
-from attnaudit.target_checks import checked_target
 
 
 def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
@@ -47,7 +47,7 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
     """Audit the attention of a seq2seq model: validity, interventions, checklist.
 
     Args:
-        target_or_model: a :class:`~attnaudit.target.Seq2SeqTarget`; or a loaded Hugging
+        target_or_model: a :class:`~attnaudit.targets.target.Seq2SeqTarget`; or a loaded Hugging
             Face seq2seq model (with ``tokenizer``) or its folder, with ``data``: both go
             through :func:`attnaudit.from_hf` (``hf_options``: its ``batch_size``,
             ``max_new_tokens``, ``max_source_tokens``, ``name``).
@@ -70,17 +70,17 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
         max_masked_mass, row_sum_tolerance: the validity tolerances (row_sum_tolerance
             None: per site from the weights' dtype and key count).
         progress: one progress display on stderr for the whole audit
-            (:mod:`attnaudit.progress`).
+            (:mod:`attnaudit.runtime.progress`).
         command_line: recorded in the manifest and shown in the report.
         process_group: audit across the processes of this ``torch.distributed`` group
             (default: the initialised default group, if any; see
-            :mod:`attnaudit.distributed`). Each rank audits its share of the batches on
+            :mod:`attnaudit.runtime.distributed`). Each rank audits its share of the batches on
             its own device (``cuda:LOCAL_RANK`` for ``"cuda"``, or for no device under
             nccl) and every rank returns the merged audit (the first example's maps on
             rank 0 only); progress is printed by rank 0 only. Every rank must call
             ``audit`` with the same arguments; only one should save the report.
         attribution: what the attribution methods attribute and their variant
-            (:class:`~attnaudit.interventions.attribution.AttributionOptions`).
+            (:class:`~attnaudit.attribution.methods.AttributionOptions`).
 
     Returns:
         The :class:`~attnaudit.auditing.result.Audit`. The model is left as it was.

@@ -6,7 +6,7 @@ live parts they came from: the validity audit, the intervention suite (or why it
 run) and the checklist. The views only present what is there:
 
 - :meth:`Audit.save` / :meth:`Audit.to_html`: the report (``index.html``, CSVs, manifest);
-- :meth:`Audit.gate`: the CI gate's judgement (:class:`attnaudit.gate.GateResult`);
+- :meth:`Audit.gate`: the CI gate's judgement (:class:`attnaudit.validity.gate.GateResult`);
 - :meth:`Audit.figure`: the report's figures as matplotlib figures;
 - ``_repr_html_``: a compact summary in notebooks;
 - :meth:`Audit.load`: a saved report's tables and manifest, to compare audits without
@@ -24,21 +24,17 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure as MplFigure
 
-from attnaudit.auditing.validity import ValidityAudit
+from attnaudit.analysis.degenerate import DegenerateCounter
+from attnaudit.auditing.intervention_suite import InterventionSuite
 from attnaudit.checklist import Checklist
-from attnaudit.degenerate import DegenerateCounter, input_findings
-from attnaudit.errors import AttnauditError
-from attnaudit.findings import site_findings
-from attnaudit.gate import GateResult
-from attnaudit.interventions.suite import InterventionSuite
+from attnaudit.errors import AuditError
 from attnaudit.report import summary_html, write_report
 from attnaudit.report.figures import Figure
 from attnaudit.report.item_figures import item_figures
 from attnaudit.report.tables import read_csvs
-
-
-class AuditError(AttnauditError):
-    """An audit cannot give the view asked for (a loaded audit has no live parts)."""
+from attnaudit.validity.findings import input_findings, site_findings
+from attnaudit.validity.gate import GateResult
+from attnaudit.validity.pipeline import ValidityAudit
 
 
 @dataclass
@@ -93,7 +89,7 @@ class Audit:
         """Write the report (index.html, one CSV per table, manifest.json) to ``out_dir``;
         return the path of index.html. A previous attnaudit output there is replaced whole
         once the new report is complete; a folder holding other files is refused unless
-        ``force`` (:mod:`attnaudit.output_folder`)."""
+        ``force`` (:mod:`attnaudit.runtime.output_folder`)."""
         checklist = self._live("save", self.checklist)
         return write_report(out_dir, checklist=checklist, tables=self.tables,
                             manifest=self.manifest,

@@ -11,28 +11,17 @@ hands the caller exactly what it asked for: ``(output, None)`` when it did not w
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from attnaudit.capturing.recorder import Capture
-
-from attnaudit.record import Site
+from attnaudit.capturing.protocol import ActiveCapture, MhaCall
 
 _NEED_WEIGHTS_POS = 4  # forward(query, key, value, key_padding_mask, need_weights, ...)
 
 
-class MhaCall(NamedTuple):
-    """An ``nn.MultiheadAttention`` call in progress, for the softmax it will make."""
-
-    module: nn.Module
-    site: Site
-    asked: bool  # did the caller ask for weights itself?
-
-
-def install(stack: ExitStack, cap: Capture, modules: list[nn.Module]) -> None:
+def install(stack: ExitStack, cap: ActiveCapture, modules: list[nn.Module]) -> None:
     """Hook every ``nn.MultiheadAttention`` among ``modules`` until ``stack`` closes."""
     modules = [m for m in modules if isinstance(m, nn.MultiheadAttention)]
     if not modules:
@@ -46,7 +35,7 @@ def install(stack: ExitStack, cap: Capture, modules: list[nn.Module]) -> None:
                                                     always_call=True).remove)
 
 
-def _pre_hook(cap: Capture):
+def _pre_hook(cap: ActiveCapture):
     def hook(module: nn.MultiheadAttention, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         query = args[0] if args else kwargs.get("query")
@@ -81,7 +70,7 @@ def _kind(module: nn.MultiheadAttention, query: Any, key: Any) -> str:
     return "self" if torch.equal(key.narrow(seq, key.shape[seq] - n, n), query) else "cross"
 
 
-def _post_hook(cap: Capture):
+def _post_hook(cap: ActiveCapture):
     def hook(module: nn.MultiheadAttention, args: tuple[Any, ...], kwargs: dict[str, Any],
              output: Any) -> Any:
         if not cap.mha_stack or cap.mha_stack[-1].module is not module:

@@ -16,6 +16,7 @@ from torch import nn
 
 from attnaudit.capturing import hf, mha, sdpa, softmax
 from attnaudit.capturing.layout import CallSite, Layout, int_locals, module_heads, resolve_layout
+from attnaudit.capturing.protocol import MhaCall
 from attnaudit.capturing.sites import SiteRegistry, SiteSelection, make_selector, site_base
 from attnaudit.capturing.state import ACTIVE, compiled_code_runs_eagerly
 from attnaudit.capturing.views import (
@@ -74,7 +75,7 @@ class Capture:
         self.sites_registry = SiteRegistry(self._modules, _view_aware(select), kinds)
         self.records: dict[str, AttentionRecord] = {}
         self.busy = False
-        self.mha_stack: list[mha.MhaCall] = []
+        self.mha_stack: list[MhaCall] = []
         self._stack: ExitStack | None = None
         self._used = False
         self._owner_heads: dict[str, int | None] = {}

@@ -14,18 +14,16 @@ import math
 import sys
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from attnaudit.capturing.layout import eligible_from_scores
+from attnaudit.capturing.protocol import ActiveCapture
 from attnaudit.capturing.softmax import ORIGINAL_TORCH_SOFTMAX
 from attnaudit.capturing.state import ACTIVE, patch_attr, patch_references, refuse_tracing
 from attnaudit.record import Site
-
-if TYPE_CHECKING:
-    from attnaudit.capturing.recorder import Capture
 
 ORIGINAL_SDPA = F.scaled_dot_product_attention
 
@@ -53,7 +51,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         cap.busy = False
 
 
-def _explicit(cap: Capture, site: Site, names: Callable[[], Mapping[str, Any]],
+def _explicit(cap: ActiveCapture, site: Site, names: Callable[[], Mapping[str, Any]],
               query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attn_mask: torch.Tensor | None,
               dropout_p: float, is_causal: bool, scale: float | None,

@@ -15,16 +15,14 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from functools import wraps
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from attnaudit.capturing.layout import eligible_from_scores
+from attnaudit.capturing.protocol import ActiveCapture
 from attnaudit.capturing.state import ACTIVE, patch_attr, patch_references, refuse_tracing
-
-if TYPE_CHECKING:
-    from attnaudit.capturing.recorder import Capture
 
 ORIGINAL_TORCH_SOFTMAX = torch.softmax
 ORIGINAL_F_SOFTMAX = F.softmax
@@ -58,7 +56,7 @@ def _patched(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
     return softmax
 
 
-def _on_softmax(cap: Capture, scores: torch.Tensor, out: torch.Tensor, dim: int,
+def _on_softmax(cap: ActiveCapture, scores: torch.Tensor, out: torch.Tensor, dim: int,
                 frame: FrameType) -> torch.Tensor:
     # F.multi_head_attention_forward (from nn.MultiheadAttention or called directly) works on
     # (batch * heads, queries, keys); its own num_heads / bsz arguments give the layout.

@@ -9,18 +9,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from attnaudit.capturing.protocol import ActiveCapture
 from attnaudit.errors import CaptureError
-
-if TYPE_CHECKING:
-    from attnaudit.capturing.recorder import Capture
 
 
 class _Active:
-    capture: Capture | None = None
+    capture: ActiveCapture | None = None
 
 
 ACTIVE = _Active()

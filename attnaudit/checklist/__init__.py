@@ -39,7 +39,7 @@ from attnaudit.checklist.items import (
     Verdict,
     worst,
 )
-from attnaudit.checklist.validity import parameter_table, site_metric_table
+from attnaudit.checklist.validity_items import parameter_table, site_metric_table
 
 __all__ = [
     "ADVERSARIAL_DIFFERENT",

@@ -14,19 +14,19 @@ import signal
 import sys
 import threading
 import traceback
+from importlib.metadata import version
 from pathlib import Path
 from typing import NoReturn
 
-from attnaudit import __version__
-from attnaudit.auditing.validity import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
+from attnaudit.attribution.methods import ALL_METHODS
+from attnaudit.attribution.step_gradients import OUTPUTS
+from attnaudit.auditing.intervention_suite import QUICK_PERMUTATIONS
 from attnaudit.cli.commands import check_command, intervene_command, report_command
 from attnaudit.cli.loading import quiet
-from attnaudit.distributed import launched_by_torchrun, main_rank_output, torchrun_session
-from attnaudit.errors import AttnauditError
-from attnaudit.interventions.attribution import ALL_METHODS
+from attnaudit.errors import AttnauditError, Terminated
 from attnaudit.interventions.permutation import N_PERMUTATIONS
-from attnaudit.interventions.step_gradients import OUTPUTS
-from attnaudit.interventions.suite import QUICK_PERMUTATIONS
+from attnaudit.runtime.distributed import launched_by_torchrun, main_rank_output, torchrun_session
+from attnaudit.validity.pipeline import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 DESCRIPTION = ("Audit the attention of a sequence-to-sequence model: capture its attention "
@@ -42,9 +42,6 @@ QUICK_HELP = (f"a cheaper audit: no adversarial search, no integrated gradients 
 USAGE_ERROR = 2
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
 
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so that every ``finally`` and output folder cleans up."""
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
@@ -162,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="no progress display on stderr (warnings and errors still show)")
     parser = Parser(prog="attnaudit", description=DESCRIPTION, epilog=EPILOG,
                     parents=[debug])
-    parser.add_argument("--version", action="version", version=__version__)
+    parser.add_argument("--version", action="version", version=version("attnaudit"))
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", parents=[debug],
@@ -211,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. A user error prints one line, ``attnaudit CMD: error: ...``, and
     exits 2 (``--debug``: the traceback too); Ctrl-C and SIGTERM print one line and exit
     130, after every output folder has been cleaned up. Under ``torchrun`` the command runs
-    on every rank (:mod:`attnaudit.distributed`): rank 0 prints and writes, every rank
+    on every rank (:mod:`attnaudit.runtime.distributed`): rank 0 prints and writes, every rank
     prints its error and exits with the same status.
 
     A process that ``torchrun`` started for the command line (``argv`` None) leaves with

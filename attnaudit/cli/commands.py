@@ -10,14 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
 from attnaudit.auditing.orchestration import audit
 from attnaudit.cli.display import print_suite
 from attnaudit.cli.loading import attribution_option, load_cli_target, memory_option, quiet
-from attnaudit.distributed import Shard, current_shard
-from attnaudit.gate import GateError
-from attnaudit.interventions.suite import InterventionSuite, run_suite
-from attnaudit.output_folder import OutputFolder, check_output_file
+from attnaudit.errors import GateError
 from attnaudit.report.manifest import library_versions
+from attnaudit.runtime.distributed import Shard, current_shard
+from attnaudit.runtime.output_folder import OutputFolder, check_output_file
 
 
 def check_command(args: argparse.Namespace) -> int:
@@ -115,7 +115,7 @@ def intervene_command(args: argparse.Namespace) -> int:
 
 def _write_suite_manifest(suite: InterventionSuite, out: Path, shard: Shard) -> None:
     """``out/manifest.json``: the suite's metadata, table names and library versions (it
-    also marks the folder as an attnaudit output, :mod:`attnaudit.output_folder`)."""
+    also marks the folder as an attnaudit output, :mod:`attnaudit.runtime.output_folder`)."""
     manifest = {"target": suite.metadata.get("target"), "command": "attnaudit intervene",
                 "tables": sorted(suite.tables), "metadata": suite.metadata,
                 "distributed": shard.describe(), "libraries": library_versions()}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from attnaudit.degenerate import describe_counts
-from attnaudit.interventions.agreement import beside_reference
-from attnaudit.interventions.suite import InterventionSuite
+from attnaudit.analysis.degenerate import describe_counts
+from attnaudit.attribution.agreement import beside_reference
+from attnaudit.auditing.intervention_suite import InterventionSuite
 
 SUITE_TABLES = ("summary", "permutation_bins", "zeroing_flips", "cumulative_summary",
                 "value_controls", "agreement_summary")

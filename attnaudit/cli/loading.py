@@ -7,12 +7,12 @@ import os
 import sys
 from pathlib import Path
 
-import attnaudit.target as targets
-from attnaudit.datafile import read_rows
-from attnaudit.interventions.attribution import AttributionOptions
+from attnaudit.attribution.methods import AttributionOptions
+from attnaudit.errors import InterventionError, TargetError
 from attnaudit.interventions.memory import parse_memory
-from attnaudit.interventions.runner import InterventionError
-from attnaudit.target import Seq2SeqTarget, TargetError, from_hf, place
+from attnaudit.targets.datafile import read_rows
+from attnaudit.targets.loading import load_target
+from attnaudit.targets.target import Seq2SeqTarget, from_hf, place
 
 HF_ONLY = ("batch_size", "max_new_tokens", "max_source_tokens")
 
@@ -41,7 +41,7 @@ def load_cli_target(args: argparse.Namespace) -> Seq2SeqTarget:
             raise TargetError(f"--{name.replace('_', '-')} goes with --hf DIR; a TARGET "
                               "factory batches and decodes its own way")
     # through the module, so that the factory loader can be swapped in tests
-    return place(targets.load_target(args.target), device=args.device, dtype=args.dtype)
+    return place(load_target(args.target), device=args.device, dtype=args.dtype)
 
 
 def quiet(args: argparse.Namespace) -> bool:

@@ -1,5 +1,8 @@
-"""Interventions: edit attention inside the forward pass and measure what the output does."""
+"""Interventions: edit attention weights or values inside the forward pass and measure what
+the output does (attributions live in :mod:`attnaudit.attribution`; the suite that runs
+both in :mod:`attnaudit.auditing.intervention_suite`)."""
 
+from attnaudit.errors import InterventionError
 from attnaudit.interventions.ablation import (
     cumulative_summary,
     cumulative_test,
@@ -9,18 +12,9 @@ from attnaudit.interventions.ablation import (
     zeroing_test,
 )
 from attnaudit.interventions.adversarial import adversarial_search
-from attnaudit.interventions.agreement import (
-    JAIN_WALLACE_REFERENCE,
-    agreement,
-    beside_reference,
-    summarise_agreement,
-)
-from attnaudit.interventions.attribution import AttributionOptions, Attributions, attribute
-from attnaudit.interventions.loo import leave_one_out
 from attnaudit.interventions.outputs import flip, jsd, tvd
 from attnaudit.interventions.permutation import permutation_summary, permutation_test
 from attnaudit.interventions.runner import (
-    InterventionError,
     OutputChange,
     Reference,
     Rows,
@@ -28,34 +22,23 @@ from attnaudit.interventions.runner import (
     reference,
     run_items,
 )
-from attnaudit.interventions.suite import InterventionSuite, run_suite
 from attnaudit.interventions.values import value_replacement
 
 __all__ = [
-    "JAIN_WALLACE_REFERENCE",
-    "AttributionOptions",
-    "Attributions",
     "InterventionError",
-    "InterventionSuite",
     "OutputChange",
     "Reference",
     "Rows",
     "adversarial_search",
-    "agreement",
-    "attribute",
-    "beside_reference",
     "cumulative_summary",
     "cumulative_test",
     "edited_probs",
     "flip",
     "jsd",
-    "leave_one_out",
     "permutation_summary",
     "permutation_test",
     "reference",
     "run_items",
-    "run_suite",
-    "summarise_agreement",
     "tvd",
     "uniform_test",
     "value_replacement",

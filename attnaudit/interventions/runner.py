@@ -34,21 +34,18 @@ from typing import Any
 
 import torch
 
+from attnaudit.analysis.degenerate import row_reasons
 from attnaudit.capturing.recorder import capture
-from attnaudit.degenerate import row_reasons
-from attnaudit.errors import AttnauditError
+from attnaudit.errors import InterventionError
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes, tensor_bytes
 from attnaudit.interventions.outputs import flip, jsd, tvd
-from attnaudit.progress import Counter
 from attnaudit.record import AttentionRecord, Site
-from attnaudit.target import Batch, Seq2SeqTarget, select_state
+from attnaudit.runtime.progress import Counter
+from attnaudit.targets.target import Batch, Seq2SeqTarget, select_state
 
 # (site name, rows (m, H, n) at the edited step, item ids (m,)) -> new rows (m, H, n).
 RowEdit = Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]
 
-
-class InterventionError(AttnauditError, ValueError):
-    """An intervention cannot run on this target (no selectable sites, wrong shapes...)."""
 
 
 @dataclass
@@ -68,7 +65,7 @@ class Reference:
     unedited decoder state before every step (``target.decode_states``) when edited items
     run one cached decoder step, else None. budget: sets how many edited sequences one
     forward pass folds. empty_output: bool (B,), the greedy output ends at step 0 (None:
-    no output is empty); see :mod:`attnaudit.degenerate`.
+    no output is empty); see :mod:`attnaudit.analysis.degenerate`.
     """
 
     batch: Batch
@@ -117,7 +114,7 @@ class Reference:
     @property
     def reasons(self) -> torch.Tensor:
         """Long (B, T): why each row is degenerate, an index into
-        :data:`~attnaudit.degenerate.REASONS` (0: counted)."""
+        :data:`~attnaudit.analysis.degenerate.REASONS` (0: counted)."""
         empty = (torch.zeros(len(self.batch), dtype=torch.bool) if self.empty_output is None
                  else self.empty_output)
         return row_reasons(self.steps, self.eligible, empty)
@@ -396,7 +393,7 @@ def run_items(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
 
 def progress_bar(total: int, desc: str, enabled: bool) -> Counter:
     """A count of ``total`` edited sequences in the open progress display
-    (:mod:`attnaudit.progress`; silent when not ``enabled``)."""
+    (:mod:`attnaudit.runtime.progress`; silent when not ``enabled``)."""
     return Counter(total, desc, enabled)
 
 

@@ -22,14 +22,14 @@ from typing import Any
 
 import pandas as pd
 
-from attnaudit.auditing.example_maps import ExampleMaps
+from attnaudit.analysis.example_maps import ExampleMaps
 from attnaudit.checklist import Checklist
-from attnaudit.output_folder import OutputFolder
 from attnaudit.report.definitions import definition_blocks
 from attnaudit.report.html import render_summary, write_html
 from attnaudit.report.item_figures import item_figures
 from attnaudit.report.manifest import write_manifest
 from attnaudit.report.tables import csv_name, table_schema, view, write_csvs
+from attnaudit.runtime.output_folder import OutputFolder
 
 __all__ = ["summary_html", "write_report"]
 
@@ -44,7 +44,7 @@ def write_report(out_dir: str | Path, *, checklist: Checklist,
 
     Args:
         out_dir: created if missing; a previous attnaudit output there is replaced whole
-            once the new report is complete (:mod:`attnaudit.output_folder`); a folder
+            once the new report is complete (:mod:`attnaudit.runtime.output_folder`); a folder
             holding other files is refused unless ``force``.
         checklist: the items, verdicts and misconceptions the page is organised by.
         tables: every table by CSV name (the checklist's evidence and its summaries).

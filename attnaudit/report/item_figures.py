@@ -11,9 +11,9 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from attnaudit.auditing.example_maps import ExampleMaps
+from attnaudit.analysis.example_maps import ExampleMaps
+from attnaudit.attribution.agreement import ATTENTION, GRADIENT, JAIN_WALLACE_REFERENCE
 from attnaudit.checklist import SMALL_TVD, find_table
-from attnaudit.interventions.agreement import ATTENTION, GRADIENT, JAIN_WALLACE_REFERENCE
 from attnaudit.interventions.permutation import BIN_LABELS, max_attention_bins
 from attnaudit.report import figures as figs
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 import attnaudit
-from attnaudit.progress import advance, display, phase
+from attnaudit.runtime.progress import advance, display, phase
 from examples.alignment_audit import audit_date, format_headline
 from examples.date.data import encode_sources, make_splits, vocabularies
 from examples.date.model import load_model

@@ -148,8 +148,8 @@ def test_expected_keys_from_word_spans(byte_bpe):
 def test_word_importance_table_of_a_character_model_equals_hand_sums():
     """The bundled date model's tokens are the characters of the text: each whitespace
     word's value is the sum over its characters' positions."""
-    from attnaudit.target import load_target
-    from attnaudit.words import word_importance_table
+    from attnaudit.analysis.words import word_importance_table
+    from attnaudit.targets.loading import load_target
 
     target = load_target(None)
     batch = next(target.iter_batches(2))

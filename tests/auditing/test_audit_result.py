@@ -8,9 +8,8 @@ import torch
 from matplotlib.figure import Figure as MplFigure
 
 import attnaudit
-from attnaudit.auditing.result import AuditError
-from attnaudit.gate import HEALTHY, UNHEALTHY
-from attnaudit.target import TargetError
+from attnaudit.errors import AuditError, TargetError
+from attnaudit.validity.gate import HEALTHY, UNHEALTHY
 from tests.conftest import assert_unchanged, model_fingerprint
 from tests.gate.toy_targets import make_target
 

@@ -11,19 +11,19 @@ import pytest
 import torch
 
 import attnaudit
-from attnaudit.auditing.measurement import (
+from attnaudit.checklist.validity_items import (
+    CAPTURE_OVERHEAD_FAIL,
+    CAPTURE_OVERHEAD_PASS,
+    performance_item,
+)
+from attnaudit.runtime.measurement import (
     MAX_TIMING_REPEATS,
     MIN_TIMED_S,
     PERFORMANCE_COLUMNS,
     TIMING_REPEATS,
     PeakMemory,
 )
-from attnaudit.auditing.validity import run_validity_audit
-from attnaudit.checklist.validity import (
-    CAPTURE_OVERHEAD_FAIL,
-    CAPTURE_OVERHEAD_PASS,
-    performance_item,
-)
+from attnaudit.validity.pipeline import run_validity_audit
 from examples.date.target import make_target as date_target
 
 TIMES = ("greedy_s", "plain_s", "captured_s", "capture_overhead")

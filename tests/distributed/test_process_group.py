@@ -9,20 +9,18 @@ import pytest
 import torch.distributed as dist
 
 import attnaudit
-from attnaudit.auditing.validity import run_validity_audit
-from attnaudit.distributed import (
+from attnaudit.auditing.intervention_suite import run_suite
+from attnaudit.errors import AttnauditError, RankError, RankFailed
+from attnaudit.runtime.distributed import (
     DEFAULT_TIMEOUT,
     SINGLE,
     TIMEOUT_ENV,
-    RankError,
-    RankFailed,
     Shard,
     collective_timeout,
     current_shard,
 )
-from attnaudit.errors import AttnauditError
-from attnaudit.interventions.suite import run_suite
-from attnaudit.target import load_target
+from attnaudit.targets.loading import load_target
+from attnaudit.validity.pipeline import run_validity_audit
 from tests.timing import assert_same_untimed_tables
 
 

@@ -21,7 +21,7 @@ import pytest
 
 import attnaudit
 from attnaudit.auditing.result import Audit
-from attnaudit.target import load_target
+from attnaudit.targets.loading import load_target
 from tests.timing import TIMED, load_free
 
 ROOT = Path(__file__).resolve().parents[2]

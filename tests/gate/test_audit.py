@@ -13,10 +13,11 @@ from toy_reference import toy_weights
 from toy_targets import SOURCES, make_target
 
 import attnaudit
-from attnaudit.auditing.validity import run_validity_audit, site_role
-from attnaudit.findings import Finding
-from attnaudit.gate import GateResult
-from attnaudit.target import TargetError, load_target
+from attnaudit.errors import TargetError
+from attnaudit.targets.loading import load_target
+from attnaudit.validity.findings import Finding
+from attnaudit.validity.gate import GateResult
+from attnaudit.validity.pipeline import run_validity_audit, site_role
 from examples.date.data import year_span
 
 SITE = "attend:cross"

@@ -12,8 +12,8 @@ import torch
 from toy_targets import EOS, PAD, SOURCES, make_target
 
 import attnaudit
-from attnaudit.auditing.validity import run_validity_audit
-from attnaudit.degenerate import input_findings
+from attnaudit.validity.findings import input_findings
+from attnaudit.validity.pipeline import run_validity_audit
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -11,8 +11,8 @@ from toy_targets import make_target
 
 import attnaudit.cli
 from attnaudit.analysis.numerics import row_sum_tolerance
-from attnaudit.auditing.validity import run_validity_audit
-from attnaudit.target import place
+from attnaudit.targets.target import place
+from attnaudit.validity.pipeline import run_validity_audit
 
 DTYPES = ["float32", "bfloat16", "float16"]
 FAULTS = {  # masking -> the gate check that must fail

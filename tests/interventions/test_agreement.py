@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import kendalltau, spearmanr
 
-from attnaudit.interventions.agreement import (
+from attnaudit.attribution.agreement import (
     JAIN_WALLACE_REFERENCE,
     ROW_COLUMNS,
     SUMMARY_COLUMNS,

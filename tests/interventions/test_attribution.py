@@ -7,10 +7,9 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnaudit.errors import SiteNotFound
-from attnaudit.interventions.attribution import attribute, resolve_pad_id
-from attnaudit.interventions.runner import InterventionError
-from attnaudit.target import Batch, Seq2SeqTarget
+from attnaudit.attribution.methods import attribute, resolve_pad_id
+from attnaudit.errors import InterventionError, SiteNotFound
+from attnaudit.targets.target import Batch, Seq2SeqTarget
 from tests.conftest import assert_unchanged, model_fingerprint
 
 PAD, BOS, EOS, VOCAB, DIM = 0, 1, 6, 7, 5

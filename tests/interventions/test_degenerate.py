@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attnaudit.interventions.runner import InterventionError
-from attnaudit.interventions.suite import run_suite
+from attnaudit.auditing.intervention_suite import run_suite
+from attnaudit.errors import InterventionError
 from tests.gate.toy_targets import EOS, PAD, make_target
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
+from attnaudit.errors import InterventionError
 from attnaudit.interventions.permutation import permutation_test
-from attnaudit.interventions.runner import InterventionError, reference
+from attnaudit.interventions.runner import reference
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

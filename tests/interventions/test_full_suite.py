@@ -20,7 +20,7 @@ import pytest
 import torch
 from scipy.stats import kendalltau
 
-from attnaudit.interventions.suite import run_suite
+from attnaudit.auditing.intervention_suite import run_suite
 from tests.gate.toy_targets import BOS, EOS, PAD, ToySeq2Seq, make_target
 
 N_EXAMPLES = 3

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import attnaudit
+from attnaudit.errors import InterventionError
 from attnaudit.interventions.ablation import uniform_test
-from attnaudit.interventions.runner import InterventionError, reference
+from attnaudit.interventions.runner import reference
 
 SITE = "model.decoder.layers.1.encoder_attn:cross"
 HEAD = 2
@@ -80,7 +81,7 @@ class TwoHeadPointer(torch.nn.Module):
 
 
 def test_one_head_with_a_per_head_key_mask():
-    from attnaudit.target import Batch, Seq2SeqTarget
+    from attnaudit.targets.target import Batch, Seq2SeqTarget
 
     model = TwoHeadPointer().eval()
     src = torch.tensor([[1, 2, 3, 0], [4, 5, 1, 2]])

@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
+from attnaudit.errors import InterventionError
 from attnaudit.interventions.ablation import (
     cumulative_test,
     remove_keys,
@@ -17,7 +18,7 @@ from attnaudit.interventions.permutation import (
     permutation_summary,
     permutation_test,
 )
-from attnaudit.interventions.runner import InterventionError, reference
+from attnaudit.interventions.runner import reference
 from attnaudit.interventions.values import value_replacement
 from tests.conftest import assert_unchanged, model_fingerprint
 from tests.interventions.toys import DOMINATED_SCORES, SOURCES, dominated_target

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from attnaudit.interventions.loo import leave_one_out
-from attnaudit.interventions.runner import InterventionError
-from attnaudit.target import Batch, Seq2SeqTarget
+from attnaudit.attribution.loo import leave_one_out
+from attnaudit.errors import InterventionError
+from attnaudit.targets.target import Batch, Seq2SeqTarget
 from tests.conftest import assert_unchanged, model_fingerprint
 
 PAD, BOS, EOS, UNK, VOCAB = 0, 1, 2, 3, 8

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnaudit.interventions.output_head import RowSparseLinear, sparse_output_head
+from attnaudit.attribution.output_head import RowSparseLinear, sparse_output_head
 
 
 @pytest.mark.parametrize("bias", [True, False])

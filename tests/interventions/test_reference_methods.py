@@ -13,9 +13,9 @@ import torch
 from captum.attr import DeepLift, GradientShap
 from torch import nn
 
-from attnaudit.interventions import reference_methods
-from attnaudit.interventions.attribution import attribute
-from attnaudit.target import Batch, Seq2SeqTarget
+from attnaudit.attribution import reference_methods
+from attnaudit.attribution.methods import attribute
+from attnaudit.targets.target import Batch, Seq2SeqTarget
 from tests.conftest import assert_unchanged, model_fingerprint
 from tests.interventions.test_attribution import BOS, PAD, TinyAttention, tiny_target
 from tests.interventions.test_shared_forward import bundled, hooked_first_call
@@ -284,9 +284,9 @@ def test_gradient_shap_draws_are_seeded_per_example_not_per_batch(date_bart: Cas
 
 def test_suite_and_cli_run_the_methods_asked_for(
         date_bart: Case, capsys: pytest.CaptureFixture[str]) -> None:
+    from attnaudit.attribution.methods import AttributionOptions
+    from attnaudit.auditing.intervention_suite import run_suite
     from attnaudit.cli import main
-    from attnaudit.interventions.attribution import AttributionOptions
-    from attnaudit.interventions.suite import run_suite
 
     target = date_bart[0]
     asked = ("deeplift", "gradient_shap", "occlusion")

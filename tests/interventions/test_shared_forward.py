@@ -11,10 +11,10 @@ import torch
 from captum.attr import InputXGradient, IntegratedGradients, Occlusion, Saliency
 from torch import nn
 
-from attnaudit.interventions.attribution import ALL_METHODS, AttributionOptions, attribute
-from attnaudit.interventions.runner import InterventionError
-from attnaudit.interventions.step_gradients import pass_sequences
-from attnaudit.target import Batch, Seq2SeqTarget
+from attnaudit.attribution.methods import ALL_METHODS, AttributionOptions, attribute
+from attnaudit.attribution.step_gradients import pass_sequences
+from attnaudit.errors import InterventionError
+from attnaudit.targets.target import Batch, Seq2SeqTarget
 from tests.conftest import assert_unchanged, model_fingerprint
 from tests.interventions.test_attribution import (
     EOS,
@@ -276,9 +276,9 @@ def test_an_audit_refuses_target_side_attribution_before_its_passes(monkeypatch)
 def test_contrast_outputs_from_hf_reach_the_suite(capsys: pytest.CaptureFixture[str]) -> None:
     from transformers import AutoTokenizer
 
+    from attnaudit.auditing.intervention_suite import run_suite
     from attnaudit.cli import main
-    from attnaudit.interventions.suite import run_suite
-    from attnaudit.target import from_hf
+    from attnaudit.targets.target import from_hf
     from examples.date_transformer.model import MODEL_DIR
 
     sources = ["March 3, 2004", "12 Jan 1999"]

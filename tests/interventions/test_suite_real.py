@@ -2,9 +2,9 @@
 
 import pytest
 
+from attnaudit.auditing.intervention_suite import run_suite
 from attnaudit.cli import build_parser
 from attnaudit.cli.commands import intervene_command
-from attnaudit.interventions.suite import run_suite
 from tests.conftest import assert_unchanged, model_fingerprint
 
 

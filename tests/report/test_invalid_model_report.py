@@ -17,7 +17,7 @@ import torch
 
 import attnaudit
 from attnaudit.checklist import FAIL
-from attnaudit.target import load_target
+from attnaudit.targets.loading import load_target
 from examples.date.model import DateAttentionModel
 from examples.date.target import make_target as date_target
 

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from attnaudit.checklist.explanation import explanation_status
-from attnaudit.findings import site_findings
+from attnaudit.errors import AuditError
+from attnaudit.validity.findings import site_findings
 
 REPORT = Path(__file__).resolve().parents[2] / "reports" / "date"
 PUBLISHED_STATUSES = {"qkv": "pass", "scoring": "pass", "eligibility": "pass", "masks": "pass",
@@ -62,7 +63,6 @@ def test_a_report_without_recorded_tolerances_is_not_judged(tmp_path):
     import shutil
 
     import attnaudit
-    from attnaudit.auditing.result import AuditError
 
     older = tmp_path / "older"
     shutil.copytree(REPORT, older)

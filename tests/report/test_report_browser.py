@@ -14,7 +14,7 @@ import pytest
 
 import attnaudit
 from attnaudit.checklist import ITEM_KEYS, STATUSES
-from attnaudit.target import load_target
+from attnaudit.targets.loading import load_target
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")

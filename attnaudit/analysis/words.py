@@ -22,10 +22,10 @@ from attnaudit.analysis.aggregation import (
     words_from_offsets,
     words_from_tokens,
 )
-from attnaudit.target import Batch, Seq2SeqTarget
+from attnaudit.targets.target import Batch, Seq2SeqTarget
 
 if TYPE_CHECKING:
-    from attnaudit.auditing.example_maps import ExampleMaps
+    from attnaudit.analysis.example_maps import ExampleMaps
 
 ATTENTION_COLUMNS = ["site", "step", "target_token", "word", "word_text", "attention", "rule"]
 IMPORTANCE_COLUMNS = ["method", "step", "target_token", "word", "word_text",

@@ -37,7 +37,7 @@ gradient of the attributed output with respect to it, per token:
   ``DeepLift`` (rescale rule where the model has nonlinearity modules Captum supports, else
   ``(x - baseline) * gradient`` from the shared forward pass, at the cost of input x
   gradient) and ``GradientShap`` (a Gaussian baseline distribution around the same
-  baseline, seeded per example); :mod:`attnaudit.interventions.reference_methods` says how;
+  baseline, seeded per example); :mod:`attnaudit.attribution.reference_methods` says how;
   token score reduced over ``d`` as for integrated gradients.
 
 Every method but occlusion also scores the output prefix with ``target_side``, the prefix
@@ -51,12 +51,12 @@ gradients differentiates through everything, because completeness (and so the co
 delta) holds only for the gradient of one function along the path. ``detach_attention``
 changes which methods are detached; :meth:`Attributions.variant` says it in words.
 
-Speed (attnaudit.interventions.step_gradients): all target steps of an example share each
+Speed (attnaudit.attribution.step_gradients): all target steps of an example share each
 forward pass (one teacher-forced pass per input point over the whole output), and their
 gradients come from batched backward passes; saliency, input x gradient and DeepLift
 without rule modules share one gradient when their detachment is the same. In those passes
 the output projection's backward multiplies only the rows a step reaches
-(:mod:`attnaudit.interventions.output_head`), and a decoder-only model computes the logits of
+(:mod:`attnaudit.attribution.output_head`), and a decoder-only model computes the logits of
 the continuation's positions only.
 """
 
@@ -71,9 +71,8 @@ import torch
 from captum.attr._utils.approximation_methods import approximation_parameters
 from torch import nn
 
-from attnaudit.capturing.recorder import capture
-from attnaudit.interventions.output_head import sparse_output_head
-from attnaudit.interventions.reference_methods import (
+from attnaudit.attribution.output_head import sparse_output_head
+from attnaudit.attribution.reference_methods import (
     SHAP_SAMPLES,
     SHAP_STDEV,
     Vectors,
@@ -81,8 +80,7 @@ from attnaudit.interventions.reference_methods import (
     gradient_shap_vectors,
     rule_modules,
 )
-from attnaudit.interventions.runner import InterventionError, progress_bar
-from attnaudit.interventions.step_gradients import (
+from attnaudit.attribution.step_gradients import (
     OUTPUT_VARIANTS,
     OUTPUTS,
     EmbeddingCalls,
@@ -90,8 +88,11 @@ from attnaudit.interventions.step_gradients import (
     pass_sequences,
     step_gradients,
 )
+from attnaudit.capturing.recorder import capture
+from attnaudit.errors import InterventionError
+from attnaudit.interventions.runner import progress_bar
 from attnaudit.record import Site
-from attnaudit.target import Batch, Seq2SeqTarget
+from attnaudit.targets.target import Batch, Seq2SeqTarget
 
 METHODS = ("saliency", "input_x_gradient", "integrated_gradients")  # the suite's
 ALL_METHODS = (*METHODS, "occlusion", "deeplift", "gradient_shap")

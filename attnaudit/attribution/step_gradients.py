@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from attnaudit.errors import InterventionError
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes
-from attnaudit.interventions.runner import InterventionError
-from attnaudit.target import Seq2SeqTarget
+from attnaudit.targets.target import Seq2SeqTarget
 
 OUTPUTS = ("prob", "logprob", "logit", "entropy", "contrast", "contrast_logit")
 OUTPUT_VARIANTS = {

@@ -40,23 +40,14 @@ import torch.distributed as dist
 
 from attnaudit.analysis.base import Analyser
 from attnaudit.analysis.stats import Cells, RowStats
-from attnaudit.errors import AttnauditError
+from attnaudit.errors import AttnauditError, CollectiveError, RankError, RankFailed
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 TIMEOUT_ENV = "ATTNAUDIT_DIST_TIMEOUT"
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
-class RankError(AttnauditError):
-    """An attnaudit error on one rank of a distributed audit, raised on every rank."""
 
-
-class RankFailed(RuntimeError):
-    """An unexpected error on one rank of a distributed audit, raised on every rank."""
-
-
-class CollectiveError(AttnauditError):
-    """A collective failed: a peer rank died, or did not arrive within the timeout."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
+from attnaudit.analysis.degenerate import DegenerateCounter
+
 # Checks that can fail (and fail the gate); the others (negative, eligibility) only warn.
 GATE_CHECKS = ("non_finite", "masked_mass", "row_sum", "all_masked_nan", "softmax_axis")
 
@@ -218,3 +220,21 @@ def _finite_or_none(value: float) -> float | None:
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
+
+
+INPUT_SITE = "(input)"
+
+
+def input_findings(counter: DegenerateCounter) -> list[Finding]:
+    """The gate's view of the audited data: ``fail`` when every row is degenerate (there
+    was no real input to judge), ``warn`` when some are, nothing when none is."""
+    degenerate = counter.rows - counter.counted
+    if not degenerate:
+        return []
+    reasons = ", ".join(f"{n} {reason}" for reason, n in counter.counts.items() if n)
+    if counter.counted:
+        return [Finding(INPUT_SITE, "degenerate", "warn", degenerate,
+                        f"{degenerate} of {counter.rows} rows are degenerate ({reasons})")]
+    return [Finding(INPUT_SITE, "degenerate", "fail", degenerate,
+                    f"every one of the {counter.rows} rows is degenerate ({reasons}): the "
+                    "audit saw no real input; check the tokenizer, the data and special_ids")]

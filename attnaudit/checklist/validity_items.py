@@ -1,4 +1,4 @@
-"""The checklist's validity items, from a validity audit (:mod:`attnaudit.auditing.validity`).
+"""The checklist's validity items, from a validity audit (:mod:`attnaudit.validity.pipeline`).
 
 One function per item (query/key/value sources, scoring, eligibility, masks, positions,
 distributions, performance), each returning an :class:`ItemResult` with its evidence
@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 from torch import nn
 
-from attnaudit.auditing.measurement import MAX_TIMING_REPEATS, MIN_TIMED_S, TIMING_REPEATS
+from attnaudit.analysis.words import word_attention_table
 from attnaudit.checklist.items import (
     FAIL,
     ITEM_BY_KEY,
@@ -28,8 +28,8 @@ from attnaudit.checklist.items import (
     missing_item,
     worst,
 )
-from attnaudit.findings import Finding, describe_tolerance, findings_frame
-from attnaudit.words import word_attention_table
+from attnaudit.runtime.measurement import MAX_TIMING_REPEATS, MIN_TIMED_S, TIMING_REPEATS
+from attnaudit.validity.findings import Finding, describe_tolerance, findings_frame
 
 
 def parameter_table(model: nn.Module, site_modules: Mapping[str, str]) -> pd.DataFrame:

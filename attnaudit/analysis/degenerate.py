@@ -14,18 +14,16 @@ values, cumulative removal, adversarial search), when:
 
 The suite lists these rows in its ``degenerate`` table (example, step, n_valid, reason) and
 their count per reason in its metadata; summaries never see them. Agreement keeps its own,
-finer exclusions (see :mod:`attnaudit.interventions.agreement`). The validity audit counts
+finer exclusions (see :mod:`attnaudit.attribution.agreement`). The validity audit counts
 them with :class:`DegenerateCounter` (eligible keys: ``target.explain_keys``), and the CI
-gate fails when every row is degenerate: a gate that passes on no real input is worse
-than none.
+gate fails when every row is degenerate (:func:`attnaudit.validity.findings.input_findings`):
+a gate that passes on no real input is worse than none.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 import torch
-
-from attnaudit.findings import Finding
 
 EMPTY_OUTPUT = "empty output"
 NO_ELIGIBLE_KEY = "no eligible key"
@@ -95,24 +93,6 @@ class DegenerateCounter:
     def counted(self) -> int:
         """Rows that are not degenerate."""
         return self.rows - sum(self.counts.values())
-
-
-INPUT_SITE = "(input)"
-
-
-def input_findings(counter: DegenerateCounter) -> list[Finding]:
-    """The gate's view of the audited data: ``fail`` when every row is degenerate (there
-    was no real input to judge), ``warn`` when some are, nothing when none is."""
-    degenerate = counter.rows - counter.counted
-    if not degenerate:
-        return []
-    reasons = ", ".join(f"{n} {reason}" for reason, n in counter.counts.items() if n)
-    if counter.counted:
-        return [Finding(INPUT_SITE, "degenerate", "warn", degenerate,
-                        f"{degenerate} of {counter.rows} rows are degenerate ({reasons})")]
-    return [Finding(INPUT_SITE, "degenerate", "fail", degenerate,
-                    f"every one of the {counter.rows} rows is degenerate ({reasons}): the "
-                    "audit saw no real input; check the tokenizer, the data and special_ids")]
 
 
 def describe_counts(counts: dict[str, int]) -> str:

@@ -13,11 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnaudit.errors import AttnauditError
-
-
-class DataFileError(AttnauditError):
-    """A data file cannot be read as ``source[<TAB>target]`` lines."""
+from attnaudit.errors import DataFileError
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
-from attnaudit.target import Seq2SeqTarget, resolve_device, resolve_dtype
+from attnaudit.targets.target import Seq2SeqTarget, resolve_device, resolve_dtype
 
 
 @contextmanager

@@ -2,7 +2,7 @@
 
 Both measure against the baseline of integrated gradients: the embedding of one token at every
 source position (``baseline``: ``"pad"``, ``"unk"`` or an id; see
-:func:`attnaudit.interventions.attribution.resolve_baseline_id`), and with target-side
+:func:`attnaudit.attribution.methods.resolve_baseline_id`), and with target-side
 attribution at every decoder input position too. ``x`` is the embedded source (R, n, d) (and
 the decoder's input embeddings (R, T, d)), ``b`` its baseline, ``f`` the attributed output of
 one target step; both yield attribution vectors (R, w, n, d) (and (R, w, T, d)) that the
@@ -14,7 +14,7 @@ caller reduces over ``d`` like integrated gradients.
   operation (softmax and activations called as functions, ``GELUActivation``, LSTM gates)
   passes its plain gradient. So on a model without such modules (both bundled date models;
   Hugging Face BART and Marian) DeepLift is ``(x - b) * df/dx`` at the input, and
-  :mod:`attnaudit.interventions.attribution` computes it from the shared forward pass as it
+  :mod:`attnaudit.attribution.methods` computes it from the shared forward pass as it
   does input x gradient (one teacher-forced pass per chunk of examples, one backward pass per
   step; attention not held constant). On a model with such modules,
   :func:`deeplift_vectors` runs Captum's ``DeepLift`` on :class:`StepOutputs`, a module that
@@ -49,7 +49,7 @@ from torch import nn
 from attnaudit.interventions.runner import seeded_generator
 
 if TYPE_CHECKING:
-    from attnaudit.interventions.attribution import _Inputs, _Passes
+    from attnaudit.attribution.methods import _Inputs, _Passes
 
 SHAP_SALT = 5
 SHAP_SAMPLES = 8

@@ -30,8 +30,6 @@ Hugging Face checkpoint, or load one by name with :func:`load_target`.
 from __future__ import annotations
 
 import copy
-import importlib
-import importlib.util
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -44,15 +42,11 @@ from torch import nn
 
 from attnaudit.capturing.hf import check_backends
 from attnaudit.capturing.sites import SiteSelection
-from attnaudit.causal_target import CausalLM, is_causal_lm
-from attnaudit.datafile import DataRows, read_rows
-from attnaudit.errors import AttnauditError, CaptureError
-from attnaudit.hf_cache import cache_argument, cache_prefix, cache_tensors
-from attnaudit.tokenizer_checks import check_tokenization, check_tokenizer_files
-
-
-class TargetError(AttnauditError):
-    """A target could not be loaded or does not provide what the audit needs."""
+from attnaudit.errors import CaptureError, TargetError
+from attnaudit.targets.datafile import DataRows, read_rows
+from attnaudit.targets.hf.cache import cache_argument, cache_prefix, cache_tensors
+from attnaudit.targets.hf.causal import CausalLM, is_causal_lm
+from attnaudit.targets.hf.tokenizer import check_tokenization, check_tokenizer_files
 
 
 @dataclass
@@ -285,7 +279,7 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
 
     A seq2seq model (``config.is_encoder_decoder``) audits source -> output; a decoder-only
     model (GPT-2, Llama ...) audits prompt -> greedy continuation, the prompts being the
-    sources (see :mod:`attnaudit.causal_target`).
+    sources (see :mod:`attnaudit.targets.hf.causal`).
 
     Args:
         model_or_dir: a loaded ``PreTrainedModel`` (give ``tokenizer``), or a directory with
@@ -491,7 +485,7 @@ def _causal_target(lm: CausalLM, sources: list[str], references: list[str] | Non
                    contrast: Sequence[str] | None, *, batch_size: int,
                    max_source_tokens: int | None, label: str, origin: str,
                    name: str | None) -> Seq2SeqTarget:
-    """Prompt -> continuation (:mod:`attnaudit.causal_target`): prompts cut to the smaller of
+    """Prompt -> continuation (:mod:`attnaudit.targets.hf.causal`): prompts cut to the smaller of
     ``max_source_tokens`` and the position limit less the continuation, keeping their end."""
     if lm.eos_id is None:
         raise TargetError(f"{label}: a causal LM target needs an end-of-sequence id "
@@ -650,65 +644,3 @@ def _read_rows(data: str | Path | Sequence[str]) -> DataRows:
     if not sources:
         raise TargetError("the audit data is empty")
     return DataRows(sources, None, None)
-
-
-def load_target(spec: str | None) -> Seq2SeqTarget:
-    """``package.module:factory`` or ``path/to/file.py:factory`` -> the factory's target.
-
-    None loads the bundled date model (``examples.date.target:make_target``), which ships
-    with the source checkout.
-    """
-    if spec is None:
-        checkout = Path(__file__).resolve().parents[1]
-        if not (checkout / "examples" / "date" / "date_attention.pt").exists():
-            raise TargetError("the bundled date model ships with the source checkout "
-                              "(examples/date/); install attnaudit from a clone with "
-                              "`pip install -e .`, or name a TARGET")
-        if str(checkout) not in sys.path:
-            sys.path.insert(0, str(checkout))
-        spec = "examples.date.target:make_target"
-    where, sep, factory_name = spec.rpartition(":")
-    if not sep or not where or not factory_name:
-        raise TargetError(f"TARGET must look like package.module:factory or file.py:factory, "
-                          f"got {spec!r}")
-    module = _import_target_module(where)
-    factory = getattr(module, factory_name, None)
-    if not callable(factory):
-        raise TargetError(f"{where} has no callable {factory_name!r}")
-    try:
-        target = factory()
-    except AttnauditError:
-        raise
-    except Exception as exc:
-        raise TargetError(f"{spec} failed: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(target, Seq2SeqTarget):
-        raise TargetError(f"{spec} returned {type(target).__name__}, not a Seq2SeqTarget")
-    return target
-
-
-def _import_target_module(where: str) -> Any:
-    if where.endswith(".py"):
-        path = Path(where)
-        if not path.is_file():
-            raise TargetError(f"target file not found: {path}")
-        module_spec = importlib.util.spec_from_file_location(f"attnaudit_target_{path.stem}",
-                                                             path)
-        if module_spec is None or module_spec.loader is None:
-            raise TargetError(f"cannot import {path}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_spec.name] = module
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[module_spec.name]
-            raise TargetError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
-        return module
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        return importlib.import_module(where)
-    except ImportError as exc:
-        raise TargetError(f"cannot import target module {where!r}: {exc}") from exc
-    except Exception as exc:
-        raise TargetError(f"importing target module {where!r} failed: "
-                          f"{type(exc).__name__}: {exc}") from exc

@@ -12,16 +12,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attnaudit.errors import AttnauditError
+from attnaudit.errors import TokenizerError
 
 # Files one of which every saved Hugging Face tokenizer writes.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt",
                    "spiece.model", "sentencepiece.bpe.model", "source.spm",
                    "vocab-src.json", "tokenizer.model")
 
-
-class TokenizerError(AttnauditError):
-    """A checkpoint's tokenizer is missing or turns the audit data into nothing."""
 
 
 def check_tokenizer_files(model_dir: Path) -> None:

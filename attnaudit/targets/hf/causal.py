@@ -1,8 +1,8 @@
 """Decoder-only (causal) language models as audit targets: prompt -> continuation.
 
 :class:`CausalLM` runs a Hugging Face causal LM (GPT-2, Llama ...) and its tokenizer as
-the callables of the same :class:`~attnaudit.target.Seq2SeqTarget` the protocols use;
-:func:`attnaudit.target.from_hf` builds that target for a checkpoint whose config is not
+the callables of the same :class:`~attnaudit.targets.target.Seq2SeqTarget` the protocols use;
+:func:`attnaudit.targets.target.from_hf` builds that target for a checkpoint whose config is not
 an encoder-decoder. The mapping:
 
 - the *source* is the prompt, left-padded as Hugging Face batches it: ``source_ids`` (B, P),
@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from attnaudit.capturing.views import prompt_views
-from attnaudit.hf_cache import cache_argument, cache_prefix, cache_tensors
+from attnaudit.targets.hf.cache import cache_argument, cache_prefix, cache_tensors
 
 
 def is_causal_lm(config: Any) -> bool:

@@ -1,5 +1,5 @@
 """The first audited example's attention at every site, trimmed to real tokens and labelled:
-what the report's heatmaps draw (and, per word, :mod:`attnaudit.words`)."""
+what the report's heatmaps draw (and, per word, :mod:`attnaudit.analysis.words`)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def example_maps(records: Mapping[str, AttentionRecord], roles: Mapping[str, str
         source_tokens, target_tokens: a label per source position and per emitted step.
         source_mask: bool (n,), real source tokens. step_mask: bool (T,), steps up to EOS.
         words, word_rule: per source position its word index and the rule
-            (:func:`attnaudit.words.source_words`).
+            (:func:`attnaudit.analysis.words.source_words`).
     """
     src = torch.nonzero(source_mask).squeeze(1)
     tgt = torch.nonzero(step_mask).squeeze(1)

@@ -21,11 +21,12 @@ from dataclasses import replace
 
 import torch
 
-from attnaudit.interventions.attribution import resolve_pad_id
+from attnaudit.attribution.methods import resolve_pad_id
+from attnaudit.errors import InterventionError
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes
 from attnaudit.interventions.outputs import tvd
-from attnaudit.interventions.runner import InterventionError, progress_bar
-from attnaudit.target import Batch, Seq2SeqTarget
+from attnaudit.interventions.runner import progress_bar
+from attnaudit.targets.target import Batch, Seq2SeqTarget
 
 
 def replacement_id(target: Seq2SeqTarget, batch: Batch, replace_with: str | int,

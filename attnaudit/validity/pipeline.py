@@ -1,11 +1,11 @@
 """The validity audit: is each attention site a valid weighted retrieval computation?
 
-:func:`run_validity_audit` runs a :class:`~attnaudit.target.Seq2SeqTarget` over its data —
+:func:`run_validity_audit` runs a :class:`~attnaudit.targets.target.Seq2SeqTarget` over its data —
 greedy decoding, then the model's own output teacher-forced under capture (docs/metrics.md's
 seq2seq protocol) — and streams every record through the entropy, masking, numerics,
 score and region analysers. It returns a :class:`ValidityAudit`: tidy
 tables plus :meth:`ValidityAudit.findings`, the one source the CI gate
-(:mod:`attnaudit.gate`), the pytest helper (:mod:`attnaudit.testing`) and the report read.
+(:mod:`attnaudit.validity.gate`), the pytest helper (:mod:`attnaudit.testing`) and the report read.
 
 Which keys may be attended is *declared* from the target, not read off the model, so a
 mask applied after the softmax or masked scores filled with 0 show up as masked mass:
@@ -55,10 +55,17 @@ from attnaudit.analysis import (
     masking,
     mean_over_heads,
 )
+from attnaudit.analysis.degenerate import DegenerateCounter
+from attnaudit.analysis.example_maps import ExampleMaps, example_maps
 from attnaudit.analysis.numerics import row_sum_tolerance
 from attnaudit.analysis.scores import ScoreAnalyser
-from attnaudit.auditing.example_maps import ExampleMaps, example_maps
-from attnaudit.auditing.measurement import (
+from attnaudit.analysis.words import source_words
+from attnaudit.capturing import Capture, capture
+from attnaudit.capturing.sites import site_base
+from attnaudit.errors import TargetError
+from attnaudit.record import AttentionRecord, Site
+from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
+from attnaudit.runtime.measurement import (
     PERFORMANCE_COLUMNS,
     PeakMemory,
     capture_bytes,
@@ -67,22 +74,16 @@ from attnaudit.auditing.measurement import (
     spread,
     timed,
 )
-from attnaudit.capturing import Capture, capture
-from attnaudit.capturing.sites import site_base
-from attnaudit.degenerate import DegenerateCounter
-from attnaudit.distributed import SINGLE, Shard, TextsDigest
-from attnaudit.findings import (
+from attnaudit.runtime.progress import advance, display, phase
+from attnaudit.targets.checks import call_target, checked_target
+from attnaudit.targets.target import Batch, Seq2SeqTarget
+from attnaudit.validity.findings import (
     CAPTURED_RULE,
     Finding,
     describe_tolerance,
     site_findings,
     summarise_sites,
 )
-from attnaudit.progress import advance, display, phase
-from attnaudit.record import AttentionRecord, Site
-from attnaudit.target import Batch, Seq2SeqTarget, TargetError
-from attnaudit.target_checks import call_target, checked_target
-from attnaudit.words import source_words
 
 DEFAULT_MAX_MASKED_MASS = masking.DEFAULT_TOLERANCE
 DEFAULT_ROW_SUM_TOLERANCE = None  # the dtype rule of numerics.row_sum_tolerance
@@ -118,7 +119,7 @@ class ValidityAudit:
         performance: one row per batch (see :func:`run_validity_audit`).
         example: the first example's attention maps, when kept.
         truncation: how the target truncated its sources ("" when it does not say).
-        degenerate: rows per degenerate reason (:mod:`attnaudit.degenerate`).
+        degenerate: rows per degenerate reason (:mod:`attnaudit.analysis.degenerate`).
         max_masked_mass, row_sum_tolerance: the tolerances rows were counted at; a
             row_sum_tolerance of None means each site's dtype rule (the sites table's
             ``row_sum_tolerance`` column).
@@ -387,7 +388,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     Args:
         target: the model and its data; the model is left unchanged.
         limit: audit only the first ``limit`` examples (>= 1).
-        progress: a progress display on stderr (:mod:`attnaudit.progress`).
+        progress: a progress display on stderr (:mod:`attnaudit.runtime.progress`).
         keep_example: keep the first example's attention maps.
         regions: measure the target's expectations (region_mass, top_weight_hit).
         timing: time greedy decoding and the forward without and with capture, repeated
@@ -398,7 +399,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         checks_only: only what the gate judges: capture without scores and values, the
             masking and numerics analysers only (no entropy, no score ranges), so the
             audit costs little more than the greedy decode and one teacher-forced pass.
-        shard: this process's part of a distributed audit (:mod:`attnaudit.distributed`):
+        shard: this process's part of a distributed audit (:mod:`attnaudit.runtime.distributed`):
             it audits its own batches, and every rank returns the merged audit (the first
             example's maps, from batch 0, on rank 0 only).
 
@@ -406,7 +407,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     emitted steps up to EOS; with ``timing``, greedy decoding (``greedy_repeats`` times)
     and the teacher-forced forward without and with capture (``repeats`` times each,
     alternating which runs first) are timed repeatedly
-    (:func:`~attnaudit.auditing.measurement.repeat_count`), and each time is the median
+    (:func:`~attnaudit.runtime.measurement.repeat_count`), and each time is the median
     with its smallest and largest value (``*_s``, ``*_s_min``, ``*_s_max``);
     capture_overhead = captured / plain per repeat, its median and range; valid tokens
     (source + target) per second from the medians; peak memory above the level before
@@ -547,7 +548,7 @@ def _merged_shards(shard: Shard, analysers: ValidityAnalysers,
 
 
 def _batches(target: Seq2SeqTarget, limit: int | None) -> Iterator[Batch]:
-    """The checked target's batches (:func:`attnaudit.target_checks.checked_target`)."""
+    """The checked target's batches (:func:`attnaudit.targets.checks.checked_target`)."""
     yield from target.iter_batches(limit)
 
 
@@ -579,7 +580,7 @@ def _forward_passes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, 
                     keep: bool, timing: bool, plain_first: bool) -> tuple[Capture, _Passes]:
     """The teacher-forced pass under capture whose records are analysed (``keep``: scores
     and values too) and, with ``timing``, timed passes without and with capture, as many
-    of each as :func:`~attnaudit.auditing.measurement.repeat_count` asks for the first
+    of each as :func:`~attnaudit.runtime.measurement.repeat_count` asks for the first
     one, alternating which runs first so that warm-up favours neither; the analysed pass
     is the first timed one with capture."""
     passes = _Passes()

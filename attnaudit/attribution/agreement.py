@@ -186,7 +186,7 @@ def agreement(importances: Mapping[str, torch.Tensor], keys: torch.Tensor, steps
 
     Args:
         importances: name -> (B, T, n) importance of each source key at each step (e.g.
-            ``attention``, the methods of :func:`~attnaudit.interventions.attribution.attribute`,
+            ``attention``, the methods of :func:`~attnaudit.attribution.methods.attribute`,
             ``loo``); only the ranking over eligible keys matters.
         keys: bool (B, n), or (B, T, n) when eligibility differs by step: eligible keys.
         steps: (B, T) bool, the steps to compare.

@@ -1,9 +1,9 @@
 """What a target's callables return, checked where it enters the audit.
 
-:func:`checked_target` wraps a :class:`~attnaudit.target.Seq2SeqTarget`'s callables so
+:func:`checked_target` wraps a :class:`~attnaudit.targets.target.Seq2SeqTarget`'s callables so
 that every batch, greedy output and logits tensor is checked against the contract of
-:mod:`attnaudit.target` before anything reads it, and so that an exception raised inside
-the target's own code becomes a :class:`~attnaudit.target.TargetError` naming the callable
+:mod:`attnaudit.targets.target` before anything reads it, and so that an exception raised inside
+the target's own code becomes a :class:`~attnaudit.targets.target.TargetError` naming the callable
 (the command line prints it as one line). Sources longer than the model's position limit
 are refused with the limit and where it comes from, instead of an embedding's
 ``IndexError: index out of range in self`` deep inside the model.
@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnaudit.errors import AttnauditError
-from attnaudit.target import Batch, Seq2SeqTarget, TargetError
+from attnaudit.errors import AttnauditError, TargetError
+from attnaudit.targets.target import Batch, Seq2SeqTarget
 
 _CHECKED = "_attnaudit_checked"
 _END = object()  # what next() returns when the target's batches run out

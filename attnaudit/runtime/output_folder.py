@@ -30,14 +30,11 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from attnaudit.errors import AttnauditError
+from attnaudit.errors import OutputFolderError
 
 MANIFEST = "manifest.json"
 _STAGING_PREFIX = ".attnaudit-"
 
-
-class OutputFolderError(AttnauditError):
-    """The output location cannot take the output (names a file, unwritable, not ours)."""
 
 
 def is_attnaudit_output(folder: Path) -> bool:

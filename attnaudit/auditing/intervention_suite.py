@@ -20,8 +20,12 @@ from typing import Any
 import pandas as pd
 import torch
 
-from attnaudit.degenerate import degenerate_table, describe_counts, reason_counts
-from attnaudit.distributed import SINGLE, Shard, TextsDigest
+from attnaudit.analysis.degenerate import degenerate_table, describe_counts, reason_counts
+from attnaudit.analysis.words import word_importance_table
+from attnaudit.attribution.agreement import agreement, summarise_agreement
+from attnaudit.attribution.loo import leave_one_out
+from attnaudit.attribution.methods import METHODS, AttributionOptions, attribute
+from attnaudit.errors import InterventionError
 from attnaudit.interventions.ablation import (
     cumulative_summary,
     cumulative_test,
@@ -30,21 +34,18 @@ from attnaudit.interventions.ablation import (
     zeroing_test,
 )
 from attnaudit.interventions.adversarial import EPS_SEQ2SEQ, adversarial_search
-from attnaudit.interventions.agreement import agreement, summarise_agreement
-from attnaudit.interventions.attribution import METHODS, AttributionOptions, attribute
-from attnaudit.interventions.loo import leave_one_out
 from attnaudit.interventions.permutation import (
     N_PERMUTATIONS,
     SMALL_TVD,
     permutation_summary,
     permutation_test,
 )
-from attnaudit.interventions.runner import InterventionError, Reference, Rows, reference
+from attnaudit.interventions.runner import Reference, Rows, reference
 from attnaudit.interventions.values import value_replacement
-from attnaudit.progress import advance, display, phase, settle, split
-from attnaudit.target import Batch, Seq2SeqTarget
-from attnaudit.target_checks import checked_target
-from attnaudit.words import word_importance_table
+from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
+from attnaudit.runtime.progress import advance, display, phase, settle, split
+from attnaudit.targets.checks import checked_target
+from attnaudit.targets.target import Batch, Seq2SeqTarget
 
 CUMULATIVE_EXAMPLES = 50
 QUICK_PERMUTATIONS = 20
@@ -106,7 +107,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     probability, signed sums, pad baseline; saliency, input x gradient and, unless quick,
     integrated gradients). Batches are processed one at a time and only per-row tables are kept,
     so memory does not grow with the data.
-    shard: this process's part of a distributed suite (:mod:`attnaudit.distributed`): it
+    shard: this process's part of a distributed suite (:mod:`attnaudit.runtime.distributed`): it
     runs its own batches and every rank returns the whole suite, its tables gathered in
     batch order (the same tables as one process).
     """
@@ -162,7 +163,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         raise InterventionError(
             f"no row to intervene on: all {len(degenerate)} rows of the {n_examples} "
             f"examples are degenerate ({describe_counts(reason_counts(degenerate))}); see "
-            "attnaudit.degenerate")
+            "attnaudit.analysis.degenerate")
     tables = _assemble(parts)
     tables["summary"] = _summary(tables)
     return InterventionSuite(tables, {

@@ -18,15 +18,10 @@ from typing import Any
 
 import pandas as pd
 
-from attnaudit.degenerate import INPUT_SITE
-from attnaudit.errors import AttnauditError
-from attnaudit.findings import GATE_CHECKS, Finding, failing_sites
+from attnaudit.validity.findings import GATE_CHECKS, INPUT_SITE, Finding, failing_sites
 
 HEALTHY, UNHEALTHY = 0, 1
 
-
-class GateError(AttnauditError):
-    """The gate was asked for something it cannot do (bad option value, unwritable file)."""
 
 
 @dataclass

@@ -1,0 +1,55 @@
+"""What an adapter needs from the active capture: a :class:`typing.Protocol` the recorder's
+``Capture`` satisfies, so that adapters type against it and never import the recorder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Protocol
+
+import torch
+from torch import nn
+
+from attnaudit.capturing.layout import Layout
+from attnaudit.capturing.sites import SiteRegistry
+from attnaudit.record import Kind, Site
+
+
+class MhaCall(NamedTuple):
+    """An ``nn.MultiheadAttention`` call in progress, for the softmax it will make."""
+
+    module: nn.Module
+    site: Site
+    asked: bool  # did the caller ask for weights itself?
+
+
+class ActiveCapture(Protocol):
+    """The capture an adapter reports to.
+
+    busy: True while the capture's own code (an edit) runs, so its softmaxes are not
+    recorded. keep_values: record each call's values too. mha_stack: the
+    ``nn.MultiheadAttention`` calls in progress, innermost last. sites_registry: site
+    naming and selection for the model.
+    """
+
+    busy: bool
+    keep_values: bool
+    mha_stack: list[MhaCall]
+    sites_registry: SiteRegistry
+
+    def layout(self, site: Site, shape: tuple[int, ...], key_dim: int,
+               names: Callable[[], Mapping[str, Any]] | None, *, from_call: bool = False,
+               query_last: bool = False) -> Layout:
+        """How a call of ``shape`` (keys on ``key_dim``) maps onto (B, H, Q, K)."""
+        ...
+
+    def record(self, site: Site, layout: Layout, weights: torch.Tensor,
+               mask_source: Callable[[], torch.Tensor | None] | None,
+               scores: torch.Tensor | None, values: torch.Tensor | None
+               ) -> torch.Tensor | None:
+        """Store one call's weights (B, H, Q, K); the edit's replacement, or None."""
+        ...
+
+    def on_tap(self, name: str, weights: torch.Tensor, key_mask: torch.Tensor | None,
+               kind: Kind | None, names: Callable[[], Mapping[str, Any]]) -> torch.Tensor:
+        """Record an explicitly tapped call; the weights the model should use."""
+        ...
