@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnaudit.analysis.base import keys_before_queries
 from attnaudit.capturing import capture
 from attnaudit.capturing.sites import SiteSelection
 from attnaudit.validity.findings import Finding, failing_sites, site_findings, summarise_sites
@@ -44,7 +45,10 @@ def assert_attention_healthy(model: nn.Module, run: Callable[[], Any], *,
             suffix): bool, True = the key may be attended, read by rank — (K,), (B, K) per
             example, (B, Q, K) or (B, H, Q, K). Without one, a site is checked against the
             key mask capture read off the model, which cannot reveal a mask applied after
-            the softmax or masked scores filled with 0.
+            the softmax or masked scores filled with 0. A site whose softmax normalised an
+            axis before its queries (the wrong axis) is checked without its rule, which
+            names the model's keys, not the axis it normalised: it fails the softmax-axis
+            check.
         max_masked_mass, row_sum_tolerance: the gate's tolerances (row_sum_tolerance None:
             from each site's weight dtype and key count, as the gate does).
 
@@ -65,7 +69,8 @@ def assert_attention_healthy(model: nn.Module, run: Callable[[], Any], *,
                          f"captured: {list(cap.records)}")
     for name, record in cap.records.items():
         rule = declared.get(name, declared.get(name.split(":", 1)[0]))
-        analysers.update(record, eligible=rule)
+        wrong_axis = keys_before_queries(record.site.layout)
+        analysers.update(record, eligible=None if wrong_axis else rule)
     summary = summarise_sites(analysers.metrics(), list(cap.records))
     findings = site_findings(summary, None, max_masked_mass, analysers.site_row_sum_tolerance)
     failures = [f for f in findings if f.status == "fail"]

@@ -139,7 +139,10 @@ def test_interrupted_report_leaves_the_previous_one_byte_for_byte(signum, previo
     process = subprocess.Popen(
         [sys.executable, "-m", "attnaudit", "report", TOY, "--out", str(previous_report)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        # a run launched in the background (nohup, some CI wrappers) ignores SIGINT, and a
+        # child inherits that; the command under test is started as from a terminal
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert process.stderr is not None
     first = process.stderr.readline()  # the audit's first progress line: work has started
     assert first.startswith("audit toy_correct: validity: "), first

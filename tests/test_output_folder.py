@@ -60,10 +60,30 @@ def test_only_attnaudit_manifests_mark_an_output(tmp_path):
     OutputFolder.check(tmp_path, force=True)
 
 
-def test_interrupt_during_the_swap_is_acted_on_after_it():
+@pytest.fixture
+def sigint_handler():
+    """Sets SIGINT's handler for one test and restores the one the test run started with
+    (which is SIG_IGN when pytest is launched in the background or by some CI wrappers)."""
+    launched_with = signal.getsignal(signal.SIGINT)
+    yield lambda handler: signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGINT, launched_with)
+
+
+def test_interrupt_during_the_swap_is_acted_on_after_it(sigint_handler):
+    sigint_handler(signal.default_int_handler)
     finished = []
     with pytest.raises(KeyboardInterrupt), _signals_deferred():
         os.kill(os.getpid(), signal.SIGINT)
         finished.append("swap")  # still runs: the interrupt waits for the block
     assert finished == ["swap"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_ignored_interrupt_stays_ignored_across_the_swap(sigint_handler):
+    sigint_handler(signal.SIG_IGN)
+    finished = []
+    with _signals_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        finished.append("swap")
+    assert finished == ["swap"]
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

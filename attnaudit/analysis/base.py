@@ -51,6 +51,9 @@ class Rows:
         if not weights.is_floating_point():
             raise ValueError(f"site {name!r}: weights must be floating point, "
                              f"got {weights.dtype}")
+        if weights.is_meta:
+            raise ValueError(f"site {name!r}: the weights are on the meta device, which holds "
+                             "shapes but no data; load the model's weights before analysing")
         if (isinstance(record, Rows) and eligible is None and weights.dtype == torch.float64
                 and record.eligible.dtype == torch.bool
                 and record.eligible.shape == weights.shape):
@@ -63,10 +66,8 @@ class Rows:
                        _eligibility(record.site, weights, mask), record.step_offset, produced,
                        record.keys_before_queries)
         mask = record.key_mask if eligible is None else eligible
-        layout = record.site.layout.split()
-        reversed_axes = "k" in layout and "q" in layout[layout.index("k"):]
         return cls(record.name, record.kind, weights, _eligibility(record.name, weights, mask),
-                   dtype=produced, keys_before_queries=reversed_axes)
+                   dtype=produced, keys_before_queries=keys_before_queries(record.site.layout))
 
     @cached_property
     def n_valid(self) -> torch.Tensor:
@@ -82,6 +83,13 @@ class Rows:
     def eligible_weights(self) -> torch.Tensor:
         """Weights with ineligible keys set to 0 (batch, heads, queries, keys)."""
         return self.weights.where(self.eligible, 0.0)
+
+
+def keys_before_queries(layout: str) -> bool:
+    """True when a site's own layout (``Site.layout``, e.g. ``"b k q"``) puts the normalised
+    axis before a query axis: the mark of a softmax over the wrong axis of (B, Q, K)."""
+    axes = layout.split()
+    return "k" in axes and "q" in axes[axes.index("k"):]
 
 
 RANK_LAYOUTS = {1: "(K,)", 2: "(B, K)", 3: "(B, Q, K)", 4: "(B, H, Q, K)"}

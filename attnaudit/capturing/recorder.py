@@ -125,8 +125,8 @@ class Capture:
             n_mha = sum(isinstance(m, nn.MultiheadAttention) for _, m in self._modules)
             raise NoAttentionFound(
                 f"no attention site found in {type(self.model).__name__}: searched "
-                + SEARCHED.format(n_mha=n_mha)
-                + ". Was the model run inside the `with` block? For attention computed some other "
+                + SEARCHED.format(n_mha=n_mha) + ". " + _traced_hint(self._modules)
+                + "Was the model run inside the `with` block? For attention computed some other "
                 "way, call attnaudit.tap(name, weights) where the weights are made."
             )
         if self._requested is not None:
@@ -206,6 +206,11 @@ class Capture:
     def _store(self, site: Site, layout: Layout, weights: torch.Tensor,
                mask_source: Callable[[], torch.Tensor | None] | None,
                scores: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor | None:
+        if self.edit is not None and weights.is_meta:
+            raise EditError(
+                f"site {site.name!r}: the weights are on the meta device, which holds shapes "
+                "but no data, so an edit can be neither checked nor applied; load the model's "
+                "weights (model.to_empty(device=...) then load_state_dict) before editing")
         rec = self.records.get(site.name)
         if rec is None:
             site = replace(site, layout=layout.pattern, layout_source=layout.source)
@@ -264,6 +269,9 @@ def _checked_edit(site: Site, weights: torch.Tensor, new: Any,
             f"edit at site {site.name!r} returned shape {tuple(new.shape)}; the model needs "
             f"{tuple(weights.shape)} (batch, heads, queries, keys)"
         )
+    if new.is_meta and not weights.is_meta:
+        raise EditError(f"edit at site {site.name!r} returned a tensor on the meta device (a "
+                        "shape without data); return real weights, e.g. on weights.device")
     if not new.is_floating_point():
         raise EditError(
             f"edit at site {site.name!r} returned {new.dtype} weights; return floating "
@@ -279,6 +287,22 @@ def _checked_edit(site: Site, weights: torch.Tensor, new: Any,
                 "model's were valid; pass capture(..., allow_invalid=True) to use them anyway"
             )
     return new
+
+
+def _traced_hint(modules: list[tuple[str, nn.Module]]) -> str:
+    """Name the TorchScript submodules (``torch.jit.trace`` / ``script``) among ``modules``:
+    their graphs run without calling Python attention code, which is why nothing was seen."""
+    traced: list[str] = []
+    for name, module in modules:  # pre-order: a traced module comes before its children
+        if (name and isinstance(module, torch.jit.ScriptModule)
+                and not any(name.startswith(f"{outer}.") for outer in traced)):
+            traced.append(name)
+    if not traced:
+        return ""
+    shown = ", ".join(traced[:5]) + (f" and {len(traced) - 5} more" if len(traced) > 5 else "")
+    return (f"{len(traced)} submodule(s) are TorchScript (torch.jit.trace / script): {shown}; "
+            "their graphs never call Python attention, so capture cannot see inside them: "
+            "capture a model built from the original nn.Modules. ")
 
 
 def _view_aware(select: Callable[[str], bool]) -> Callable[[str], bool]:
