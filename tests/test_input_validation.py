@@ -187,3 +187,17 @@ def test_a_device_this_machine_lacks_is_named_with_the_fix():
         bad, message = "cuda:1", "CUDA is not available here"
     with pytest.raises(TargetError, match=message):
         resolve_device(bad)
+
+
+def test_command_line_warnings_are_one_line_each(tmp_path):
+    pytest.importorskip("transformers")
+    data = tmp_path / "long.tsv"
+    data.write_text("3 March 2001\n" + "4 " * 40 + "\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    result = subprocess.run([sys.executable, "-m", "attnaudit", "--quiet", "check", "--hf",
+                             str(HF_MODEL), "--data", str(data)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "attnaudit check: warning: 1 of 2 sources were longer than 64 tokens and were "
+        "truncated to 64 (longest 81)"]

@@ -14,9 +14,11 @@ import signal
 import sys
 import threading
 import traceback
+import warnings
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 from attnaudit.attribution.methods import ALL_METHODS
 from attnaudit.attribution.step_gradients import OUTPUTS
@@ -229,7 +231,8 @@ def _run_command(argv: list[str] | None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
-        with torchrun_session() as shard, main_rank_output(shard):
+        with warnings.catch_warnings(), torchrun_session() as shard, main_rank_output(shard):
+            warnings.showwarning = _warning_line(args.command)
             return args.run(args)
     except KeyboardInterrupt as exc:
         what = "terminated" if isinstance(exc, Terminated) else "interrupted"
@@ -244,6 +247,18 @@ def _run_command(argv: list[str] | None) -> int:
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _warning_line(command: str) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that prints ``attnaudit CMD: warning: message`` as one
+    line on stderr: the user acts on the message, not on the source line that raised it."""
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        text = " ".join(str(message).split()).removeprefix("attnaudit: ")
+        print(f"attnaudit {command}: warning: {text}", file=file or sys.stderr)
+
+    return show
 
 
 def _one_line(exc: Exception) -> str:
