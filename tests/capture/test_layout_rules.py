@@ -7,10 +7,15 @@ the codebase's own layout.
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from attnaudit.capturing.layout import CallSite, resolve_layout
+from attnaudit.capturing.layout import CallSite, Layout, resolve_layout
 
 B, H, Q, K = 2, 3, 4, 5
 
@@ -44,6 +49,9 @@ CASES = {
     "blocks after heads (Pegasus-X local)": (
         lambda t: t.reshape(B, H, 2, Q // 2, K), -1, CallSite(names={"num_heads": H}),
         "b h q q k", "inferred"),
+    "heads after two query axes (blocked local attention)": (
+        lambda t: t.reshape(B, H, 2, Q // 2, K).permute(0, 2, 3, 1, 4), -1,
+        CallSite(owner_heads=H), "b q q h k", "inferred"),
     "grouped-query heads packed on the query axis (HF decoding step)": (
         lambda t: t[:, :, :1].reshape(B, 1, H, K), -1,
         CallSite(names={"q_length": 1}, query_last=True), "b h (h q) k", "inferred"),
@@ -76,3 +84,61 @@ def test_a_mask_broadcast_over_heads_stays_broadcast():
     assert layout.to_record(mask).shape == (B, H, 1, K)
     padding = torch.ones(1, 1, K, dtype=torch.bool)
     assert layout.to_record(padding).shape == (1, 1, 1, K)
+
+
+def reference_record(t: torch.Tensor, groups: list[list[tuple[str, int]]],
+                     key_dim: int) -> torch.Tensor:
+    """(B, H, Q, K) of a call's tensor by index arithmetic, element by element: each axis
+    index splits row-major into its letters' indices, and each letter's indices combine
+    row-major in the order the letters appear. No reshape or permute is involved."""
+    keys_last = [g for i, g in enumerate(groups) if i != key_dim] + [groups[key_dim]]
+    axis_order = [i for i in range(len(groups)) if i != key_dim] + [key_dim]
+    size = dict.fromkeys("bhqk", 1)
+    for group in groups:
+        for letter, n in group:
+            size[letter] *= n
+    out = torch.empty(size["b"], size["h"], size["q"], size["k"], dtype=t.dtype)
+    for index in itertools.product(*(range(n) for n in t.shape)):
+        position = dict.fromkeys("bhqk", 0)
+        for axis, group in zip(axis_order, keys_last, strict=True):
+            rest = index[axis]
+            parts = []
+            for _, n in reversed(group):
+                parts.append(rest % n)
+                rest //= n
+            for (letter, n), part in zip(group, reversed(parts), strict=True):
+                position[letter] = position[letter] * n + part
+        out[position["b"], position["h"], position["q"], position["k"]] = t[index]
+    return out
+
+
+@st.composite
+def layouts(draw) -> tuple[Layout, list[list[tuple[str, int]]], int]:
+    """Any layout the rules can produce: the letters b, h, q in any order and folding
+    (several axes of one letter, folds of several letters), keys on any axis."""
+    letters = draw(st.lists(st.sampled_from("bhq"), min_size=1, max_size=4))
+    sizes = [draw(st.integers(1, 3)) for _ in letters]
+    cuts = sorted(set(draw(st.lists(st.integers(1, len(letters)), max_size=3))) - {len(letters)})
+    bounds = [0, *cuts, len(letters)]
+    groups = [list(zip(letters[a:b], sizes[a:b], strict=True))
+              for a, b in itertools.pairwise(bounds)]
+    key_dim = draw(st.integers(0, len(groups)))
+    groups.insert(key_dim, [("k", draw(st.integers(1, 4)))])
+    shape = tuple(math.prod(n for _, n in g) for g in groups)
+    keys_last = [g for i, g in enumerate(groups) if i != key_dim] + [groups[key_dim]]
+    layout = Layout(shape=shape, pattern="", source="stated", key_dim=key_dim,
+                    groups=tuple(tuple(g) for g in keys_last))
+    return layout, groups, key_dim
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=layouts())
+def test_every_layout_maps_to_the_record_and_back_by_index_arithmetic(case):
+    layout, groups, key_dim = case
+    call = torch.arange(math.prod(layout.shape), dtype=torch.float64).reshape(layout.shape)
+    record = layout.to_record(call)
+    assert torch.equal(record, reference_record(call, groups, key_dim))
+    assert torch.equal(layout.from_record(record), call)
+    # an edit that moves every value lands where the index arithmetic says
+    edited = torch.randperm(record.numel()).reshape(record.shape).to(torch.float64)
+    assert torch.equal(reference_record(layout.from_record(edited), groups, key_dim), edited)
