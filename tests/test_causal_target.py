@@ -365,3 +365,18 @@ def test_cli_check_report_intervene_on_a_saved_gpt2(saved, tmp_path):
     assert {"attention", "saliency", "loo"} <= set(importance["method"])
     attention = importance[importance["method"] == "attention"]
     assert ((attention.groupby("step")["value"].sum() - 1).abs() < 1e-5).all()
+
+
+def test_a_prompt_over_the_limit_keeps_its_last_tokens(saved):
+    name, folder = saved
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    prompt, keep = "w5 w6 w7 w8 w9 w10 w11", 3
+    with pytest.warns(UserWarning, match=f"longer than {keep} tokens"):
+        target = from_hf(loaded(name, folder, "sdpa"), [prompt, "w12"], tokenizer=tokenizer,
+                         max_new_tokens=NEW_TOKENS, max_source_tokens=keep)
+    batch = next(target.iter_batches())
+    ids = tokenizer(prompt)["input_ids"]
+    assert len(ids) > keep
+    assert batch.source_ids[0].tolist() == ids[-keep:]
+    assert batch.source_mask[0].all() and batch.source_mask[1].sum() == len(
+        tokenizer("w12")["input_ids"])

@@ -168,3 +168,29 @@ def test_word_importance_table_of_a_character_model_equals_hand_sums():
         assert row.value == pytest.approx(float(importances["saliency"][0, row.step,
                                                                         start:end].sum()))
     assert len(table) == 2 * len(spans)
+
+
+def test_word_attention_of_words_of_several_tokens_is_the_sum_of_their_weights():
+    """The report's word attention: per cross site and step, the heads' mean of the summed
+    weights of each word's tokens (here words of 1, 3 and 2 tokens, and a special token)."""
+    import numpy as np
+
+    from attnaudit.analysis.example_maps import AttentionMap, ExampleMaps
+    from attnaudit.analysis.words import word_attention_table
+
+    rng = np.random.default_rng(0)
+    tokens = ["<s>", "A", "b", "c", "d", "D", "e"]
+    words = [-1, 0, 1, 1, 1, 2, 2]  # "A", "bcd", "De"
+    weights = rng.dirichlet(np.ones(len(tokens)), size=(2, 3)).astype(np.float32)  # (H, Q, K)
+    maps = {"dec.cross:cross": AttentionMap("dec.cross:cross", "cross", weights,
+                                            ["x", "y", "z"], tokens),
+            "enc.self:self": AttentionMap("enc.self:self", "encoder_self", weights,
+                                          tokens[:3], tokens[:3])}
+    example = ExampleMaps("A bcd De", tokens, ["x", "y", "z"], maps, words, "located")
+    table = word_attention_table(example)
+    assert set(table["site"]) == {"dec.cross:cross"} and len(table) == 3 * 3
+    for row in table.itertuples(index=False):
+        members = [i for i, w in enumerate(words) if w == row.word]
+        expected = float(np.mean([weights[h, row.step, members].sum() for h in range(2)]))
+        assert row.attention == pytest.approx(expected, rel=1e-6)
+        assert row.word_text == ["A", "bcd", "De"][row.word]

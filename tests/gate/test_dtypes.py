@@ -9,6 +9,7 @@ import pytest
 import torch
 from toy_targets import make_target
 
+import attnaudit
 import attnaudit.cli
 from attnaudit.analysis.numerics import row_sum_tolerance
 from attnaudit.targets.target import place
@@ -83,3 +84,38 @@ def test_checks_only_audit_runs_just_what_the_gate_judges():
     assert not light.sites["scores_available"].any()  # capture kept no scores
     assert [(f.site, f.check, f.status, f.rows) for f in light.findings()] == [
         (f.site, f.check, f.status, f.rows) for f in full.findings()]
+
+
+ERROR = 18 / 1024  # 0.0176, a bfloat16 number: rows below sum to 1 + ERROR exactly
+
+
+class TappedRows(torch.nn.Module):
+    """Taps bfloat16 rows (1, 1, Q, K >= 8): 1/8 on each of the first 8 keys and ERROR more
+    on the last, so each row sums to 1 + ERROR exactly."""
+
+    def __init__(self, queries: int, keys: int) -> None:
+        super().__init__()
+        self.shape = (1, 1, queries, keys)
+
+    def forward(self) -> torch.Tensor:
+        rows = torch.zeros(self.shape, dtype=torch.bfloat16)
+        rows[..., :8] = 0.125
+        rows[..., -1] += ERROR
+        return attnaudit.tap("rows", rows, kind="cross")
+
+
+@pytest.mark.parametrize(("queries", "keys", "passes"), [(8, 9, True), (9, 8, False)])
+def test_the_tolerance_counts_keys_not_queries(queries, keys, passes):
+    """bfloat16 over 9 keys allows 5 units of roundoff (0.0195), over 8 keys 4 (0.0156):
+    rows off by 0.0176 pass over 9 keys whatever the query count, and fail over 8."""
+    from attnaudit.testing import assert_attention_healthy
+
+    assert row_sum_tolerance(torch.bfloat16, 9) > ERROR > row_sum_tolerance(torch.bfloat16, 8)
+    model = TappedRows(queries, keys)
+    if passes:
+        [found] = [f for f in assert_attention_healthy(model, model) if f.check == "row_sum"]
+        assert found.detail == "|row sum - 1| at most 0.0176 (tolerance 0.0195312)"
+    else:
+        with pytest.raises(AssertionError, match=f"row_sum: {queries} of {queries} rows have "
+                                                 r"\|sum - 1\| above 0.015625 "):
+            assert_attention_healthy(model, model)
