@@ -21,8 +21,7 @@ from attnaudit.errors import (
     TargetError,
 )
 from attnaudit.record import AttentionCall, AttentionRecord, Site
-from attnaudit.targets.loading import load_target
-from attnaudit.targets.target import Batch, Expectation, Seq2SeqTarget, from_hf
+from attnaudit.targets import Batch, Expectation, Seq2SeqTarget, from_hf, load_target
 
 __version__ = "0.1.0"
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.interventions.permutation import permutation_test
 from attnaudit.interventions.runner import reference
-from attnaudit.targets.target import from_hf
+from attnaudit.targets.hf.loading import from_hf
 
 VOCAB = 1000
 PERMUTATIONS = 20

@@ -46,7 +46,7 @@ from scipy.stats import spearmanr
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.attribution.methods import attribute
-from attnaudit.targets.target import Batch
+from attnaudit.targets.contract import Batch
 from examples.date_transformer.model import MODEL_DIR
 from examples.date_transformer.target import make_target
 

@@ -49,7 +49,8 @@ import attnaudit
 from attnaudit.auditing.intervention_suite import CUMULATIVE_EXAMPLES, QUICK_PERMUTATIONS, run_suite
 from attnaudit.interventions.permutation import permutation_test
 from attnaudit.interventions.runner import Reference, Rows, reference
-from attnaudit.targets.target import Seq2SeqTarget, from_hf, select_state
+from attnaudit.targets.contract import Seq2SeqTarget, select_state
+from attnaudit.targets.hf.loading import from_hf
 
 VOCAB = 58_101
 SPECIALS = ["</s>", "<unk>", "<pad>"]  # ids 0, 1, 2 as in opus-mt (pad is the start token)

@@ -33,7 +33,7 @@ import attnaudit
 from attnaudit.analysis import EntropyAnalyser, RegionAnalyser, Rows, layer_of, mean_over_heads
 from attnaudit.analysis.alignment import MEAN_HEAD
 from attnaudit.analysis.regions import HEAD_MEAN_SUFFIX
-from attnaudit.targets.target import Expectation, Seq2SeqTarget
+from attnaudit.targets.contract import Expectation, Seq2SeqTarget
 from examples.date.data import make_splits
 
 SEED = {"region_mass": 0.975, "top_weight_hit": 0.997, "exact_match": 1.0,

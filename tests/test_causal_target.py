@@ -19,7 +19,7 @@ from attnaudit.attribution.methods import AttributionOptions, attribute
 from attnaudit.interventions.ablation import uniform_test, zeroing_test
 from attnaudit.interventions.permutation import _PermutationEdit, permutation_test
 from attnaudit.interventions.runner import Rows, reference
-from attnaudit.targets.target import from_hf
+from attnaudit.targets.hf.loading import from_hf
 from attnaudit.validity.pipeline import run_validity_audit
 
 transformers = pytest.importorskip("transformers")

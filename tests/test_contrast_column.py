@@ -24,7 +24,7 @@ FOILS = ["2004-03-04", "1999"]
 
 def test_third_column_is_the_contrast_output(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    from attnaudit.targets.target import from_hf
+    from attnaudit.targets.hf.loading import from_hf
 
     data = tmp_path / "dev.tsv"  # a blank line between the examples: skipped, not shifted
     data.write_text(f"{SOURCES[0]}\t{TARGETS[0]}\t{FOILS[0]}\n\n"
@@ -80,7 +80,7 @@ def test_contrast_file_and_column_rules(tmp_path: Path,
 
 def test_a_dataframe_third_column_is_the_contrast_output() -> None:
     transformers = pytest.importorskip("transformers")
-    from attnaudit.targets.target import from_hf
+    from attnaudit.targets.hf.loading import from_hf
 
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(HF_MODEL).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(HF_MODEL)

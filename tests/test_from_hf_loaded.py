@@ -11,7 +11,7 @@ import torch
 
 import attnaudit
 from attnaudit.errors import TargetError
-from attnaudit.targets.target import from_hf
+from attnaudit.targets.hf.loading import from_hf
 from tests.conftest import assert_unchanged, model_fingerprint
 from tests.timing import assert_same_untimed_tables
 

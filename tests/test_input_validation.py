@@ -91,7 +91,7 @@ def test_checkpoint_without_tokenizer_files_is_refused_not_healthy(tmp_path):
 
 def test_tokenizer_that_turns_every_source_into_special_tokens_is_refused(tmp_path):
     pytest.importorskip("transformers")
-    from attnaudit.targets.target import from_hf
+    from attnaudit.targets.hf.loading import from_hf
 
     data = tmp_path / "other script.tsv"
     data.write_text("日本語\n中文\n", encoding="utf-8")  # the character tokenizer knows neither
@@ -179,7 +179,7 @@ def test_source_beyond_the_position_limit_is_a_clear_error_not_an_index_error():
 
 
 def test_a_device_this_machine_lacks_is_named_with_the_fix():
-    from attnaudit.targets.target import resolve_device
+    from attnaudit.targets.placement import resolve_device
 
     if torch.cuda.is_available():
         bad, message = f"cuda:{torch.cuda.device_count()}", "CUDA device(s), cuda:0 to"

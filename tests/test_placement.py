@@ -12,7 +12,8 @@ import torch
 import attnaudit.cli
 import attnaudit.cli.loading
 from attnaudit.errors import TargetError
-from attnaudit.targets.target import from_hf, place
+from attnaudit.targets.hf.loading import from_hf
+from attnaudit.targets.placement import place
 
 ROOT = Path(__file__).resolve().parents[1]
 DATE_BART = ROOT / "examples" / "date_transformer" / "model"

@@ -17,7 +17,8 @@ PUBLIC = {
     "attnaudit.capturing.tap": ("tap",),
     "attnaudit.auditing.orchestration": ("audit",),
     "attnaudit.auditing.result": ("Audit",),
-    "attnaudit.targets.target": ("Batch", "Expectation", "Seq2SeqTarget", "from_hf"),
+    "attnaudit.targets.contract": ("Batch", "Expectation", "Seq2SeqTarget"),
+    "attnaudit.targets.hf.loading": ("from_hf",),
     "attnaudit.targets.loading": ("load_target",),
 }
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from attnaudit.errors import DataFileError, TargetError, TokenizerError
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
+from attnaudit.targets.hf.loading import from_hf
 from attnaudit.targets.loading import load_target
-from attnaudit.targets.target import Batch, Seq2SeqTarget, from_hf
 
 DATE_BART = Path(__file__).resolve().parents[1] / "examples" / "date_transformer" / "model"
 

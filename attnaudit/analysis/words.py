@@ -22,7 +22,7 @@ from attnaudit.analysis.aggregation import (
     words_from_offsets,
     words_from_tokens,
 )
-from attnaudit.targets.target import Batch, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 if TYPE_CHECKING:
     from attnaudit.analysis.example_maps import ExampleMaps

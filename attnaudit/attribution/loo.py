@@ -26,7 +26,7 @@ from attnaudit.errors import InterventionError
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes
 from attnaudit.interventions.outputs import tvd
 from attnaudit.interventions.runner import progress_bar
-from attnaudit.targets.target import Batch, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 
 def replacement_id(target: Seq2SeqTarget, batch: Batch, replace_with: str | int,

@@ -92,7 +92,7 @@ from attnaudit.capturing.recorder import capture
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.runner import progress_bar
 from attnaudit.record import Site
-from attnaudit.targets.target import Batch, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 METHODS = ("saliency", "input_x_gradient", "integrated_gradients")  # the suite's
 ALL_METHODS = (*METHODS, "occlusion", "deeplift", "gradient_shap")

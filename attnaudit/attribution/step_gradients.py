@@ -28,7 +28,7 @@ from torch import nn
 
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes
-from attnaudit.targets.target import Seq2SeqTarget
+from attnaudit.targets.contract import Seq2SeqTarget
 
 OUTPUTS = ("prob", "logprob", "logit", "entropy", "contrast", "contrast_logit")
 OUTPUT_VARIANTS = {

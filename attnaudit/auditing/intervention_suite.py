@@ -45,7 +45,7 @@ from attnaudit.interventions.values import value_replacement
 from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
 from attnaudit.runtime.progress import advance, display, phase, settle, split
 from attnaudit.targets.checks import checked_target
-from attnaudit.targets.target import Batch, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 CUMULATIVE_EXAMPLES = 50
 QUICK_PERMUTATIONS = 20

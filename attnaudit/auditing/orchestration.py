@@ -25,8 +25,9 @@ from attnaudit.report.manifest import build_manifest
 from attnaudit.runtime.distributed import Shard, current_shard
 from attnaudit.runtime.progress import display
 from attnaudit.targets.checks import checked_target
+from attnaudit.targets.contract import Seq2SeqTarget
+from attnaudit.targets.hf.loading import from_hf
 from attnaudit.targets.placement import placed
-from attnaudit.targets.target import Seq2SeqTarget, from_hf
 from attnaudit.validity.pipeline import (
     DEFAULT_MAX_MASKED_MASS,
     DEFAULT_ROW_SUM_TOLERANCE,

@@ -10,9 +10,11 @@ from pathlib import Path
 from attnaudit.attribution.methods import AttributionOptions
 from attnaudit.errors import InterventionError, TargetError
 from attnaudit.interventions.memory import parse_memory
+from attnaudit.targets.contract import Seq2SeqTarget
 from attnaudit.targets.datafile import read_rows
+from attnaudit.targets.hf.loading import from_hf
 from attnaudit.targets.loading import load_target
-from attnaudit.targets.target import Seq2SeqTarget, from_hf, place
+from attnaudit.targets.placement import place
 
 HF_ONLY = ("batch_size", "max_new_tokens", "max_source_tokens")
 

@@ -29,7 +29,7 @@ from attnaudit.interventions.runner import (
     spread_over_eligible,
     stacked_rows,
 )
-from attnaudit.targets.target import Seq2SeqTarget
+from attnaudit.targets.contract import Seq2SeqTarget
 
 RANDOM_DRAWS = 5
 ORDERS = ("attention", "random", "gradient", "attention_x_gradient")

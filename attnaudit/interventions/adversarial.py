@@ -32,7 +32,7 @@ from attnaudit.interventions.runner import (
     spread_over_eligible,
     stacked_rows,
 )
-from attnaudit.targets.target import Seq2SeqTarget
+from attnaudit.targets.contract import Seq2SeqTarget
 
 CANDIDATES = 5
 STEPS = 500

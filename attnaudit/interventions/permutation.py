@@ -23,7 +23,7 @@ from attnaudit.interventions.runner import (
     run_items,
     site_head_rows,
 )
-from attnaudit.targets.target import Seq2SeqTarget
+from attnaudit.targets.contract import Seq2SeqTarget
 
 N_PERMUTATIONS = 100
 SMALL_TVD = 0.05

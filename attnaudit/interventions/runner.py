@@ -41,7 +41,7 @@ from attnaudit.interventions.memory import ChunkBudget, encoder_bytes, tensor_by
 from attnaudit.interventions.outputs import flip, jsd, tvd
 from attnaudit.record import AttentionRecord, Site
 from attnaudit.runtime.progress import Counter
-from attnaudit.targets.target import Batch, Seq2SeqTarget, select_state
+from attnaudit.targets.contract import Batch, Seq2SeqTarget, select_state
 
 # (site name, rows (m, H, n) at the edited step, item ids (m,)) -> new rows (m, H, n).
 RowEdit = Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -24,7 +24,7 @@ from attnaudit.interventions.runner import (
     row_columns,
     run_items,
 )
-from attnaudit.targets.target import Seq2SeqTarget
+from attnaudit.targets.contract import Seq2SeqTarget
 
 NOT_REACHABLE = ("capture edits replace weights, not value vectors; another example's value "
                  "is not a weight edit")

@@ -1,11 +1,11 @@
 """What a target's callables return, checked where it enters the audit.
 
-:func:`checked_target` wraps a :class:`~attnaudit.targets.target.Seq2SeqTarget`'s callables so
-that every batch, greedy output and logits tensor is checked against the contract of
-:mod:`attnaudit.targets.target` before anything reads it, and so that an exception raised inside
-the target's own code becomes a :class:`~attnaudit.targets.target.TargetError` naming the callable
-(the command line prints it as one line). Sources longer than the model's position limit
-are refused with the limit and where it comes from, instead of an embedding's
+:func:`checked_target` wraps a :class:`~attnaudit.targets.contract.Seq2SeqTarget`'s callables
+so that every batch, greedy output and logits tensor is checked against the contract of
+:mod:`attnaudit.targets.contract` before anything reads it, and so that an exception raised
+inside the target's own code becomes a :class:`~attnaudit.errors.TargetError` naming the
+callable (the command line prints it as one line). Sources longer than the model's position
+limit are refused with the limit and where it comes from, instead of an embedding's
 ``IndexError: index out of range in self`` deep inside the model.
 """
 
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from attnaudit.errors import AttnauditError, TargetError
-from attnaudit.targets.target import Batch, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 _CHECKED = "_attnaudit_checked"
 _END = object()  # what next() returns when the target's batches run out

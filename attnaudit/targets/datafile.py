@@ -41,7 +41,7 @@ def read_rows(path: str | Path) -> DataRows:
     raw = path.read_bytes()
     lines = raw.split(b"\n")
     columns: list[list[str]] = [[], [], []]
-    first_line = {}  # number of columns -> the first line that has that many
+    first_line: dict[int, int] = {}  # number of columns -> the first line that has that many
     for number, line in enumerate(lines, start=1):
         text = _decode(path, number, line.removesuffix(b"\r"))
         if not text.strip():

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from attnaudit.errors import AttnauditError, TargetError
-from attnaudit.targets.target import Seq2SeqTarget
+from attnaudit.targets.contract import Seq2SeqTarget
 
 
 def load_target(spec: str | None) -> Seq2SeqTarget:

@@ -76,7 +76,7 @@ from attnaudit.runtime.measurement import (
 )
 from attnaudit.runtime.progress import advance, display, phase
 from attnaudit.targets.checks import call_target, checked_target
-from attnaudit.targets.target import Batch, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from attnaudit.validity.findings import (
     CAPTURED_RULE,
     Finding,

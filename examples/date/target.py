@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import torch
 
-from attnaudit.targets.target import Batch, Expectation, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Expectation, Seq2SeqTarget
 from examples.date.data import (
     BOS,
     EOS,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnaudit.targets.target import Expectation, Seq2SeqTarget, from_hf
+from attnaudit.targets.contract import Expectation, Seq2SeqTarget
+from attnaudit.targets.hf.loading import from_hf
 from examples.date.data import SEED, YEAR_CHARS, make_splits
 from examples.date.target import AUDIT_SOURCES, year_keys
 from examples.date_transformer.model import MAX_NEW_TOKENS, MODEL_DIR

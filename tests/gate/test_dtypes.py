@@ -12,7 +12,7 @@ from toy_targets import make_target
 import attnaudit
 import attnaudit.cli
 from attnaudit.analysis.numerics import row_sum_tolerance
-from attnaudit.targets.target import place
+from attnaudit.targets.placement import place
 from attnaudit.validity.pipeline import run_validity_audit
 
 DTYPES = ["float32", "bfloat16", "float16"]

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 import attnaudit
-from attnaudit.targets.target import Batch, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB, DIM, STEPS = 8, 6, 4

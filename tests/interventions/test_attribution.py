@@ -9,7 +9,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnaudit.attribution.methods import attribute, resolve_pad_id
 from attnaudit.errors import InterventionError, SiteNotFound
-from attnaudit.targets.target import Batch, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from tests.conftest import assert_unchanged, model_fingerprint
 
 PAD, BOS, EOS, VOCAB, DIM = 0, 1, 6, 7, 5

@@ -81,7 +81,7 @@ class TwoHeadPointer(torch.nn.Module):
 
 
 def test_one_head_with_a_per_head_key_mask():
-    from attnaudit.targets.target import Batch, Seq2SeqTarget
+    from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
     model = TwoHeadPointer().eval()
     src = torch.tensor([[1, 2, 3, 0], [4, 5, 1, 2]])

@@ -9,7 +9,7 @@ from torch import nn
 
 from attnaudit.attribution.loo import leave_one_out
 from attnaudit.errors import InterventionError
-from attnaudit.targets.target import Batch, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from tests.conftest import assert_unchanged, model_fingerprint
 
 PAD, BOS, EOS, UNK, VOCAB = 0, 1, 2, 3, 8

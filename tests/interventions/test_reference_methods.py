@@ -15,7 +15,7 @@ from torch import nn
 
 from attnaudit.attribution import reference_methods
 from attnaudit.attribution.methods import attribute
-from attnaudit.targets.target import Batch, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from tests.conftest import assert_unchanged, model_fingerprint
 from tests.interventions.test_attribution import BOS, PAD, TinyAttention, tiny_target
 from tests.interventions.test_shared_forward import bundled, hooked_first_call

@@ -14,7 +14,7 @@ from torch import nn
 from attnaudit.attribution.methods import ALL_METHODS, AttributionOptions, attribute
 from attnaudit.attribution.step_gradients import pass_sequences
 from attnaudit.errors import InterventionError
-from attnaudit.targets.target import Batch, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from tests.conftest import assert_unchanged, model_fingerprint
 from tests.interventions.test_attribution import (
     EOS,
@@ -278,7 +278,7 @@ def test_contrast_outputs_from_hf_reach_the_suite(capsys: pytest.CaptureFixture[
 
     from attnaudit.auditing.intervention_suite import run_suite
     from attnaudit.cli import main
-    from attnaudit.targets.target import from_hf
+    from attnaudit.targets.hf.loading import from_hf
     from examples.date_transformer.model import MODEL_DIR
 
     sources = ["March 3, 2004", "12 Jan 1999"]

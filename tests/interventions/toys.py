@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnaudit.targets.target import Batch, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 PAD, VOCAB_SRC, VOCAB_TGT, EOS = 0, 6, 3, 99
 

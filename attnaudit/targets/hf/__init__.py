@@ -1,2 +1,3 @@
-"""Hugging Face models as targets: seq2seq and decoder-only adapters, key/value caches,
-tokenizer checks (transformers is imported only when a model is loaded)."""
+"""Hugging Face models as targets: :func:`~attnaudit.targets.hf.loading.from_hf`, the
+encoder-decoder and decoder-only adapters, key/value caches, tokenizer checks (transformers
+is imported only when a model is loaded)."""

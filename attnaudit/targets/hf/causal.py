@@ -1,9 +1,9 @@
 """Decoder-only (causal) language models as audit targets: prompt -> continuation.
 
 :class:`CausalLM` runs a Hugging Face causal LM (GPT-2, Llama ...) and its tokenizer as
-the callables of the same :class:`~attnaudit.targets.target.Seq2SeqTarget` the protocols use;
-:func:`attnaudit.targets.target.from_hf` builds that target for a checkpoint whose config is not
-an encoder-decoder. The mapping:
+the callables of the same :class:`~attnaudit.targets.contract.Seq2SeqTarget` the protocols
+use; :func:`~attnaudit.targets.hf.loading.from_hf` builds that target for a checkpoint whose
+config is not an encoder-decoder. The mapping:
 
 - the *source* is the prompt, left-padded as Hugging Face batches it: ``source_ids`` (B, P),
   ``source_mask`` True on real tokens; prompts longer than the limit keep their last tokens;
@@ -38,7 +38,11 @@ import torch
 from torch import nn
 
 from attnaudit.capturing.views import prompt_views
+from attnaudit.errors import TargetError
+from attnaudit.targets.contract import Seq2SeqTarget
+from attnaudit.targets.data import AuditData
 from attnaudit.targets.hf.cache import cache_argument, cache_prefix, cache_tensors
+from attnaudit.targets.hf.tokenizer import source_limit
 
 
 def is_causal_lm(config: Any) -> bool:
@@ -190,3 +194,38 @@ class CausalLM:
                 f"{origin or 'a loaded model'}: {n_prompts} prompts, greedy continuations of "
                 f"at most {self.max_new_tokens} tokens; cross-attention is the "
                 "continuation's attention over the prompt, renormalised over the prompt")
+
+    def target(self, data: AuditData, *, batch_size: int, max_source_tokens: int | None,
+               label: str, origin: str, name: str | None) -> Seq2SeqTarget:
+        """The target auditing prompt -> continuation on ``data``: prompts cut to the
+        smaller of ``max_source_tokens`` and the position limit less the continuation,
+        keeping their end; batches on the model's device."""
+        if self.eos_id is None:
+            raise TargetError(f"{label}: a causal LM target needs an end-of-sequence id "
+                              "(tokenizer.eos_token_id or config.eos_token_id)")
+        self.limit, truncation = source_limit(self.tokenizer, self.model.config, data.sources,
+                                              max_source_tokens, reserved=self.max_new_tokens)
+        if self.limit is not None:
+            truncation += " (a cut prompt keeps its last tokens)"
+        where = next(self.model.parameters()).device
+        return Seq2SeqTarget(
+            name=name or label, model=self.model,
+            batches=lambda: data.batches(batch_size, where, self.prompts, self.continuations),
+            greedy=lambda batch: self.greedy(batch.source_ids, batch.source_mask),
+            teacher_forced=lambda batch, emitted: self.teacher_forced(
+                batch.source_ids, batch.source_mask, emitted),
+            # nothing to encode: the prompt ids stand in for an encoder state, so that an
+            # edited step runs one position from the unedited pass's key/value cache
+            encode=lambda batch: batch.source_ids,
+            decode=lambda batch, encoded, emitted: self.teacher_forced(
+                batch.source_ids, batch.source_mask, emitted),
+            decode_states=lambda batch, encoded, emitted: self.states(
+                batch.source_ids, batch.source_mask, emitted),
+            decode_step=lambda batch, encoded, states, emitted, step: self.step(
+                batch.source_ids, batch.source_mask, states, emitted, step),
+            source_embedding=self.model.get_input_embeddings(),
+            source_tokens=lambda batch: self.tokens(batch.source_ids), target_tokens=self.tokens,
+            eos_id=self.eos_id, special_ids=self.special_ids,
+            description=self.description(origin, len(data.sources)), device=where,
+            truncation=truncation, target_embedding=self.model.get_input_embeddings(),
+            first_prefix_input=1)

@@ -3,22 +3,23 @@
 A checkpoint folder without tokenizer files can still load *a* tokenizer (a default one for
 the architecture) that turns every source into nothing but special tokens (``<s> </s>``):
 the audit would then measure attention over no real input and call it healthy. Both are
-refused here, naming the folder, an example line and the fix.
+refused here, naming the folder, an example line and the fix. :func:`source_limit` says how
+many source tokens the model can take, and how many sources that cuts.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attnaudit.errors import TokenizerError
+from attnaudit.errors import TargetError, TokenizerError
 
 # Files one of which every saved Hugging Face tokenizer writes.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt",
                    "spiece.model", "sentencepiece.bpe.model", "source.spm",
                    "vocab-src.json", "tokenizer.model")
-
 
 
 def check_tokenizer_files(model_dir: Path) -> None:
@@ -43,3 +44,29 @@ def check_tokenization(model_dir: Path, tokenizer: Any, sources: Sequence[str]) 
             f"(line 1, {sources[0][:60]!r} -> {shown}): it does not know this text; use "
             "the tokenizer the model was trained with")
     return len(empty)
+
+
+def source_limit(tokenizer: Any, config: Any, sources: list[str],
+                 max_source_tokens: int | None, reserved: int = 0) -> tuple[int | None, str]:
+    """The source token limit (the smaller of ``max_source_tokens`` and the model's position
+    limit less ``reserved`` positions) and a sentence on what truncation did; warns when
+    sources are cut."""
+    positions = getattr(config, "max_position_embeddings", None)
+    limits = [x for x in (max_source_tokens,
+                          positions - reserved if isinstance(positions, int) else None)
+              if isinstance(x, int)]
+    if not limits:
+        return None, "sources were not truncated (no token limit known)"
+    limit = min(limits)
+    if limit < 1:
+        raise TargetError(f"no room for the source: {positions} positions, {reserved} of "
+                          "them for the output; lower max_new_tokens")
+    lengths = [len(ids) for ids in tokenizer(sources)["input_ids"]]
+    cut = sum(n > limit for n in lengths)
+    if not cut:
+        return limit, f"no source was truncated (limit {limit} tokens; longest {max(lengths)})"
+    what = (f"{cut} of {len(sources)} sources were longer than {limit} tokens and were "
+            f"truncated to {limit} (longest {max(lengths)})")
+    # source_limit <- an adapter's target() <- from_hf <- the caller the warning names
+    warnings.warn(f"attnaudit: {what}", stacklevel=4)
+    return limit, what

@@ -1,0 +1,217 @@
+"""The target contract: a seq2seq model, its data, and how to run it.
+
+A :class:`Seq2SeqTarget` bundles the model with plain callables, so any model can be
+audited without changing its code:
+
+- ``batches()`` yields :class:`Batch` objects (source ids ``(B, n)``, source mask, texts,
+  and whatever else the model needs in ``inputs``; ``inputs["offsets"]``, when given,
+  is ``(B, n, 2)`` character offsets of the source tokens, which word-level tables use);
+- ``greedy(batch)`` returns the emitted ids ``(B, T)`` (the decoder start token excluded,
+  end-of-sequence included, anything after it is padding);
+- ``teacher_forced(batch, emitted)`` returns logits ``(B, T, V)`` where position ``t``
+  predicts ``emitted[:, t]`` from ``emitted[:, :t]`` and the source, i.e. the model's own
+  greedy output fed back — the default seq2seq protocol of docs/metrics.md;
+- ``source_embedding`` is the module whose first call in a forward pass embeds the source
+  (attributions hook that call only, so an embedding shared with the decoder is safe);
+- optionally ``encode(batch)`` and ``decode(batch, encoded, emitted)``, the two halves of
+  ``teacher_forced``: interventions that edit only decoder-side attention then encode each
+  example once and re-run only the decoder for its many edited copies;
+- optionally, with those, ``decode_states(batch, encoded, emitted)`` and
+  ``decode_step(batch, encoded, states, emitted, step)``: the decoder's state before every
+  step from one unedited teacher-forced pass (a KV cache, a recurrent state), and one
+  decoder step from it. An edited copy of step ``t`` then runs one step instead of the
+  prefix ``0..t``. :func:`~attnaudit.targets.hf.loading.from_hf` provides both from the
+  model's KV cache.
+
+Cross-attention keys are source positions: key ``j`` of a cross-attention row is
+``batch.source_ids[:, j]``. Build a target from parts, with
+:func:`~attnaudit.targets.hf.loading.from_hf` for a Hugging Face model, or load one by name
+with :func:`~attnaudit.targets.loading.load_target`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnaudit.capturing.sites import SiteSelection
+
+
+@dataclass
+class Batch:
+    """One batch of sources.
+
+    source_ids: (B, n) long. source_mask: (B, n) bool, True on real (non-padding) tokens.
+    texts: the B source strings. references: gold target strings when known.
+    inputs: anything else the target's callables need; a tensor whose first axis is B
+        follows the batch through :meth:`select` and :meth:`repeat`.
+    """
+
+    source_ids: torch.Tensor
+    source_mask: torch.Tensor
+    texts: list[str]
+    references: list[str] | None = None
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.source_ids.shape[0])
+
+    def select(self, index: torch.Tensor | Sequence[int]) -> Batch:
+        """The examples at ``index`` (a long tensor or list of positions), in that order."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        picks = index.tolist()
+        return Batch(
+            self.source_ids[index],
+            self.source_mask[index],
+            [self.texts[i] for i in picks],
+            None if self.references is None else [self.references[i] for i in picks],
+            {k: _take(v, index, len(self)) for k, v in self.inputs.items()},
+        )
+
+    def to(self, device: torch.device) -> Batch:
+        """The batch with every tensor on ``device``."""
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                 for k, v in self.inputs.items()}
+        return Batch(self.source_ids.to(device), self.source_mask.to(device), self.texts,
+                     self.references, moved)
+
+    def repeat(self, times: int) -> Batch:
+        """Each example ``times`` times in a row: (B, ...) -> (B * times, ...)."""
+        return self.select(torch.arange(len(self)).repeat_interleave(times))
+
+
+def _take(value: Any, index: torch.Tensor, size: int) -> Any:
+    if isinstance(value, torch.Tensor) and value.ndim and value.shape[0] == size:
+        return value[index.to(value.device)]
+    if isinstance(value, list) and len(value) == size:
+        return [value[i] for i in index.tolist()]
+    return value
+
+
+@dataclass
+class Expectation:
+    """Where attention is expected to go, e.g. the date task's source-year characters.
+
+    keys(batch, emitted) -> bool (B, n) or (B, T, n): expected source keys.
+    rows: query steps that count — the first ``rows`` steps, or None for every step.
+    """
+
+    name: str
+    keys: Callable[[Batch, torch.Tensor], torch.Tensor]
+    rows: int | None = None
+
+
+@dataclass
+class Seq2SeqTarget:
+    """A model under audit and how to run it (see the module docstring for the contract).
+
+    Attributes:
+        name: short label used in reports.
+        model: the unmodified model.
+        batches: () -> iterable of :class:`Batch`, the audit data.
+        greedy: batch -> emitted ids (B, T) long.
+        teacher_forced: (batch, emitted (B, T)) -> logits (B, T, V).
+        source_embedding: module whose first call per forward embeds the source.
+        target_embedding: optional, the module embedding the decoder's input tokens (its
+            calls after the source's: one ``(B, T, d)``, or one ``(B, d)`` per step), for
+            target-side attribution.
+        first_prefix_input: the first decoder input that target-side attribution scores (1
+            for a decoder-only target, whose input 0, the prompt's last token, is a prompt
+            token scored on the source side).
+        unk_id: optional, the unknown token's id (the ``"unk"`` attribution baseline).
+        source_tokens: batch -> per example, a label per source position.
+        target_tokens: emitted (B, T) -> per example, a label per step.
+        eos_id: id ending the output; steps after the first one are padding.
+        special_ids: source ids left out of explanation metrics (pad, BOS, EOS ...).
+        sites: capture site selection (None: every site).
+        kinds: capture kind overrides, e.g. ``{"attend": "cross"}``.
+        expectations: expected-key sets to report region_mass / top_weight_hit for.
+        seed: seed for every random draw in interventions.
+        description: one paragraph for the report.
+        encode: optional, batch -> encoder state: a tensor, or a tuple/list/dict of them,
+            each with the batch on its first axis.
+        decode: optional, (batch, encoder state, emitted (B, T)) -> logits (B, T, V), equal
+            to ``teacher_forced(batch, emitted)`` when the state comes from ``encode(batch)``.
+        decode_states: optional, (batch, encoder state, emitted (B, T)) -> the decoder state
+            before every step 0..T-1, from one teacher-forced pass: a tensor, or a
+            tuple/list/dict of them, each with the batch on its first axis.
+        decode_step: optional, (batch, encoder state, decoder states, emitted (B, T),
+            step t) -> logits (B, V) at step t, run from the state before t; equal to
+            ``decode(batch, encoded, emitted)[:, t]``. Used only with ``decode_states``.
+        device: where the model runs; batches are moved there (None: as yielded).
+        truncation: one sentence on how sources were truncated, for the report.
+    """
+
+    name: str
+    model: nn.Module
+    batches: Callable[[], Iterable[Batch]]
+    greedy: Callable[[Batch], torch.Tensor]
+    teacher_forced: Callable[[Batch, torch.Tensor], torch.Tensor]
+    source_embedding: nn.Module | None
+    source_tokens: Callable[[Batch], list[list[str]]]
+    target_tokens: Callable[[torch.Tensor], list[list[str]]]
+    eos_id: int
+    special_ids: tuple[int, ...] = ()
+    sites: SiteSelection = None
+    kinds: Mapping[str, str] | None = None
+    expectations: tuple[Expectation, ...] = ()
+    seed: int = 0
+    description: str = ""
+    encode: Callable[[Batch], Any] | None = None
+    decode: Callable[[Batch, Any, torch.Tensor], torch.Tensor] | None = None
+    decode_states: Callable[[Batch, Any, torch.Tensor], Any] | None = None
+    decode_step: Callable[[Batch, Any, Any, torch.Tensor, int], torch.Tensor] | None = None
+    device: torch.device | None = None
+    truncation: str = ""
+    target_embedding: nn.Module | None = None
+    first_prefix_input: int = 0
+    unk_id: int | None = None
+
+    def step_mask(self, emitted: torch.Tensor) -> torch.Tensor:
+        """Bool (B, T): steps up to and including the first ``eos_id``."""
+        is_eos = emitted == self.eos_id
+        return (is_eos.long().cumsum(-1) - is_eos.long()) == 0
+
+    def explain_keys(self, batch: Batch) -> torch.Tensor:
+        """Bool (B, n): source keys counted by explanation metrics (real, not special)."""
+        keep = batch.source_mask.clone()
+        for special in self.special_ids:
+            keep &= batch.source_ids != special
+        return keep
+
+    def iter_batches(self, limit: int | None = None) -> Iterator[Batch]:
+        """The audit data, cut after ``limit`` examples (>= 0) when given."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0 examples, got {limit}")
+        seen = 0
+        for batch in self.batches():
+            if self.device is not None:
+                batch = batch.to(self.device)
+            if limit is not None and seen + len(batch) > limit:
+                batch = batch.select(torch.arange(limit - seen))
+            if len(batch):
+                yield batch
+            seen += len(batch)
+            if limit is not None and seen >= limit:
+                return
+
+    def with_options(self, **changes: Any) -> Seq2SeqTarget:
+        """A copy with some attributes changed."""
+        return replace(self, **changes)
+
+
+def select_state(state: Any, index: torch.Tensor) -> Any:
+    """An encoder state (tensor, or tuple/list/dict of tensors with the batch first) at
+    ``index`` along the batch axis; anything else passes through unchanged."""
+    if isinstance(state, torch.Tensor):
+        return state[index.to(state.device)]
+    if isinstance(state, tuple | list):
+        return type(state)(select_state(part, index) for part in state)
+    if isinstance(state, dict):  # also a Hugging Face ModelOutput, kept as its own type
+        parts = {key: select_state(part, index) for key, part in state.items()}
+        return parts if type(state) is dict else type(state)(**parts)
+    return state

@@ -1,0 +1,196 @@
+"""Hugging Face encoder-decoder models (BART, Marian, T5, FSMT ...) as audit targets:
+source -> greedy output.
+
+:class:`Seq2SeqLM` runs the model and its tokenizer as the callables of a
+:class:`~attnaudit.targets.contract.Seq2SeqTarget`;
+:func:`~attnaudit.targets.hf.loading.from_hf` builds that target for a checkpoint whose
+config is an encoder-decoder. Sources are right-padded as the tokenizer pads them and cut to
+their first ``limit`` tokens; a fast tokenizer adds the tokens' character offsets
+(``inputs["offsets"]``, (B, n, 2)) for word-level tables. ``encode`` returns the encoder's
+own output object and ``decode`` runs the decoder on it; ``decode_states`` is the key/value
+cache of one teacher-forced pass and ``decode_step`` runs one cached decoder step from it,
+so that an edited copy of step ``t`` runs one step instead of the prefix ``0..t``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnaudit.errors import TargetError
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
+from attnaudit.targets.data import AuditData
+from attnaudit.targets.hf.cache import cache_argument, cache_prefix, cache_tensors
+from attnaudit.targets.hf.tokenizer import source_limit
+
+# decode_states' value: the KV cache per layer, "self" (B, H, T, d) and "cross" (B, H, n, d)
+KVStates = dict[str, tuple[torch.Tensor, ...]]
+
+
+@dataclass
+class Seq2SeqLM:
+    """How an encoder-decoder runs source -> output: what the target's callables call.
+
+    start_id, pad_id, eos_id: the decoder's start token, the padding and the end of the
+    output (the tokenizer's pad and eos, else the config's); None when neither names one.
+    limit: source tokens kept (the first ones), or None.
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    max_new_tokens: int
+    limit: int | None = None
+    _cache_arg: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # the forward's signature is read once, not on every decoder step
+        self._cache_arg = cache_argument(self.model)
+
+    @property
+    def start_id(self) -> int | None:
+        return self.model.config.decoder_start_token_id
+
+    @property
+    def pad_id(self) -> int | None:
+        pad = self.tokenizer.pad_token_id
+        return self.model.config.pad_token_id if pad is None else pad
+
+    @property
+    def eos_id(self) -> int | None:
+        eos = self.tokenizer.eos_token_id
+        return self.model.config.eos_token_id if eos is None else eos
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        tok = self.tokenizer
+        return tuple(sorted({i for i in (self.pad_id, self.eos_id, tok.bos_token_id,
+                                         tok.cls_token_id, tok.sep_token_id)
+                             if i is not None}))
+
+    def sources(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """Right-padded ids (B, n), mask (B, n) bool, and inputs: the tokens' character
+        offsets (B, n, 2) when the tokenizer is a fast one."""
+        fast = bool(getattr(self.tokenizer, "is_fast", False))
+        enc = self.tokenizer(texts, padding=True, truncation=self.limit is not None,
+                             max_length=self.limit, return_tensors="pt",
+                             return_offsets_mapping=fast)
+        inputs: dict[str, Any] = {"offsets": enc["offset_mapping"]} if fast else {}
+        return enc["input_ids"], enc["attention_mask"].bool(), inputs
+
+    def outputs(self, texts: Sequence[str]) -> torch.Tensor:
+        """Output texts tokenized as targets: ids (B, T'), right-padded with ``eos_id``."""
+        foil = self.tokenizer(text_target=list(texts), padding=True, return_tensors="pt")
+        return foil["input_ids"].masked_fill(foil["attention_mask"] == 0, self.eos_id)
+
+    @torch.no_grad()
+    def greedy(self, batch: Batch) -> torch.Tensor:
+        """The greedy output (B, T), the decoder start token left out."""
+        out = self.model.generate(
+            input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
+            do_sample=False, num_beams=1, max_new_tokens=self.max_new_tokens,
+            decoder_start_token_id=self.start_id, pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id)
+        return out[:, 1:]
+
+    def encode(self, batch: Batch) -> Any:
+        """The encoder's own output object (some models read more than its hidden states)."""
+        return self.model.get_encoder()(input_ids=batch.source_ids,
+                                        attention_mask=batch.source_mask.long())
+
+    def _decoder_inputs(self, emitted: torch.Tensor) -> torch.Tensor:
+        """(B, T): the start token, then ``emitted[:, :-1]``."""
+        return torch.cat([torch.full_like(emitted[:, :1], self.start_id), emitted[:, :-1]],
+                         dim=1)
+
+    def _run_decoder(self, batch: Batch, encoded: Any, decoder_ids: torch.Tensor,
+                     **cache: Any) -> Any:
+        # source ids too: some models (FSMT) build the decoder's causal mask only from them
+        return self.model(input_ids=batch.source_ids, encoder_outputs=encoded,
+                          attention_mask=batch.source_mask.long(),
+                          decoder_input_ids=decoder_ids, **cache)
+
+    def decode(self, batch: Batch, encoded: Any, emitted: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, V) of the decoder fed ``emitted`` from ``encoded``."""
+        return self._run_decoder(batch, encoded, self._decoder_inputs(emitted),
+                                 use_cache=False).logits
+
+    def decode_states(self, batch: Batch, encoded: Any, emitted: torch.Tensor) -> KVStates:
+        """The KV cache of one teacher-forced pass: self-attention keys and values
+        (B, H, T, d) per layer (position t = step t), cross-attention ones (B, H, n, d)."""
+        out = self._run_decoder(batch, encoded, self._decoder_inputs(emitted), use_cache=True)
+        cache = getattr(out, self._cache_arg)
+        return {"self": cache_tensors(cache.self_attention_cache),
+                "cross": cache_tensors(cache.cross_attention_cache)}
+
+    def decode_step(self, batch: Batch, encoded: Any, states: KVStates,
+                    emitted: torch.Tensor, step: int) -> torch.Tensor:
+        """Logits (B, V) of step ``step``, one decoder position run from the cache of the
+        steps before it."""
+        from transformers import EncoderDecoderCache
+
+        cache = EncoderDecoderCache(cache_prefix(states["self"], step),
+                                    cache_prefix(states["cross"], states["cross"][0].shape[2]))
+        previous = self._decoder_inputs(emitted)[:, step : step + 1]
+        return self._run_decoder(batch, encoded, previous, use_cache=True,
+                                 **{self._cache_arg: cache}).logits[:, -1]
+
+    def teacher_forced(self, batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, V): the source encoded, then the decoder fed ``emitted``."""
+        return self.decode(batch, self.encode(batch), emitted)
+
+    def tokens(self, ids: torch.Tensor) -> list[list[str]]:
+        return [self.tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids]
+
+    def source_tokens(self, batch: Batch) -> list[list[str]]:
+        return self.tokens(batch.source_ids)
+
+    def target(self, data: AuditData, *, batch_size: int, max_source_tokens: int | None,
+               label: str, origin: str, name: str | None) -> Seq2SeqTarget:
+        """The target auditing ``data`` through this model: sources cut to the smaller of
+        ``max_source_tokens`` and the model's position limit, batches on the model's
+        device."""
+        eos = self.eos_id
+        if self.start_id is None or self.pad_id is None or eos is None:
+            raise TargetError(f"{label}: config needs decoder_start_token_id, pad and eos ids")
+        self.limit, truncation = source_limit(self.tokenizer, self.model.config, data.sources,
+                                              max_source_tokens)
+        where = next(self.model.parameters()).device
+        return Seq2SeqTarget(
+            name=name or label, model=self.model,
+            batches=lambda: data.batches(batch_size, where, self.sources, self.outputs),
+            greedy=self.greedy, teacher_forced=self.teacher_forced,
+            source_embedding=_source_embedding(self.model), source_tokens=self.source_tokens,
+            target_tokens=self.tokens, eos_id=eos, special_ids=self.special_ids,
+            description=(f"{type(self.model).__name__} from {origin or 'a loaded model'} "
+                         f"({len(data.sources)} sources)"),
+            encode=self.encode, decode=self.decode, decode_states=self.decode_states,
+            decode_step=self.decode_step, device=where, truncation=truncation,
+            target_embedding=_decoder_embedding(self.model),
+            unk_id=self.tokenizer.unk_token_id)
+
+
+def _source_embedding(model: nn.Module) -> nn.Module:
+    """The module embedding the source: the encoder's own input embedding where it says
+    which (FSMT's encoder only has ``embed_tokens``), else the model's."""
+    encoder = model.get_encoder()
+    try:
+        return encoder.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        embed = getattr(encoder, "embed_tokens", None)
+        return embed if isinstance(embed, nn.Module) else model.get_input_embeddings()
+
+
+def _decoder_embedding(model: nn.Module) -> nn.Module | None:
+    """The module embedding the decoder's input tokens (FSMT's decoder only has
+    ``embed_tokens``), or None when the decoder names none."""
+    decoder = model.get_decoder()
+    try:
+        return decoder.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        embed = getattr(decoder, "embed_tokens", None)
+        return embed if isinstance(embed, nn.Module) else None
+
