@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnaudit.attribution.methods import AttributionOptions
+from attnaudit.attribution.options import AttributionOptions
 from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
 from attnaudit.auditing.result import Audit
 from attnaudit.checklist import build_checklist
