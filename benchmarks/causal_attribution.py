@@ -30,7 +30,7 @@ BATCH = 8
 
 def child(prompts: int, new_tokens: int) -> None:
     """Build the target and run the suite (in this fresh process)."""
-    from attnaudit.attribution.methods import AttributionOptions
+    from attnaudit.attribution.options import AttributionOptions
     from attnaudit.auditing.intervention_suite import run_suite
     from benchmarks.causal_lm import build
 

@@ -145,7 +145,7 @@ MUTATIONS = (
              "[..., eligible]",
              (FULL_SUITE + "::test_tables_do_not_depend_on_the_example_batch_size",)),
     Mutation("ig_zero_baseline", "integrated gradients from a zero baseline, not the pad "
-             "embedding", "attnaudit/attribution/methods.py",
+             "embedding", "attnaudit/attribution/inputs.py",
              "source_base = passes.source_module(",
              "source_base = 0 * passes.source_module(",
              (FULL_SUITE + "::test_integrated_gradients_and_agreement_against_independent_"

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import attnaudit
-from attnaudit.attribution.methods import AttributionOptions, attribute
+from attnaudit.attribution.methods import attribute
+from attnaudit.attribution.options import AttributionOptions
 from attnaudit.interventions.ablation import uniform_test, zeroing_test
 from attnaudit.interventions.permutation import _PermutationEdit, permutation_test
 from attnaudit.interventions.runner import Rows, reference

@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnaudit.attribution.methods import AttributionOptions, attribute
+from attnaudit.attribution.methods import attribute
+from attnaudit.attribution.options import AttributionOptions
 from attnaudit.errors import TargetError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,8 @@ from attnaudit.attribution.agreement import (
     summarise_agreement,
 )
 from attnaudit.attribution.loo import leave_one_out
-from attnaudit.attribution.methods import AttributionOptions, Attributions, attribute
+from attnaudit.attribution.methods import attribute
+from attnaudit.attribution.options import AttributionOptions, Attributions
 
 __all__ = [
     "JAIN_WALLACE_REFERENCE",

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from attnaudit.attribution.methods import resolve_pad_id
+from attnaudit.attribution.inputs import resolve_pad_id
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes
 from attnaudit.interventions.outputs import tvd

@@ -2,7 +2,7 @@
 
 Both measure against the baseline of integrated gradients: the embedding of one token at every
 source position (``baseline``: ``"pad"``, ``"unk"`` or an id; see
-:func:`attnaudit.attribution.methods.resolve_baseline_id`), and with target-side
+:func:`attnaudit.attribution.inputs.resolve_baseline_id`), and with target-side
 attribution at every decoder input position too. ``x`` is the embedded source (R, n, d) (and
 the decoder's input embeddings (R, T, d)), ``b`` its baseline, ``f`` the attributed output of
 one target step; both yield attribution vectors (R, w, n, d) (and (R, w, T, d)) that the
@@ -14,7 +14,7 @@ caller reduces over ``d`` like integrated gradients.
   operation (softmax and activations called as functions, ``GELUActivation``, LSTM gates)
   passes its plain gradient. So on a model without such modules (both bundled date models;
   Hugging Face BART and Marian) DeepLift is ``(x - b) * df/dx`` at the input, and
-  :mod:`attnaudit.attribution.methods` computes it from the shared forward pass as it
+  :mod:`attnaudit.attribution.gradient_methods` computes it from the shared forward pass as it
   does input x gradient (one teacher-forced pass per chunk of examples, one backward pass per
   step; attention not held constant). On a model with such modules,
   :func:`deeplift_vectors` runs Captum's ``DeepLift`` on :class:`StepOutputs`, a module that
@@ -39,21 +39,16 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from captum.attr import DeepLift
-from captum.attr._core.deep_lift import SUPPORTED_NON_LINEAR
 from torch import nn
 
+from attnaudit.attribution.captum_internals import deeplift_rule_types
+from attnaudit.attribution.inputs import EmbeddedInputs, EmbeddingPasses
 from attnaudit.interventions.runner import seeded_generator
 
-if TYPE_CHECKING:
-    from attnaudit.attribution.methods import _Inputs, _Passes
-
 SHAP_SALT = 5
-SHAP_SAMPLES = 8
-SHAP_STDEV = 0.1
 
 
 class StepOutputs(nn.Module):
@@ -72,14 +67,15 @@ class StepOutputs(nn.Module):
 
 def rule_modules(model: nn.Module) -> tuple[str, ...]:
     """The type names of ``model``'s modules at which Captum's DeepLift applies its rules."""
-    return tuple(sorted({type(m).__name__ for m in model.modules()
-                         if type(m) in SUPPORTED_NON_LINEAR}))
+    rule_types = deeplift_rule_types()
+    return tuple(sorted({type(m).__name__ for m in model.modules() if type(m) in rule_types}))
 
 
 Vectors = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
-def deeplift_vectors(passes: _Passes, inputs: _Inputs, per_pass: int) -> Iterator[Vectors]:
+def deeplift_vectors(passes: EmbeddingPasses, inputs: EmbeddedInputs, per_pass: int
+                     ) -> Iterator[Vectors]:
     """Captum DeepLift attributions (for a model with rule modules): yields ``(rows (R,),
     source vectors (R, w, n, d), prefix vectors (R, w, T, d) or None)`` a chunk of examples at
     a time (the chunk's input and baseline rows share a pass)."""
@@ -122,8 +118,9 @@ def shap_draws(generator: torch.Generator, sides: Sequence[tuple[torch.Tensor, t
     return starts, alphas
 
 
-def gradient_shap_vectors(passes: _Passes, inputs: _Inputs, per_pass: int, n_samples: int,
-                          stdev: float, seed: int, first_example: int) -> Iterator[Vectors]:
+def gradient_shap_vectors(passes: EmbeddingPasses, inputs: EmbeddedInputs, per_pass: int,
+                          n_samples: int, stdev: float, seed: int, first_example: int
+                          ) -> Iterator[Vectors]:
     """GradientShap attributions: yields ``(rows (R,), source vectors (R, w, n, d), prefix
     vectors (R, w, T, d) or None)`` a chunk of examples at a time, each with all its samples
     (split when they exceed a pass)."""

@@ -24,7 +24,8 @@ from attnaudit.analysis.degenerate import degenerate_table, describe_counts, rea
 from attnaudit.analysis.words import word_importance_table
 from attnaudit.attribution.agreement import agreement, summarise_agreement
 from attnaudit.attribution.loo import leave_one_out
-from attnaudit.attribution.methods import METHODS, AttributionOptions, attribute
+from attnaudit.attribution.methods import attribute
+from attnaudit.attribution.options import METHODS, AttributionOptions
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.ablation import (
     cumulative_summary,

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnaudit.attribution.methods import AttributionOptions
+from attnaudit.attribution.options import AttributionOptions
 from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
 from attnaudit.auditing.result import Audit
 from attnaudit.checklist import build_checklist
@@ -48,7 +48,7 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
     """Audit the attention of a seq2seq model: validity, interventions, checklist.
 
     Args:
-        target_or_model: a :class:`~attnaudit.targets.target.Seq2SeqTarget`; or a loaded Hugging
+        target_or_model: a :class:`~attnaudit.targets.contract.Seq2SeqTarget`; or a loaded Hugging
             Face seq2seq model (with ``tokenizer``) or its folder, with ``data``: both go
             through :func:`attnaudit.from_hf` (``hf_options``: its ``batch_size``,
             ``max_new_tokens``, ``max_source_tokens``, ``name``).
@@ -81,7 +81,7 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             rank 0 only); progress is printed by rank 0 only. Every rank must call
             ``audit`` with the same arguments; only one should save the report.
         attribution: what the attribution methods attribute and their variant
-            (:class:`~attnaudit.attribution.methods.AttributionOptions`).
+            (:class:`~attnaudit.attribution.options.AttributionOptions`).
 
     Returns:
         The :class:`~attnaudit.auditing.result.Audit`. The model is left as it was.

@@ -20,7 +20,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from attnaudit.attribution.methods import ALL_METHODS
+from attnaudit.attribution.options import ALL_METHODS
 from attnaudit.attribution.step_gradients import OUTPUTS
 from attnaudit.auditing.intervention_suite import QUICK_PERMUTATIONS
 from attnaudit.cli.commands import check_command, intervene_command, report_command

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from attnaudit.attribution.methods import AttributionOptions
+from attnaudit.attribution.options import AttributionOptions
 from attnaudit.errors import InterventionError, TargetError
 from attnaudit.interventions.memory import parse_memory
 from attnaudit.targets.contract import Seq2SeqTarget

@@ -1,6 +1,6 @@
 """The validity audit: is each attention site a valid weighted retrieval computation?
 
-:func:`run_validity_audit` runs a :class:`~attnaudit.targets.target.Seq2SeqTarget` over its data —
+:func:`run_validity_audit` runs a :class:`~attnaudit.targets.contract.Seq2SeqTarget` over its data —
 greedy decoding, then the model's own output teacher-forced under capture (docs/metrics.md's
 seq2seq protocol) — and streams every record through the entropy, masking, numerics,
 score and region analysers. It returns a :class:`ValidityAudit`: tidy

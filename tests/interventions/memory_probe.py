@@ -14,7 +14,7 @@ import transformers
 
 from attnaudit.interventions import runner
 from attnaudit.interventions.permutation import permutation_test
-from attnaudit.targets.target import from_hf
+from attnaudit.targets import from_hf
 from tests.capture.tiny_hf import save_checkpoint
 
 EXAMPLES, STEPS, SOURCE_WORDS, PERMUTATIONS = 8, 16, 30, 20

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnaudit.attribution.methods import attribute, resolve_pad_id
+from attnaudit.attribution.inputs import resolve_pad_id
+from attnaudit.attribution.methods import attribute
 from attnaudit.errors import InterventionError, SiteNotFound
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from tests.conftest import assert_unchanged, model_fingerprint

@@ -284,7 +284,7 @@ def test_gradient_shap_draws_are_seeded_per_example_not_per_batch(date_bart: Cas
 
 def test_suite_and_cli_run_the_methods_asked_for(
         date_bart: Case, capsys: pytest.CaptureFixture[str]) -> None:
-    from attnaudit.attribution.methods import AttributionOptions
+    from attnaudit.attribution.options import AttributionOptions
     from attnaudit.auditing.intervention_suite import run_suite
     from attnaudit.cli import main
 

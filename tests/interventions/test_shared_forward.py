@@ -11,7 +11,8 @@ import torch
 from captum.attr import InputXGradient, IntegratedGradients, Occlusion, Saliency
 from torch import nn
 
-from attnaudit.attribution.methods import ALL_METHODS, AttributionOptions, attribute
+from attnaudit.attribution.methods import attribute
+from attnaudit.attribution.options import ALL_METHODS, AttributionOptions
 from attnaudit.attribution.step_gradients import pass_sequences
 from attnaudit.errors import InterventionError
 from attnaudit.targets.contract import Batch, Seq2SeqTarget

@@ -116,7 +116,7 @@ def test_violin_labels_follow_the_table_on_hand_made_rows():
 
 
 def test_target_side_heatmap_beside_the_source_one_only_when_target_side_ran(date_audit):
-    from attnaudit.attribution.methods import AttributionOptions
+    from attnaudit.attribution.options import AttributionOptions
     from attnaudit.auditing.intervention_suite import run_suite
     from attnaudit.report.item_figures import item_figures
     from examples.date.target import make_target
