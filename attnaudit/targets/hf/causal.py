@@ -105,7 +105,8 @@ class CausalLM:
         """Left-padded ids (B, P), mask (B, P) bool, and inputs: the tokens' character
         offsets (B, P, 2) when the tokenizer is a fast one."""
         fast = bool(getattr(self.tokenizer, "is_fast", False))
-        enc = self.tokenizer(texts, return_offsets_mapping=fast)
+        # verbose=False: over-long prompts are cut to their last tokens below, with a warning
+        enc = self.tokenizer(texts, return_offsets_mapping=fast, verbose=False)
         ids = left_padded(enc["input_ids"], self.pad_id, self.limit)
         mask = left_padded([[True] * len(row) for row in enc["input_ids"]], False, self.limit)
         offsets = {"offsets": left_padded(enc["offset_mapping"], (0, 0), self.limit)}

@@ -35,7 +35,7 @@ def check_tokenization(model_dir: Path, tokenizer: Any, sources: Sequence[str]) 
     """The number of sources the tokenizer turns into special tokens only; refuses the
     data when that is every source (the example shown is the first source)."""
     specials = set(tokenizer.all_special_ids)
-    encoded = tokenizer(list(sources))["input_ids"]
+    encoded = tokenizer(list(sources), verbose=False)["input_ids"]
     empty = [i for i, ids in enumerate(encoded) if set(ids) <= specials]
     if len(empty) == len(sources):
         shown = tokenizer.convert_ids_to_tokens(encoded[0])
@@ -61,7 +61,8 @@ def source_limit(tokenizer: Any, config: Any, sources: list[str],
     if limit < 1:
         raise TargetError(f"no room for the source: {positions} positions, {reserved} of "
                           "them for the output; lower max_new_tokens")
-    lengths = [len(ids) for ids in tokenizer(sources)["input_ids"]]
+    # verbose=False: transformers would warn of "indexing errors" that the cut below avoids
+    lengths = [len(ids) for ids in tokenizer(sources, verbose=False)["input_ids"]]
     cut = sum(n > limit for n in lengths)
     if not cut:
         return limit, f"no source was truncated (limit {limit} tokens; longest {max(lengths)})"
