@@ -341,3 +341,64 @@ def test_date_transformer_attributes_at_the_encoder_embedding_only() -> None:
     ig = result.token_scores["integrated_gradients"].sum(-1)
     torch.testing.assert_close(ig - result.convergence_delta, gap, atol=1e-5, rtol=0)
     assert result.baseline_id == config.pad_token_id
+
+
+def completeness_gap(model: TinyAttention, batch: Batch, emitted: torch.Tensor,
+                     x: torch.Tensor, base: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """p(emitted | x) - p(emitted | baseline) per counted (example, step): (B, T)."""
+    gap = torch.zeros(emitted.shape)
+    with torch.no_grad():
+        for b, t in steps.nonzero().tolist():
+            p_x, p_base = step_probability(model, torch.stack([x[b], base[b]]), batch,
+                                           emitted, b, t)
+            gap[b, t] = p_x - p_base
+    return gap
+
+
+@pytest.mark.parametrize("reduction", ["sum", "norm"])
+def test_the_convergence_delta_is_signed_whatever_the_token_reduction(reduction: str) -> None:
+    """The delta is how far the signed attributions miss p(x) - p(baseline); reducing each
+    token's scores to a norm for display does not change it."""
+    model = TinyAttention()
+    target, batch, emitted = tiny_target(model)
+    result = attribute(target, batch, emitted, ("integrated_gradients",), n_steps=50,
+                       reduction=reduction)
+    with torch.no_grad():
+        x = model.embed(batch.source_ids)
+        base = model.embed(torch.full_like(batch.source_ids, PAD))
+    steps = target.step_mask(emitted)
+    signed = reference_ig(model, batch, emitted, x, base) * steps[:, :, None]
+    expected = (signed.sum(-1) - completeness_gap(model, batch, emitted, x, base, steps)) * steps
+    torch.testing.assert_close(result.convergence_delta, expected, atol=2e-6, rtol=0)
+    if reduction == "norm":
+        assert (result.token_scores["integrated_gradients"] >= 0).all()
+
+
+def test_the_unk_baseline_keeps_the_end_of_sequence_token() -> None:
+    """inseq's ``unk`` baseline: the unknown token everywhere but where the input has the
+    end-of-sequence token, which the baseline keeps, so that token's integrated gradients
+    and occlusion are 0 and the rest follow the baseline built by hand."""
+    model = TinyAttention()
+    target, batch, emitted = tiny_target(model)
+    src = batch.source_ids.clone()
+    src[0, 3], src[1, 2] = EOS, EOS
+    batch = Batch(src, src != PAD, batch.texts)
+    unk = 1
+    target = target.with_options(batches=lambda: [batch], unk_id=unk)
+    result = attribute(target, batch, emitted, ("integrated_gradients", "occlusion"),
+                       baseline="unk", n_steps=50)
+    eos = src == EOS
+    steps = target.step_mask(emitted)
+    # 0 by construction for IG (x - baseline is 0 there); occlusion compares two forward
+    # passes of equal inputs in different batches, equal up to rounding
+    for method, tolerance in (("integrated_gradients", 0.0), ("occlusion", 1e-6)):
+        scores = result.token_scores[method]
+        assert scores.permute(0, 2, 1)[eos].abs().max() <= tolerance, method
+        assert (scores * steps[:, :, None]).abs()[:, :, ~eos[0]].sum() > 0
+    with torch.no_grad():
+        x = model.embed(src)
+        base = model.embed(torch.where(eos, src, torch.full_like(src, unk)))
+    expected = reference_ig(model, batch, emitted, x, base) * steps[:, :, None]
+    torch.testing.assert_close(result.token_scores["integrated_gradients"], expected,
+                               atol=2e-6, rtol=1e-4)
+    assert result.baseline_id == unk

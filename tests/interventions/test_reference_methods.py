@@ -304,3 +304,24 @@ def test_suite_and_cli_run_the_methods_asked_for(
         main(["intervene", "--quick", "--methods", "saliency,lrp"])
     assert exit_code.value.code == 2
     assert "--methods: give distinct methods among" in capsys.readouterr().err
+
+
+def test_gradient_shap_draws_equal_identically_seeded_draws() -> None:
+    """Alphas ~ U(0, 1), then per side a baseline plus stdev x standard normal noise at the
+    real positions only, drawn in that order from one generator."""
+    base = torch.randn(6, 3, generator=torch.Generator().manual_seed(1))
+    prefix = torch.randn(4, 3, generator=torch.Generator().manual_seed(2))
+    real = torch.tensor([True, True, False, True, False, True])
+    real_prefix = torch.tensor([True, False, True, True])
+    n_samples, stdev = 5, 0.3
+    starts, alphas = reference_methods.shap_draws(
+        torch.Generator().manual_seed(7), [(base, real), (prefix, real_prefix)], n_samples,
+        stdev)
+    same = torch.Generator().manual_seed(7)
+    assert torch.equal(alphas, torch.rand(n_samples, generator=same))
+    for start, (side, where) in zip(starts, [(base, real), (prefix, real_prefix)],
+                                    strict=True):
+        noise = torch.randn(n_samples, int(where.sum()), 3, generator=same)
+        expected = side.expand(n_samples, -1, -1).clone()
+        expected[:, where] += stdev * noise
+        torch.testing.assert_close(start, expected, rtol=0, atol=1e-7)
