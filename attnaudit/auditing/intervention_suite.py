@@ -40,7 +40,7 @@ from attnaudit.interventions.permutation import (
     permutation_summary,
     permutation_test,
 )
-from attnaudit.interventions.runner import Reference, Rows, reference
+from attnaudit.interventions.runner import Reference, RowIndex, reference
 from attnaudit.interventions.values import value_replacement
 from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
 from attnaudit.runtime.progress import advance, display, phase, settle, split
@@ -78,7 +78,7 @@ def seeded_examples(n_examples: int, count: int, seed: int) -> set[int]:
     return set(torch.randperm(n_examples, generator=gen)[:count].tolist())
 
 
-def _subset(ref: Reference, rows: Rows, chosen: set[int]) -> Rows:
+def _subset(ref: Reference, rows: RowIndex, chosen: set[int]) -> RowIndex:
     keep = torch.tensor([ref.first_example + int(e) in chosen for e in rows.example],
                         dtype=torch.bool)
     return rows.select(keep.nonzero().squeeze(1))
@@ -241,7 +241,7 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
     return {m: found.variant(m) for m in methods}
 
 
-def _run_row_protocols(target: Seq2SeqTarget, ref: Reference, rows: Rows,
+def _run_row_protocols(target: Seq2SeqTarget, ref: Reference, rows: RowIndex,
                        parts: dict[str, list[pd.DataFrame]], n_permutations: int,
                        cumulative_set: set[int], adversarial_set: set[int],
                        progress: bool) -> None:

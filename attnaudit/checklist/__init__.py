@@ -15,7 +15,6 @@ misconceptions and result types; ``validity`` the validity items and verdict;
 from attnaudit.checklist.build import build_checklist
 from attnaudit.checklist.explanation import (
     ADVERSARIAL_DIFFERENT,
-    SMALL_TVD,
     agreement_summary,
     explanation_status,
     find_table,
@@ -50,7 +49,6 @@ __all__ = [
     "MISCONCEPTIONS",
     "NOT_RECORDED",
     "PASS",
-    "SMALL_TVD",
     "STATUSES",
     "WARN",
     "Checklist",

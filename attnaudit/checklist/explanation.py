@@ -21,6 +21,7 @@ from attnaudit.checklist.items import (
     ItemResult,
     Verdict,
 )
+from attnaudit.interventions.permutation import SMALL_TVD
 
 
 def interventions_item(suite: Any) -> ItemResult:
@@ -63,9 +64,6 @@ def _suite_settings(metadata: Mapping[str, Any]) -> list[str]:
                      "no eligible key: only padding and special tokens; one eligible key: no "
                      "other weighting exists).")
     return lines
-
-
-SMALL_TVD = 0.05  # docs/metrics.md: the share of rows whose median permutation TVD is below this
 
 
 def find_table(tables: Mapping[str, pd.DataFrame], columns: Iterable[str]

@@ -17,7 +17,7 @@ from attnaudit.interventions.permutation import permutation_summary, permutation
 from attnaudit.interventions.runner import (
     OutputChange,
     Reference,
-    Rows,
+    RowIndex,
     edited_probs,
     reference,
     run_items,
@@ -28,7 +28,7 @@ __all__ = [
     "InterventionError",
     "OutputChange",
     "Reference",
-    "Rows",
+    "RowIndex",
     "adversarial_search",
     "cumulative_summary",
     "cumulative_test",

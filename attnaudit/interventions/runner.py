@@ -119,10 +119,10 @@ class Reference:
                  else self.empty_output)
         return row_reasons(self.steps, self.eligible, empty)
 
-    def rows(self) -> Rows:
+    def rows(self) -> RowIndex:
         """Every (example, step) row within the step mask that is not degenerate."""
         example, step = (self.steps & (self.reasons == 0)).nonzero(as_tuple=True)
-        return Rows(example, step)
+        return RowIndex(example, step)
 
     def positions(self, step: int) -> int:
         """Decoder positions an edited item at ``step`` runs: 1 from a cached state, else
@@ -131,8 +131,9 @@ class Reference:
 
 
 @dataclass(frozen=True)
-class Rows:
-    """N query rows: example (N,) long, local to the reference batch; step (N,) long."""
+class RowIndex:
+    """N query rows by index, no weights: example (N,) long, local to the reference batch;
+    step (N,) long."""
 
     example: torch.Tensor
     step: torch.Tensor
@@ -140,8 +141,8 @@ class Rows:
     def __len__(self) -> int:
         return int(self.example.shape[0])
 
-    def select(self, index: torch.Tensor) -> Rows:
-        return Rows(self.example[index], self.step[index])
+    def select(self, index: torch.Tensor) -> RowIndex:
+        return RowIndex(self.example[index], self.step[index])
 
 
 @dataclass(frozen=True)
@@ -416,7 +417,7 @@ def site_head_rows(ref: Reference, site: str, per_head: torch.Tensor) -> torch.T
     return per_head[..., at : at + ref.heads[site], :]
 
 
-def row_columns(ref: Reference, rows: Rows) -> dict[str, object]:
+def row_columns(ref: Reference, rows: RowIndex) -> dict[str, object]:
     """Identifying columns of a per-row table: example, step, n_valid, max_attention."""
     eligible = ref.eligible[rows.example, rows.step]
     attention = ref.attention[rows.example, rows.step].masked_fill(~eligible, 0.0)
@@ -428,14 +429,14 @@ def row_columns(ref: Reference, rows: Rows) -> dict[str, object]:
     }
 
 
-def key_level_top(ref: Reference, rows: Rows) -> torch.Tensor:
+def key_level_top(ref: Reference, rows: RowIndex) -> torch.Tensor:
     """(N,) long: each row's top eligible key on the site-and-head mean attention."""
     attention = ref.attention[rows.example, rows.step]
     eligible = ref.eligible[rows.example, rows.step]
     return attention.masked_fill(~eligible, -1.0).argmax(-1)
 
 
-def stacked_rows(ref: Reference, rows: Rows) -> torch.Tensor:
+def stacked_rows(ref: Reference, rows: RowIndex) -> torch.Tensor:
     """Reference weights of every selected site and head at each row: (N, S*H, n)."""
     return torch.cat([ref.weights[s][rows.example, :, rows.step, :] for s in ref.sites], dim=1)
 

@@ -46,11 +46,11 @@ import pandas as pd
 import torch
 
 from attnaudit.analysis import (
+    AttentionRows,
     EntropyAnalyser,
     MaskingAnalyser,
     NumericsAnalyser,
     RegionAnalyser,
-    Rows,
     layer_of,
     masking,
     mean_over_heads,
@@ -295,13 +295,13 @@ def declared_rule(role: str, batch: Batch, step_mask: torch.Tensor
     return None, None
 
 
-def declared_rows(record: AttentionRecord, declared: torch.Tensor | None) -> Rows:
+def declared_rows(record: AttentionRecord, declared: torch.Tensor | None) -> AttentionRows:
     """The record's rows under the declared key rule AND the key mask capture saw.
 
     ``declared``: bool, read by rank ((K,), (B, K), (B, Q, K), (B, H, Q, K)); None keeps
     the captured mask alone (all keys when capture has none either).
     """
-    data = Rows.of(record, declared)
+    data = AttentionRows.of(record, declared)
     captured = record.key_mask
     if declared is None or captured is None:
         return data
@@ -613,7 +613,8 @@ def _forward_passes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, 
     return kept, passes
 
 
-def _update_regions(target: Seq2SeqTarget, analysers: dict[str, RegionAnalyser], data: Rows,
+def _update_regions(target: Seq2SeqTarget, analysers: dict[str, RegionAnalyser],
+                    data: AttentionRows,
                     batch: Batch, emitted: torch.Tensor, step_mask: torch.Tensor) -> None:
     """Feed each expectation's region analyser the rows per head and averaged over heads."""
     for expectation in target.expectations:
