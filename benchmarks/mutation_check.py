@@ -187,8 +187,8 @@ MUTATIONS = (
              "attnaudit/auditing/intervention_suite.py", "key=lambda part: part[0])",
              "key=lambda part: 0)", (TORCHRUN + "[date_lstm]",)),
     Mutation("shard_stats_own_only", "distributed audit: each rank keeps its own analyser "
-             "statistics", "attnaudit/runtime/distributed.py",
-             "self._all_reduce_stats(analyser.stats)", "None", (TORCHRUN + "[date_lstm]",)),
+             "statistics", "attnaudit/analysis/merging.py",
+             "_all_reduce_stats(analyser.stats, collectives)", "None", (TORCHRUN + "[date_lstm]",)),
 )
 
 

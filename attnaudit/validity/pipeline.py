@@ -57,6 +57,7 @@ from attnaudit.analysis import (
 )
 from attnaudit.analysis.degenerate import DegenerateCounter
 from attnaudit.analysis.example_maps import ExampleMaps, example_maps
+from attnaudit.analysis.merging import merge_analyser
 from attnaudit.analysis.numerics import row_sum_tolerance
 from attnaudit.analysis.scores import ScoreAnalyser
 from attnaudit.analysis.words import source_words
@@ -518,12 +519,12 @@ def _merged_shards(shard: Shard, analysers: ValidityAnalysers,
                    degenerate: DegenerateCounter, examples: int
                    ) -> tuple[dict[str, _SiteInfo], list[dict[str, Any]], DegenerateCounter, int]:
     """Every rank's validity state merged, on every rank: analysers through
-    :meth:`Shard.merge_analyser`; sites in the order a single process meets them; the
-    performance rows in batch order; degenerate rows and examples summed."""
+    :func:`~attnaudit.analysis.merging.merge_analyser`; sites in the order a single process
+    meets them; the performance rows in batch order; degenerate rows and examples summed."""
     for analyser in (*analysers.row_analysers, analysers.scores,
                      *expectation_analysers.values()):
         if analyser is not None:
-            shard.merge_analyser(analyser)
+            merge_analyser(analyser, shard)
     gathered = shard.all_gather((infos, analysers.site_row_sum_tolerance, performance,
                                  degenerate.rows, degenerate.counts, examples))
     merged: dict[str, _SiteInfo] = {}
