@@ -45,7 +45,7 @@ def build_checklist(model: nn.Module, audit: Any | None, suite: Any | None, *,
 
     Args:
         model: the audited model (its parameters and modules are inspected, not run).
-        audit: a :class:`attnaudit.validity.pipeline.ValidityAudit`, or None when not run.
+        audit: a :class:`attnaudit.validity.result.ValidityAudit`, or None when not run.
         suite: an intervention suite result (``tables``: name -> DataFrame), or None.
         audit_reason, suite_reason: why a part is missing; shown as "not recorded".
     """
