@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import attnaudit
 from attnaudit.auditing.intervention_suite import CUMULATIVE_EXAMPLES, QUICK_PERMUTATIONS, run_suite
 from attnaudit.interventions.permutation import permutation_test
-from attnaudit.interventions.runner import Reference, RowIndex, reference
+from attnaudit.interventions.reference_run import Reference, RowIndex, reference
 from attnaudit.targets.target import Seq2SeqTarget, from_hf, select_state
 
 VOCAB = 58_101

@@ -18,7 +18,7 @@ import attnaudit
 from attnaudit.attribution.methods import AttributionOptions, attribute
 from attnaudit.interventions.ablation import uniform_test, zeroing_test
 from attnaudit.interventions.permutation import _PermutationEdit, permutation_test
-from attnaudit.interventions.runner import RowIndex, reference
+from attnaudit.interventions.reference_run import RowIndex, reference
 from attnaudit.targets.target import from_hf
 from attnaudit.validity.pipeline import run_validity_audit
 

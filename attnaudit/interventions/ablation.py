@@ -14,11 +14,10 @@ import pandas as pd
 import torch
 
 from attnaudit.interventions.draws import eligible_draws
+from attnaudit.interventions.reference_run import Reference, RowIndex
 from attnaudit.interventions.runner import (
     ItemEdit,
     OutputChange,
-    Reference,
-    RowIndex,
     edited_probs,
     item_chunks,
     key_level_top,

@@ -21,9 +21,8 @@ import torch
 
 from attnaudit.interventions.draws import eligible_draws
 from attnaudit.interventions.outputs import jsd, tvd
+from attnaudit.interventions.reference_run import Reference, RowIndex
 from attnaudit.interventions.runner import (
-    Reference,
-    RowIndex,
     edited_probs,
     progress_bar,
     row_columns,

@@ -14,9 +14,8 @@ import torch
 
 from attnaudit.interventions.draws import eligible_draws
 from attnaudit.interventions.outputs import median
+from attnaudit.interventions.reference_run import Reference, RowIndex
 from attnaudit.interventions.runner import (
-    Reference,
-    RowIndex,
     progress_bar,
     row_columns,
     row_generator,

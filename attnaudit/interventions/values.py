@@ -15,10 +15,9 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from attnaudit.interventions.reference_run import Reference, RowIndex
 from attnaudit.interventions.runner import (
     ItemEdit,
-    Reference,
-    RowIndex,
     key_level_top,
     progress_bar,
     row_columns,

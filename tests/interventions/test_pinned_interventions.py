@@ -24,7 +24,7 @@ from attnaudit.interventions.ablation import (
 )
 from attnaudit.interventions.adversarial import adversarial_search
 from attnaudit.interventions.permutation import permutation_test
-from attnaudit.interventions.runner import Reference, RowIndex, reference
+from attnaudit.interventions.reference_run import Reference, RowIndex, reference
 from attnaudit.interventions.values import value_replacement
 from tests.interventions.toys import (
     DOMINATED_SCORES,
