@@ -20,12 +20,12 @@ from torch import nn
 from attnaudit.analysis.base import keys_before_queries
 from attnaudit.capturing import capture
 from attnaudit.capturing.sites import SiteSelection
-from attnaudit.validity.findings import Finding, failing_sites, site_findings, summarise_sites
-from attnaudit.validity.pipeline import (
+from attnaudit.validity.analysers import (
     DEFAULT_MAX_MASKED_MASS,
     DEFAULT_ROW_SUM_TOLERANCE,
     ValidityAnalysers,
 )
+from attnaudit.validity.findings import Finding, failing_sites, site_findings, summarise_sites
 
 
 def assert_attention_healthy(model: nn.Module, run: Callable[[], Any], *,

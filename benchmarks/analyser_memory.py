@@ -25,7 +25,7 @@ def stream(examples: int) -> dict[str, float]:
     import torch
 
     from attnaudit.analysis import EntropyAnalyser, MaskingAnalyser, NumericsAnalyser
-    from attnaudit.analysis.base import Rows
+    from attnaudit.analysis.base import AttentionRows
 
     torch.manual_seed(0)
     analysers = [EntropyAnalyser(), MaskingAnalyser(), NumericsAnalyser()]
@@ -35,8 +35,8 @@ def stream(examples: int) -> dict[str, float]:
     for start in range(0, examples, BATCH):
         size = min(BATCH, examples - start)
         scores = torch.randn(size, 1, QUERIES, KEYS).masked_fill(~eligible[:size], float("-inf"))
-        rows = Rows("bench", "cross", scores.softmax(-1), eligible[:size].expand(size, 1, QUERIES,
-                                                                               KEYS))
+        rows = AttentionRows("bench", "cross", scores.softmax(-1),
+                             eligible[:size].expand(size, 1, QUERIES, KEYS))
         began = time.perf_counter()
         for analyser in analysers:
             analyser.update(rows)

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.interventions.permutation import permutation_test
-from attnaudit.interventions.runner import reference
+from attnaudit.interventions.reference_run import reference
 from attnaudit.targets.hf.loading import from_hf
 
 VOCAB = 1000

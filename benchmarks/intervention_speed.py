@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.auditing.intervention_suite import run_suite
 from attnaudit.interventions.permutation import _PermutationEdit, permutation_test
-from attnaudit.interventions.runner import edited_probs, reference
+from attnaudit.interventions.reference_run import reference
+from attnaudit.interventions.runner import edited_probs
 from examples.date.target import make_target
 
 PERMUTATIONS = 100

@@ -136,7 +136,8 @@ MUTATIONS = (
              (PINNED + "::test_adversarial_candidates_checked_where_the_model_reads_them",)),
     Mutation("seed_local_example", "row seeds from the batch-local example index",
              "attnaudit/interventions/runner.py",
-             "(ref.first_example + example) * 0x85EBCA77", "example * 0x85EBCA77",
+             "seeded_generator(ref.seed, ref.first_example + example, step, salt)",
+             "seeded_generator(ref.seed, example, step, salt)",
              (FULL_SUITE + "::test_tables_do_not_depend_on_the_example_batch_size",)),
     Mutation("draws_padded_width", "random draws over the padded key width",
              "attnaudit/interventions/draws.py",
@@ -187,8 +188,8 @@ MUTATIONS = (
              "attnaudit/auditing/intervention_suite.py", "key=lambda part: part[0])",
              "key=lambda part: 0)", (TORCHRUN + "[date_lstm]",)),
     Mutation("shard_stats_own_only", "distributed audit: each rank keeps its own analyser "
-             "statistics", "attnaudit/runtime/distributed.py",
-             "self._all_reduce_stats(analyser.stats)", "None", (TORCHRUN + "[date_lstm]",)),
+             "statistics", "attnaudit/analysis/merging.py",
+             "_all_reduce_stats(analyser.stats, collectives)", "None", (TORCHRUN + "[date_lstm]",)),
 )
 
 

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import attnaudit
 from attnaudit.auditing.intervention_suite import CUMULATIVE_EXAMPLES, QUICK_PERMUTATIONS, run_suite
 from attnaudit.interventions.permutation import permutation_test
-from attnaudit.interventions.runner import Reference, Rows, reference
+from attnaudit.interventions.reference_run import Reference, RowIndex, reference
 from attnaudit.targets.contract import Seq2SeqTarget, select_state
 from attnaudit.targets.hf.loading import from_hf
 
@@ -129,7 +129,7 @@ def per_item_ratio(target: Seq2SeqTarget, limit: int) -> tuple[float, float, int
             at_step = rows.select((rows.step == step).nonzero().squeeze(1))
             example = at_step.example.repeat_interleave(QUICK_PERMUTATIONS)
 
-            def permute(at_step: Rows = at_step, ref: Reference = ref) -> float:
+            def permute(at_step: RowIndex = at_step, ref: Reference = ref) -> float:
                 start = time.perf_counter()
                 permutation_test(target, ref, at_step, n_permutations=QUICK_PERMUTATIONS)
                 return time.perf_counter() - start

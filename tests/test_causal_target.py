@@ -19,7 +19,7 @@ from attnaudit.attribution.methods import attribute
 from attnaudit.attribution.options import AttributionOptions
 from attnaudit.interventions.ablation import uniform_test, zeroing_test
 from attnaudit.interventions.permutation import _PermutationEdit, permutation_test
-from attnaudit.interventions.runner import Rows, reference
+from attnaudit.interventions.reference_run import RowIndex, reference
 from attnaudit.targets.hf.loading import from_hf
 from attnaudit.validity.pipeline import run_validity_audit
 
@@ -198,7 +198,7 @@ def test_protocols_equal_a_hand_written_rerun(saved):
     batch = next(target.iter_batches())
     ref = reference(target, batch)
     assert ref.states is not None  # edited steps run one position from the cache
-    rows = Rows(torch.tensor([0, 1, 2]), torch.tensor([0, 2, 1]))
+    rows = RowIndex(torch.tensor([0, 1, 2]), torch.tensor([0, 2, 1]))
     n_perm = 3
     permutation = permutation_test(target, ref, rows, n_permutations=n_perm)
     uniform = uniform_test(target, ref, rows)

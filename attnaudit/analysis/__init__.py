@@ -8,7 +8,7 @@ from attnaudit.analysis.aggregation import (
     words_from_tokens,
 )
 from attnaudit.analysis.alignment import AlignmentAnalyser
-from attnaudit.analysis.base import Analyser, Rows
+from attnaudit.analysis.base import Analyser, AttentionRows
 from attnaudit.analysis.entropy import EntropyAnalyser
 from attnaudit.analysis.expectations import (
     char_offsets,
@@ -27,13 +27,13 @@ from attnaudit.analysis.stats import MetricSpec, RowStats, layer_of
 __all__ = [
     "AlignmentAnalyser",
     "Analyser",
+    "AttentionRows",
     "EntropyAnalyser",
     "MaskingAnalyser",
     "MetricSpec",
     "NumericsAnalyser",
     "RegionAnalyser",
     "RowStats",
-    "Rows",
     "ScoreAnalyser",
     "aggregate",
     "char_offsets",

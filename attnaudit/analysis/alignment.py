@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnaudit.analysis.base import Analyser, Rows
+from attnaudit.analysis.base import Analyser, AttentionRows
 from attnaudit.analysis.stats import layer_of
 from attnaudit.record import AttentionRecord
 
@@ -99,13 +99,13 @@ class AlignmentAnalyser(Analyser):
         self.strict = strict
         self.sites: dict[str, _SiteCounts] = {}
 
-    def update(self, record: AttentionRecord | Rows, *,  # type: ignore[override]
+    def update(self, record: AttentionRecord | AttentionRows, *,  # type: ignore[override]
                gold: Sequence[Gold], src_word_ids: Sequence[WordIds],
                tgt_word_ids: Sequence[WordIds]) -> None:
         """Fold one batch in.
 
         Args:
-            record: cross-attention record (or Rows); weights (B, H, Q, K), Q = target
+            record: cross-attention record (or AttentionRows); weights (B, H, Q, K), Q = target
                 rows (teacher-forced on the gold target), K = source tokens.
             gold: per example ``(sure, possible)`` link sets of (source i, target j), as from
                 :func:`~attnaudit.analysis.expectations.read_pharaoh`; a bare ``set`` /
@@ -116,7 +116,7 @@ class AlignmentAnalyser(Analyser):
             tgt_word_ids: per example, the target word id of each query row (length <= Q;
                 None for special tokens and EOS rows, which are dropped).
         """
-        data = Rows.of(record)
+        data = AttentionRows.of(record)
         batch, heads = data.weights.shape[:2]
         lengths = {len(gold), len(src_word_ids), len(tgt_word_ids)}
         if lengths != {batch}:
@@ -175,7 +175,7 @@ class AlignmentAnalyser(Analyser):
             out[h, 1:4] = (len(links & sure), len(links & possible), len(links))
         return out
 
-    def rows_metrics(self, rows: Rows) -> NoReturn:
+    def rows_metrics(self, rows: AttentionRows) -> NoReturn:
         raise TypeError("AlignmentAnalyser needs gold links: call update(record, gold=..., "
                         "src_word_ids=..., tgt_word_ids=...)")
 

@@ -21,7 +21,7 @@ from attnaudit.record import AttentionRecord
 
 
 @dataclass
-class Rows:
+class AttentionRows:
     """One batch of attention rows, validated and in float64.
 
     weights: (batch, heads, queries, keys). eligible: bool, same shape. dtype: the weights'
@@ -40,10 +40,11 @@ class Rows:
     keys_before_queries: bool = False
 
     @classmethod
-    def of(cls, record: AttentionRecord | Rows, eligible: torch.Tensor | None = None) -> Rows:
-        """Rows from a record; ``eligible`` (bool, read by rank as in :func:`as_4d`)
+    def of(cls, record: AttentionRecord | AttentionRows,
+           eligible: torch.Tensor | None = None) -> AttentionRows:
+        """The rows of a record; ``eligible`` (bool, read by rank as in :func:`as_4d`)
         overrides its key mask."""
-        name = record.site if isinstance(record, Rows) else record.name
+        name = record.site if isinstance(record, AttentionRows) else record.name
         weights = record.weights
         if not isinstance(weights, torch.Tensor) or weights.ndim != 4:
             raise ValueError(f"site {name!r}: weights must be a 4-D tensor "
@@ -54,13 +55,14 @@ class Rows:
         if weights.is_meta:
             raise ValueError(f"site {name!r}: the weights are on the meta device, which holds "
                              "shapes but no data; load the model's weights before analysing")
-        if (isinstance(record, Rows) and eligible is None and weights.dtype == torch.float64
+        if (isinstance(record, AttentionRows) and eligible is None
+                and weights.dtype == torch.float64
                 and record.eligible.dtype == torch.bool
                 and record.eligible.shape == weights.shape):
             return record  # nothing to convert or check
-        produced = record.dtype if isinstance(record, Rows) else weights.dtype
+        produced = record.dtype if isinstance(record, AttentionRows) else weights.dtype
         weights = weights.detach().to(torch.float64)
-        if isinstance(record, Rows):
+        if isinstance(record, AttentionRows):
             mask = record.eligible if eligible is None else eligible
             return cls(record.site, record.kind, weights,
                        _eligibility(record.site, weights, mask), record.step_offset, produced,
@@ -142,25 +144,26 @@ class Analyser:
         self.stats = RowStats(self.metrics)
         self.example_rows = ExampleRows() if per_example else None
 
-    def update(self, record: AttentionRecord | Rows, *,
+    def update(self, record: AttentionRecord | AttentionRows, *,
                eligible: torch.Tensor | None = None) -> None:
         """Fold one record (or batch of rows) in.
 
         ``eligible`` declares the key rule (bool, True = eligible), read by rank: (K,),
         (B, K) per example, (B, Q, K), or (B, H, Q, K); it overrides the record's key mask.
         """
-        rows = Rows.of(record, eligible)
+        rows = AttentionRows.of(record, eligible)
         if rows.weights.shape[0] == 0 or rows.weights.shape[2] == 0:
             return
         for name, (values, defined) in self.rows_metrics(rows).items():
             self._add(rows, name, values, defined)
         self._done(rows)
 
-    def rows_metrics(self, rows: Rows) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    def rows_metrics(self, rows: AttentionRows
+                     ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
         """metric name -> (per-row values (B, H, Q), rows where defined or None)."""
         raise NotImplementedError
 
-    def _add(self, rows: Rows, name: str, values: torch.Tensor,
+    def _add(self, rows: AttentionRows, name: str, values: torch.Tensor,
              defined: torch.Tensor | None) -> None:
         """Fold one metric's per-row values (B, H, Q) of ``rows`` into the state."""
         self.stats.add(rows.site, rows.kind, name, values, defined, rows.step_offset)
@@ -169,7 +172,7 @@ class Analyser:
                                   torch.ones((), dtype=torch.bool) if defined is None
                                   else defined, rows.step_offset)
 
-    def _done(self, rows: Rows) -> None:
+    def _done(self, rows: AttentionRows) -> None:
         """Close one update of ``rows.site``: the next one holds new examples."""
         if self.example_rows is not None:
             self.example_rows.advance(rows.site, rows.weights.shape[0])

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from attnaudit.analysis.base import Analyser, Rows
+from attnaudit.analysis.base import Analyser, AttentionRows
 from attnaudit.analysis.stats import MetricSpec
 
 EPS = 1e-10
@@ -32,7 +32,7 @@ class EntropyAnalyser(Analyser):
         MetricSpec("n_valid", 0.0, 512.0),
     )
 
-    def rows_metrics(self, rows: Rows):
+    def rows_metrics(self, rows: AttentionRows):
         w = rows.eligible_weights
         n_valid = rows.n_valid.to(torch.float64)
         defined = rows.finite & (n_valid >= 1)

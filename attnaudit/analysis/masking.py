@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from attnaudit.analysis.base import Analyser, Rows
+from attnaudit.analysis.base import Analyser, AttentionRows
 from attnaudit.analysis.stats import MetricSpec
 
 DEFAULT_TOLERANCE = 1e-6
@@ -24,7 +24,7 @@ class MaskingAnalyser(Analyser):
         super().__init__(per_example)
         self.tolerance = tolerance
 
-    def rows_metrics(self, rows: Rows):
+    def rows_metrics(self, rows: AttentionRows):
         masked = rows.weights.where(~rows.eligible, 0.0).abs().sum(-1)
         defined = torch.isfinite(masked)
         return {

@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from attnaudit.analysis.base import Analyser, Rows
+from attnaudit.analysis.base import Analyser, AttentionRows
 from attnaudit.analysis.stats import MetricSpec
 
 SUM_TOLERANCE = 1e-3  # the floor of the row-sum tolerance: float32 and wider dtypes
@@ -70,7 +70,7 @@ class NumericsAnalyser(Analyser):
         super().__init__(per_example)
         self.tolerance = tolerance
 
-    def rows_metrics(self, rows: Rows):
+    def rows_metrics(self, rows: AttentionRows):
         w = rows.weights
         tolerance = (row_sum_tolerance(rows.dtype, w.shape[-1]) if self.tolerance is None
                      else self.tolerance)

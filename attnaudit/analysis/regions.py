@@ -30,7 +30,7 @@ from typing import NoReturn
 
 import torch
 
-from attnaudit.analysis.base import Analyser, Rows, as_4d
+from attnaudit.analysis.base import Analyser, AttentionRows, as_4d
 from attnaudit.analysis.stats import MetricSpec
 from attnaudit.record import AttentionRecord
 
@@ -48,13 +48,13 @@ class RegionAnalyser(Analyser):
 
     metrics = (MetricSpec("region_mass", 0.0, 1.0), MetricSpec("top_weight_hit", 0.0, 1.0))
 
-    def update(self, record: AttentionRecord | Rows, *,  # type: ignore[override]
+    def update(self, record: AttentionRecord | AttentionRows, *,  # type: ignore[override]
                expected: torch.Tensor, rows: RowSelection = None,
                eligible: torch.Tensor | None = None) -> None:
         """Fold one batch in.
 
         Args:
-            record: an attention record or :class:`Rows`; weights (B, H, Q, K).
+            record: an attention record or :class:`AttentionRows`; weights (B, H, Q, K).
             expected: bool, True on expected keys. Shapes by rank: (K,) the same keys for
                 every row; (B, K) per example; (B, Q, K) per example and query row;
                 (B, H, Q, K) in full. Size-1 axes broadcast.
@@ -65,7 +65,7 @@ class RegionAnalyser(Analyser):
             eligible: bool key rule broadcastable to (B, H, Q, K), overriding the record's
                 key mask (e.g. to leave out special tokens).
         """
-        data = Rows.of(record, eligible)
+        data = AttentionRows.of(record, eligible)
         shape = tuple(data.weights.shape)
         region = expected_4d(data.site, expected, shape).to(data.weights.device)
         selected = select_rows(data.site, rows, shape[0], shape[2]).to(data.weights.device)
@@ -75,12 +75,12 @@ class RegionAnalyser(Analyser):
             self._add(data, name, values, defined & selected[:, None, :])
         self._done(data)
 
-    def rows_metrics(self, rows: Rows) -> NoReturn:
+    def rows_metrics(self, rows: AttentionRows) -> NoReturn:
         raise TypeError("RegionAnalyser needs an expected key set: call "
                         "update(record, expected=..., rows=...)")
 
     @staticmethod
-    def _metrics(data: Rows, region: torch.Tensor
+    def _metrics(data: AttentionRows, region: torch.Tensor
                  ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Per-row values (B, H, Q) and where they are defined, for a region (B, H, Q, K)."""
         w, eligible = data.weights, data.eligible
@@ -133,10 +133,10 @@ def select_rows(site: str, rows: RowSelection, batch: int, queries: int) -> torc
     return mask
 
 
-def mean_over_heads(record_or_rows: AttentionRecord | Rows,
+def mean_over_heads(record_or_rows: AttentionRecord | AttentionRows,
                     eligible: torch.Tensor | None = None,
-                    suffix: str = HEAD_MEAN_SUFFIX) -> Rows:
-    """The head average as :class:`Rows` with one head: weights (B, 1, Q, K).
+                    suffix: str = HEAD_MEAN_SUFFIX) -> AttentionRows:
+    """The head average as :class:`AttentionRows` with one head: weights (B, 1, Q, K).
 
     Eligibility must be the same for every head (true of key masks that broadcast over
     heads, the usual case); otherwise the average would mix rows under different key rules
@@ -145,7 +145,7 @@ def mean_over_heads(record_or_rows: AttentionRecord | Rows,
     from the name is unchanged. A row with a non-finite weight in any head is non-finite in
     the average.
     """
-    data = Rows.of(record_or_rows, eligible)
+    data = AttentionRows.of(record_or_rows, eligible)
     weights = data.weights.mean(1, keepdim=True)
     first = data.eligible[:, :1]
     if not bool((data.eligible == first).all()):

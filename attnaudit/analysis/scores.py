@@ -37,7 +37,7 @@ from typing import Self
 import pandas as pd
 import torch
 
-from attnaudit.analysis.base import Analyser, Rows, as_4d
+from attnaudit.analysis.base import Analyser, AttentionRows, as_4d
 from attnaudit.analysis.stats import MetricSpec, layer_of
 from attnaudit.record import AttentionRecord
 
@@ -46,13 +46,13 @@ SCORE_METRICS = ("score_min", "score_max", "score_mean", "score_non_finite",
                  "masked_score_min", "masked_score_max", "masked_score_non_finite")
 OUTPUT_METRICS = ("output_norm",)
 
-Part = tuple[Rows, torch.Tensor | None, torch.Tensor | None]
+Part = tuple[AttentionRows, torch.Tensor | None, torch.Tensor | None]
 
 
 class ScoreAnalyser(Analyser):
     """Score ranges and output norms per site x head x query step (see the module doc).
 
-    ``update(record)`` reads the record's scores and values; for :class:`Rows` (which
+    ``update(record)`` reads the record's scores and values; for :class:`AttentionRows` (which
     carry neither) pass them as ``scores=`` (B, H, Q, K) and ``values=`` (B, H or 1, K, d_v).
     """
 
@@ -72,13 +72,13 @@ class ScoreAnalyser(Analyser):
         self.missing: dict[tuple[str, str], int] = {}  # (site, input) -> updates without it
         self.missing_kinds: dict[str, str | None] = {}
 
-    def update(self, record: AttentionRecord | Rows, *,  # type: ignore[override]
+    def update(self, record: AttentionRecord | AttentionRows, *,  # type: ignore[override]
                eligible: torch.Tensor | None = None, scores: torch.Tensor | None = None,
                values: torch.Tensor | None = None) -> None:
         """Fold one batch in.
 
         Args:
-            record: an attention record (read call by call) or :class:`Rows`.
+            record: an attention record (read call by call) or :class:`AttentionRows`.
             eligible: declared key rule, as for every analyser; overrides the key mask.
             scores: pre-softmax scores (B, H, Q, K), overriding the record's.
             values: values (B, H, K, d_v) (H may be 1, or divide the weights' heads as in
@@ -133,29 +133,29 @@ class ScoreAnalyser(Analyser):
         self.missing_kinds.clear()
 
 
-def _parts(record: AttentionRecord | Rows, eligible: torch.Tensor | None,
+def _parts(record: AttentionRecord | AttentionRows, eligible: torch.Tensor | None,
            scores: torch.Tensor | None, values: torch.Tensor | None) -> Iterator[Part]:
     """(rows, scores, values) per piece of ``record`` that holds rows."""
     if isinstance(record, AttentionRecord) and scores is None and values is None:
-        declared = None if eligible is None else Rows.of(record, eligible).eligible
+        declared = None if eligible is None else AttentionRows.of(record, eligible).eligible
         offsets = itertools.accumulate((c.weights.shape[2] for c in record.calls), initial=0)
         for call, offset in zip(record.calls, offsets, strict=False):
             q, k = call.weights.shape[2:] if call.weights.ndim == 4 else (0, 0)
             mask = (call.key_mask if declared is None
                     else declared[:, :, offset : offset + q, :k])
-            rows = Rows.of(Rows(record.name, record.kind, call.weights,
+            rows = AttentionRows.of(AttentionRows(record.name, record.kind, call.weights,
                                 torch.ones(1, dtype=torch.bool) if mask is None else mask,
                                 offset))
             if rows.weights.shape[0] and rows.weights.shape[2]:
                 yield rows, call.scores, call.values
         return
-    rows = Rows.of(record, eligible)
+    rows = AttentionRows.of(record, eligible)
     if rows.weights.shape[0] and rows.weights.shape[2]:
         yield (rows, getattr(record, "scores", None) if scores is None else scores,
                getattr(record, "values", None) if values is None else values)
 
 
-def _score_metrics(rows: Rows, scores: torch.Tensor
+def _score_metrics(rows: AttentionRows, scores: torch.Tensor
                    ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
     """Per-row score metrics (B, H, Q) and where they are defined."""
     if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
@@ -177,7 +177,7 @@ def _score_metrics(rows: Rows, scores: torch.Tensor
     return out
 
 
-def _output_norm(rows: Rows, values: torch.Tensor) -> torch.Tensor:
+def _output_norm(rows: AttentionRows, values: torch.Tensor) -> torch.Tensor:
     """||weights @ values||_2 per row (B, H, Q); values (B or 1, H or a divisor, K, d_v)."""
     site, (batch, heads, _, keys) = rows.site, rows.weights.shape
     if (not isinstance(values, torch.Tensor) or not values.is_floating_point()

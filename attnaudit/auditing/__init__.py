@@ -1,7 +1,7 @@
 """Auditing: one audit of a target, from capture to the :class:`~attnaudit.auditing.result.Audit`.
 
 - :mod:`~attnaudit.validity.pipeline`: the validity pipeline (capture, declared key rules,
-  streaming analysers, findings);
+  streaming analysers, findings; :mod:`attnaudit.validity` lists its modules);
 - :mod:`~attnaudit.runtime.measurement`: wall time, peak memory, capture size;
 - :mod:`~attnaudit.analysis.example_maps`: the first example's attention, labelled;
 - :mod:`~attnaudit.targets.placement`: a model on another device or dtype for one audit,

@@ -41,7 +41,7 @@ from attnaudit.interventions.permutation import (
     permutation_summary,
     permutation_test,
 )
-from attnaudit.interventions.runner import Reference, Rows, reference
+from attnaudit.interventions.reference_run import Reference, RowIndex, reference
 from attnaudit.interventions.values import value_replacement
 from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
 from attnaudit.runtime.progress import advance, display, phase, settle, split
@@ -52,6 +52,13 @@ CUMULATIVE_EXAMPLES = 50
 QUICK_PERMUTATIONS = 20
 ADVERSARIAL_EXAMPLES = 2
 ROW_KEYS = ["example", "step", "n_valid", "max_attention"]
+
+# table name -> its frames, one per batch (or per part of a batch)
+_BatchParts = dict[str, list[pd.DataFrame]]
+# What the metadata says of the variant run (docs/metrics.md).
+_PROTOCOL_NOTE = ("teacher-forced greedy output; one target step edited at a time; all listed "
+                  "sites edited together; special and padding keys in place")
+_ATTENTION_NOTE = "mean over the edited sites and heads (max_attention, top key, orders)"
 
 
 @dataclass
@@ -79,13 +86,13 @@ def seeded_examples(n_examples: int, count: int, seed: int) -> set[int]:
     return set(torch.randperm(n_examples, generator=gen)[:count].tolist())
 
 
-def _subset(ref: Reference, rows: Rows, chosen: set[int]) -> Rows:
+def _subset(ref: Reference, rows: RowIndex, chosen: set[int]) -> RowIndex:
     keep = torch.tensor([ref.first_example + int(e) in chosen for e in rows.example],
                         dtype=torch.bool)
     return rows.select(keep.nonzero().squeeze(1))
 
 
-def _per_batch(parts: dict[str, list[pd.DataFrame]], name: str, frame: pd.DataFrame) -> None:
+def _per_batch(parts: _BatchParts, name: str, frame: pd.DataFrame) -> None:
     parts.setdefault(name, []).append(frame)
 
 
@@ -127,11 +134,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     methods = attribution.methods or tuple(m for m in METHODS
                                            if not (quick and m == "integrated_gradients"))
     if shard.is_distributed:
-        data = TextsDigest()
-        for batch in batches:
-            data.update(batch.texts)
-        shard.agree("data", data.hexdigest())
-    local: list[tuple[int, dict[str, list[pd.DataFrame]]]] = []
+        _agree_on_data(shard, batches)
+    local: list[tuple[int, _BatchParts]] = []
     starts = [0, *accumulate(len(b) for b in batches)]
     ref = None
     with display(n_examples, enabled=progress, name=f"interventions {target.name}"), \
@@ -142,29 +146,14 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
                 advance(len(batch))  # another rank's batch, run at the same time
                 continue
             ref = reference(target, batch, sites=sites, heads=heads,
-                            first_example=starts[index],
-                            max_memory=max_memory)
+                            first_example=starts[index], max_memory=max_memory)
             local.append((index, {}))
             variants = _run_batch(target, ref, batch, local[-1][1], methods, n_permutations,
                                   cumulative_set, adversarial_set, progress, attribution)
             settle()
     shared = (_reference_facts(ref), variants) if ref is not None else None
-    gathered = shard.all_gather((local, shared))
-    facts, attribution_variants = next(shared for _, shared in gathered if shared is not None)
-    parts: dict[str, list[pd.DataFrame]] = {}
-    for _, batch_parts in sorted((part for rank_parts, _ in gathered for part in rank_parts),
-                                 key=lambda part: part[0]):
-        for name, frames in batch_parts.items():
-            parts.setdefault(name, []).extend(frames)
-    degenerate = pd.concat(parts["degenerate"], ignore_index=True)
-    if "permutation" not in parts and degenerate.empty:
-        raise InterventionError(f"no row to intervene on: the greedy outputs of the "
-                                f"{n_examples} examples have no step")
-    if "permutation" not in parts:
-        raise InterventionError(
-            f"no row to intervene on: all {len(degenerate)} rows of the {n_examples} "
-            f"examples are degenerate ({describe_counts(reason_counts(degenerate))}); see "
-            "attnaudit.analysis.degenerate")
+    parts, (facts, attribution_variants) = _gathered(shard, local, shared)
+    _check_rows_to_intervene_on(parts, n_examples)
     tables = _assemble(parts)
     tables["summary"] = _summary(tables)
     return InterventionSuite(tables, {
@@ -175,9 +164,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         "heads": facts["heads"],
         "edited_heads": "all" if heads is None else list(heads),
         "seed": target.seed,
-        "protocol": "teacher-forced greedy output; one target step edited at a time; "
-                    "all listed sites edited together; special and padding keys in place",
-        "attention": "mean over the edited sites and heads (max_attention, top key, orders)",
+        "protocol": _PROTOCOL_NOTE,
+        "attention": _ATTENTION_NOTE,
         "n_permutations": n_permutations,
         "cumulative_examples": sorted(cumulative_set),
         "adversarial_examples": sorted(adversarial_set),
@@ -192,6 +180,42 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     })
 
 
+def _agree_on_data(shard: Shard, batches: Sequence[Batch]) -> None:
+    """Every rank must read the same batches in the same order (:meth:`Shard.agree`)."""
+    data = TextsDigest()
+    for batch in batches:
+        data.update(batch.texts)
+    shard.agree("data", data.hexdigest())
+
+
+def _gathered(shard: Shard, local: list[tuple[int, _BatchParts]], shared: Any
+              ) -> tuple[_BatchParts, Any]:
+    """Every rank's per-batch tables joined in batch order (the single-process order), and
+    the ``shared`` facts of the first rank that ran a batch."""
+    gathered = shard.all_gather((local, shared))
+    first_shared = next(shared for _, shared in gathered if shared is not None)
+    parts: _BatchParts = {}
+    for _, batch_parts in sorted((part for rank_parts, _ in gathered for part in rank_parts),
+                                 key=lambda part: part[0]):
+        for name, frames in batch_parts.items():
+            parts.setdefault(name, []).extend(frames)
+    return parts, first_shared
+
+
+def _check_rows_to_intervene_on(parts: _BatchParts, n_examples: int) -> None:
+    """Raise InterventionError, saying why, when no batch had a row to intervene on."""
+    if "permutation" in parts:
+        return
+    degenerate = pd.concat(parts["degenerate"], ignore_index=True)
+    if degenerate.empty:
+        raise InterventionError(f"no row to intervene on: the greedy outputs of the "
+                                f"{n_examples} examples have no step")
+    raise InterventionError(
+        f"no row to intervene on: all {len(degenerate)} rows of the {n_examples} "
+        f"examples are degenerate ({describe_counts(reason_counts(degenerate))}); see "
+        "attnaudit.analysis.degenerate")
+
+
 def _reference_facts(ref: Reference) -> dict[str, Any]:
     """What the suite's metadata says of its references (the same for every batch)."""
     return {"sites": list(ref.sites), "heads": ref.heads,
@@ -201,7 +225,7 @@ def _reference_facts(ref: Reference) -> dict[str, Any]:
 
 
 def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
-               parts: dict[str, list[pd.DataFrame]], methods: tuple[str, ...],
+               parts: _BatchParts, methods: tuple[str, ...],
                n_permutations: int, cumulative_set: set[int], adversarial_set: set[int],
                progress: bool, attribution: AttributionOptions) -> dict[str, str]:
     """Run everything on one batch; returns each attribution method's variant in words."""
@@ -242,8 +266,8 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
     return {m: found.variant(m) for m in methods}
 
 
-def _run_row_protocols(target: Seq2SeqTarget, ref: Reference, rows: Rows,
-                       parts: dict[str, list[pd.DataFrame]], n_permutations: int,
+def _run_row_protocols(target: Seq2SeqTarget, ref: Reference, rows: RowIndex,
+                       parts: _BatchParts, n_permutations: int,
                        cumulative_set: set[int], adversarial_set: set[int],
                        progress: bool) -> None:
     """The per-row protocols on a batch's counted (not degenerate) rows."""
@@ -268,7 +292,7 @@ def _run_row_protocols(target: Seq2SeqTarget, ref: Reference, rows: Rows,
         _per_batch(parts, "adversarial_candidates", per_candidate)
 
 
-def _assemble(parts: dict[str, list[pd.DataFrame]]) -> dict[str, pd.DataFrame]:
+def _assemble(parts: _BatchParts) -> dict[str, pd.DataFrame]:
     joined = {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
     rows = joined.pop("permutation")
     for name in ("uniform", "zeroing", "values"):

@@ -28,11 +28,8 @@ from attnaudit.targets.checks import checked_target
 from attnaudit.targets.contract import Seq2SeqTarget
 from attnaudit.targets.hf.loading import from_hf
 from attnaudit.targets.placement import placed
-from attnaudit.validity.pipeline import (
-    DEFAULT_MAX_MASKED_MASS,
-    DEFAULT_ROW_SUM_TOLERANCE,
-    run_validity_audit,
-)
+from attnaudit.validity.analysers import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
+from attnaudit.validity.pipeline import run_validity_audit
 
 
 def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,

@@ -34,7 +34,7 @@ from attnaudit.report.item_figures import item_figures
 from attnaudit.report.tables import read_csvs
 from attnaudit.validity.findings import input_findings, site_findings
 from attnaudit.validity.gate import GateResult
-from attnaudit.validity.pipeline import ValidityAudit
+from attnaudit.validity.result import ValidityAudit
 
 
 @dataclass

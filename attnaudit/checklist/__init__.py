@@ -6,16 +6,18 @@ modules need targeted tests" (seed 003). Each item gets a status — ``pass``, `
 Two verdicts sit on top: whether the attention is a valid weighted retrieval computation
 (from the validity findings) and how much support the interventions give to explanatory
 claims. Plain data and functions only; the report renders it. ``items`` holds the items,
-misconceptions and result types; ``validity`` the validity items and verdict;
-``explanation`` the intervention item and the verdict on explanatory claims; ``build``
-:func:`build_checklist`, which puts them together. This module only re-exports.
+misconceptions and result types; ``retrieval`` the items on the retrieval computation and
+the verdict on its validity; ``performance`` the performance item; ``evidence_tables`` the
+tables read off the model and the metrics; ``explanation`` the intervention item and the
+verdict on explanatory claims; ``build`` :func:`build_checklist`, which puts them
+together. This module only re-exports.
 """
 
 
 from attnaudit.checklist.build import build_checklist
+from attnaudit.checklist.evidence_tables import parameter_table, site_metric_table
 from attnaudit.checklist.explanation import (
     ADVERSARIAL_DIFFERENT,
-    SMALL_TVD,
     agreement_summary,
     explanation_status,
     find_table,
@@ -39,7 +41,6 @@ from attnaudit.checklist.items import (
     Verdict,
     worst,
 )
-from attnaudit.checklist.validity_items import parameter_table, site_metric_table
 
 __all__ = [
     "ADVERSARIAL_DIFFERENT",
@@ -50,7 +51,6 @@ __all__ = [
     "MISCONCEPTIONS",
     "NOT_RECORDED",
     "PASS",
-    "SMALL_TVD",
     "STATUSES",
     "WARN",
     "Checklist",

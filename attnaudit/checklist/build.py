@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from torch import nn
 
+from attnaudit.checklist.evidence_tables import metric_mean, metric_range, parameter_table
 from attnaudit.checklist.explanation import (
+    SuiteTables,
     explanation_verdict,
     intervention_lines,
     interventions_item,
@@ -23,37 +24,36 @@ from attnaudit.checklist.items import (
     missing_item,
     worst,
 )
-from attnaudit.checklist.validity_items import (
+from attnaudit.checklist.performance import performance_item
+from attnaudit.checklist.retrieval import (
     distributions_item,
     eligibility_item,
     masks_item,
-    metric_mean,
-    metric_range,
-    performance_item,
     positions_item,
     qkv_item,
     scoring_item,
-    separate_key_value,
     validity_verdict,
 )
+from attnaudit.validity.findings import Finding
+from attnaudit.validity.result import ValidityAudit
 
 
-def build_checklist(model: nn.Module, audit: Any | None, suite: Any | None, *,
+def build_checklist(model: nn.Module, audit: ValidityAudit | None, suite: SuiteTables | None, *,
                     audit_reason: str | None = None,
                     suite_reason: str | None = None) -> Checklist:
     """Map a validity audit and an intervention suite onto the checklist.
 
     Args:
         model: the audited model (its parameters and modules are inspected, not run).
-        audit: a :class:`attnaudit.validity.pipeline.ValidityAudit`, or None when not run.
-        suite: an intervention suite result (``tables``: name -> DataFrame), or None.
+        audit: a :class:`attnaudit.validity.result.ValidityAudit`, or None when not run.
+        suite: an intervention suite's tables and metadata, or None when not run.
         audit_reason, suite_reason: why a part is missing; shown as "not recorded".
     """
     no_audit = audit_reason or "the validity audit was not run"
     no_suite = suite_reason or "the intervention suite was not run"
     if audit is None:
         items = [missing_item(item, no_audit) for item in ITEMS if item.key != "interventions"]
-        findings: list[Any] = []
+        findings: list[Finding] = []
     else:
         findings = audit.findings()
         items = [qkv_item(model, audit), scoring_item(model, audit, findings),
@@ -67,11 +67,12 @@ def build_checklist(model: nn.Module, audit: Any | None, suite: Any | None, *,
     return Checklist(items, verdicts, _misconception_notes(model, audit, findings, suite))
 
 
-def _misconception_notes(model: nn.Module, audit: Any | None, findings: Sequence[Any],
-                         suite: Any | None) -> list[MisconceptionNote]:
+def _misconception_notes(model: nn.Module, audit: ValidityAudit | None,
+                         findings: Sequence[Finding], suite: SuiteTables | None
+                         ) -> list[MisconceptionNote]:
     """The misconceptions something measured here bears on, with what was measured."""
     notes: dict[str, str] = {}
-    by_check: dict[str, list[Any]] = {}
+    by_check: dict[str, list[Finding]] = {}
     for f in findings:
         by_check.setdefault(f.check, []).append(f)
 
@@ -80,7 +81,8 @@ def _misconception_notes(model: nn.Module, audit: Any | None, findings: Sequence
         return None if not group else worst(f.status for f in group)
 
     if audit is not None:
-        keys, top = metric_mean(audit, "effective_keys"), metric_mean(audit, "max_weight")
+        keys = metric_mean(audit.metrics, "effective_keys")
+        top = metric_mean(audit.metrics, "max_weight")
         if keys is not None and top is not None:
             notes["one_item"] = (f"Mean effective number of keys exp(H) = {keys:.3g} and mean "
                                  f"largest weight {top:.3g}: each row mixes "
@@ -88,7 +90,7 @@ def _misconception_notes(model: nn.Module, audit: Any | None, findings: Sequence
         row_sums = _row_sum_note(audit, by_check.get("row_sum", []), findings)
         if row_sums:
             notes["independent"] = row_sums
-        scores = metric_range(audit, "score_min", "score_max")
+        scores = metric_range(audit.metrics, "score_min", "score_max")
         if scores is not None:
             notes["scores_are_probabilities"] = (
                 f"Pre-softmax scores on eligible keys range from {scores[0]:.3g} to "
@@ -129,7 +131,8 @@ def _misconception_notes(model: nn.Module, audit: Any | None, findings: Sequence
             for m in MISCONCEPTIONS if m.key in notes]
 
 
-def _row_sum_note(audit: Any, row_sum: Sequence[Any], findings: Sequence[Any]) -> str:
+def _row_sum_note(audit: ValidityAudit, row_sum: Sequence[Finding],
+                  findings: Sequence[Finding]) -> str:
     """What the row-sum check found, as evidence on "weights are independent probabilities";
     a unit sum is claimed only where every counted row has one and the audit passes
     validity. Empty when the check did not run."""
@@ -150,3 +153,19 @@ def _row_sum_note(audit: Any, row_sum: Sequence[Any], findings: Sequence[Any]) -
                 "the shared denominator also covers weights the model should not use.")
     return (f"Every one of the {rows} counted rows sums to one over its keys (row_sum check "
             "passes), so weights trade off against each other.")
+
+
+def separate_key_value(model: nn.Module, audit: ValidityAudit) -> str:
+    """A sentence when a site's module has distinct key and value projection tensors."""
+    params = parameter_table(model, dict(zip(audit.sites["site"], audit.sites["module"],
+                                             strict=True)))
+    found = []
+    for site, part in params.groupby("site", sort=True):
+        names = part["parameter"].tolist()
+        key = [n for n in names if n.endswith(("k_proj.weight", "key.weight"))]
+        value = [n for n in names if n.endswith(("v_proj.weight", "value.weight"))]
+        if key and value:
+            found.append(f"{site} ({key[0]}, {value[0]})")
+    if not found:
+        return ""
+    return ("Separate key and value projection tensors: " + "; ".join(found) + ".")

@@ -7,7 +7,7 @@ any suite that uses docs/metrics.md names.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 
@@ -21,9 +21,27 @@ from attnaudit.checklist.items import (
     ItemResult,
     Verdict,
 )
+from attnaudit.interventions.permutation import SMALL_TVD
 
 
-def interventions_item(suite: Any) -> ItemResult:
+class SuiteTables(Protocol):
+    """What the checklist reads of an intervention suite
+    (:class:`attnaudit.auditing.intervention_suite.InterventionSuite`)."""
+
+    @property
+    def tables(self) -> Mapping[str, pd.DataFrame]:
+        """The suite's tables by name (docs/metrics.md columns)."""
+        ...
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """What was run on what: variant, edited sites, subsets, attribution methods..."""
+        ...
+
+
+def interventions_item(suite: SuiteTables) -> ItemResult:
+    """The intervention item: every suite table as evidence, a sentence per recognised
+    result, the status from :func:`explanation_status`."""
     tables = dict(suite.tables)
     evidence = [Evidence(name, name.replace("_", " ").capitalize(),
                          "From the intervention suite (docs/metrics.md protocols).", frame)
@@ -35,7 +53,7 @@ def interventions_item(suite: Any) -> ItemResult:
         measured=["Teacher-forced on the model's own greedy output; each intervention edits "
                   "the attention inside the forward pass and compares the per-step output "
                   "distribution with the unedited one (TVD, JSD, argmax flips).",
-                  *_suite_settings(getattr(suite, "metadata", {}))],
+                  *_suite_settings(suite.metadata)],
         observations=observations,
         evidence=evidence,
     )
@@ -63,9 +81,6 @@ def _suite_settings(metadata: Mapping[str, Any]) -> list[str]:
                      "no eligible key: only padding and special tokens; one eligible key: no "
                      "other weighting exists).")
     return lines
-
-
-SMALL_TVD = 0.05  # docs/metrics.md: the share of rows whose median permutation TVD is below this
 
 
 def find_table(tables: Mapping[str, pd.DataFrame], columns: Iterable[str]
@@ -188,7 +203,8 @@ def explanation_status(tables: Mapping[str, pd.DataFrame]) -> str:
     return WARN
 
 
-def explanation_verdict(item: ItemResult, suite: Any | None, validity: Verdict) -> Verdict:
+def explanation_verdict(item: ItemResult, suite: SuiteTables | None, validity: Verdict
+                        ) -> Verdict:
     """The verdict on explanatory claims: from the intervention item, unless the attention
     fails validity, where no intervention on its weights can support such a claim."""
     question = "Support for explanatory claims"

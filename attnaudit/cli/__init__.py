@@ -28,7 +28,7 @@ from attnaudit.cli.loading import quiet
 from attnaudit.errors import AttnauditError, Terminated
 from attnaudit.interventions.permutation import N_PERMUTATIONS
 from attnaudit.runtime.distributed import launched_by_torchrun, main_rank_output, torchrun_session
-from attnaudit.validity.pipeline import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
+from attnaudit.validity.analysers import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 DESCRIPTION = ("Audit the attention of a sequence-to-sequence model: capture its attention "

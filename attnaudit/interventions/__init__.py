@@ -14,21 +14,15 @@ from attnaudit.interventions.ablation import (
 from attnaudit.interventions.adversarial import adversarial_search
 from attnaudit.interventions.outputs import flip, jsd, tvd
 from attnaudit.interventions.permutation import permutation_summary, permutation_test
-from attnaudit.interventions.runner import (
-    OutputChange,
-    Reference,
-    Rows,
-    edited_probs,
-    reference,
-    run_items,
-)
+from attnaudit.interventions.reference_run import Reference, RowIndex, reference
+from attnaudit.interventions.runner import OutputChange, edited_probs, run_items
 from attnaudit.interventions.values import value_replacement
 
 __all__ = [
     "InterventionError",
     "OutputChange",
     "Reference",
-    "Rows",
+    "RowIndex",
     "adversarial_search",
     "cumulative_summary",
     "cumulative_test",

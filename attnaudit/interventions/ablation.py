@@ -14,11 +14,10 @@ import pandas as pd
 import torch
 
 from attnaudit.interventions.draws import eligible_draws
+from attnaudit.interventions.reference_run import Reference, RowIndex
 from attnaudit.interventions.runner import (
     ItemEdit,
     OutputChange,
-    Reference,
-    Rows,
     edited_probs,
     item_chunks,
     key_level_top,
@@ -60,7 +59,7 @@ def _columns(prefix: str, change: OutputChange) -> dict[str, object]:
             f"{prefix}_flip": change.flip.numpy()}
 
 
-def uniform_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
+def uniform_test(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | None = None, *,
                  chunk_size: int | None = None, progress: bool = False) -> pd.DataFrame:
     """Per row: ``uniform_tvd``, ``uniform_jsd``, ``uniform_flip`` (weights = 1/n_valid)."""
     rows = ref.rows() if rows is None else rows
@@ -71,7 +70,7 @@ def uniform_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None
     return pd.DataFrame({**row_columns(ref, rows), **_columns("uniform", change)})
 
 
-def random_other_key(ref: Reference, rows: Rows, top: torch.Tensor) -> torch.Tensor:
+def random_other_key(ref: Reference, rows: RowIndex, top: torch.Tensor) -> torch.Tensor:
     """(N,) long: per row a seeded random eligible key other than ``top`` (-1 if none)."""
     eligible = ref.eligible[rows.example, rows.step].clone()
     eligible[torch.arange(len(rows)), top] = False
@@ -86,7 +85,7 @@ def random_other_key(ref: Reference, rows: Rows, top: torch.Tensor) -> torch.Ten
     return torch.tensor(picks, dtype=torch.long)
 
 
-def zeroing_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
+def zeroing_test(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | None = None, *,
                  chunk_size: int | None = None, progress: bool = False) -> pd.DataFrame:
     """Single zeroing test: the top key vs a random non-top eligible key, per row.
 
@@ -128,7 +127,7 @@ def zeroing_flip_table(per_row: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(cells)
 
 
-def weight_gradients(target: Seq2SeqTarget, ref: Reference, rows: Rows, *,
+def weight_gradients(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, *,
                      chunk_size: int | None = None) -> torch.Tensor:
     """d p(yhat_t) / d alpha: (N, S*H, n), the gradient of the predicted token's probability
     at step t with respect to each selected site's weights at step t (model unchanged)."""
@@ -158,7 +157,7 @@ def weight_gradients(target: Seq2SeqTarget, ref: Reference, rows: Rows, *,
     return grads
 
 
-def removal_orders(target: Seq2SeqTarget, ref: Reference, rows: Rows, *,
+def removal_orders(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, *,
                    random_draws: int = RANDOM_DRAWS,
                    chunk_size: int | None = None) -> dict[str, torch.Tensor]:
     """Order name -> key scores (N, n); keys are removed from the highest score down.
@@ -182,7 +181,7 @@ def removal_orders(target: Seq2SeqTarget, ref: Reference, rows: Rows, *,
     return scores
 
 
-def cumulative_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
+def cumulative_test(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | None = None, *,
                     random_draws: int = RANDOM_DRAWS, chunk_size: int | None = None,
                     progress: bool = False) -> pd.DataFrame:
     """Remove keys in each order until the argmax flips (at most n_valid - 1 keys).
@@ -231,7 +230,7 @@ def _offsets_within(counts: torch.Tensor) -> torch.Tensor:
     return torch.arange(int(counts.sum())) - starts.repeat_interleave(counts)
 
 
-def _cumulative_frame(ref: Reference, rows: Rows, names: list[str], flipped_at: torch.Tensor,
+def _cumulative_frame(ref: Reference, rows: RowIndex, names: list[str], flipped_at: torch.Tensor,
                       rank: torch.Tensor, eligible: torch.Tensor) -> pd.DataFrame:
     attention = ref.attention[rows.example, rows.step].masked_fill(~eligible, 0.0)
     ids = row_columns(ref, rows)

@@ -21,9 +21,8 @@ import torch
 
 from attnaudit.interventions.draws import eligible_draws
 from attnaudit.interventions.outputs import jsd, tvd
+from attnaudit.interventions.reference_run import Reference, RowIndex
 from attnaudit.interventions.runner import (
-    Reference,
-    Rows,
     edited_probs,
     progress_bar,
     row_columns,
@@ -66,7 +65,7 @@ def _pairwise_jsd(a: torch.Tensor) -> torch.Tensor:
     return jsd(a[:, i], a[:, j]).mean(-1).mean(-1)
 
 
-def adversarial_search(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
+def adversarial_search(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | None = None, *,
                        candidates: int = CANDIDATES, steps: int = STEPS,
                        learning_rate: float = LEARNING_RATE, penalty: float = PENALTY,
                        eps: float = EPS_SEQ2SEQ, chunk_size: int | None = None,
@@ -108,8 +107,9 @@ def adversarial_search(target: Seq2SeqTarget, ref: Reference, rows: Rows | None 
     return per_row, per_candidate
 
 
-def _search_chunk(target: Seq2SeqTarget, ref: Reference, rows: Rows, k: int, steps: int, lr: float,
-                  penalty: float, eps: float, bar) -> tuple[torch.Tensor, torch.Tensor]:
+def _search_chunk(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, k: int, steps: int,
+                  lr: float, penalty: float, eps: float, bar
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Optimise one chunk of rows; return final JSD to the original and output TVD (N, K)."""
     n_rows = len(rows)
     eligible = ref.eligible[rows.example, rows.step]

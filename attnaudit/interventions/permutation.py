@@ -14,9 +14,8 @@ import torch
 
 from attnaudit.interventions.draws import eligible_draws
 from attnaudit.interventions.outputs import median
+from attnaudit.interventions.reference_run import Reference, RowIndex
 from attnaudit.interventions.runner import (
-    Reference,
-    Rows,
     progress_bar,
     row_columns,
     row_generator,
@@ -26,6 +25,7 @@ from attnaudit.interventions.runner import (
 from attnaudit.targets.contract import Seq2SeqTarget
 
 N_PERMUTATIONS = 100
+# docs/metrics.md: a median permutation TVD below this counts as a small output change
 SMALL_TVD = 0.05
 N_BINS = 4
 _SALT = 1
@@ -49,7 +49,7 @@ def eligible_permutation(eligible: torch.Tensor, noise: torch.Tensor) -> torch.T
 class _PermutationEdit:
     """Row edit for item ``row * R + r``: that row's permutation ``r`` at each site-head."""
 
-    def __init__(self, ref: Reference, rows: Rows, n_permutations: int) -> None:
+    def __init__(self, ref: Reference, rows: RowIndex, n_permutations: int) -> None:
         self.ref, self.rows, self.n = ref, rows, n_permutations
         self._cache: dict[int, torch.Tensor] = {}
 
@@ -71,7 +71,7 @@ class _PermutationEdit:
         return old.gather(-1, perms[which, items % self.n])
 
 
-def permutation_test(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
+def permutation_test(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | None = None, *,
                      n_permutations: int = N_PERMUTATIONS, chunk_size: int | None = None,
                      progress: bool = False) -> pd.DataFrame:
     """Per row: ``perm_median_tvd``, ``perm_median_jsd``, ``perm_flip_rate``, ``max_attention``.

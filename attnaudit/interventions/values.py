@@ -15,10 +15,9 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from attnaudit.interventions.reference_run import Reference, RowIndex
 from attnaudit.interventions.runner import (
     ItemEdit,
-    Reference,
-    Rows,
     key_level_top,
     progress_bar,
     row_columns,
@@ -43,7 +42,7 @@ def mean_value(old: torch.Tensor, top: torch.Tensor, eligible: torch.Tensor) -> 
     return zero_value(old, top, eligible) + w_top * share
 
 
-def value_replacement(target: Seq2SeqTarget, ref: Reference, rows: Rows | None = None, *,
+def value_replacement(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | None = None, *,
                       chunk_size: int | None = None,
                       progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per row: value_{zero,mean}_{tvd,jsd,flip}; and one status row per control.

@@ -13,8 +13,8 @@ import pandas as pd
 
 from attnaudit.analysis.example_maps import ExampleMaps
 from attnaudit.attribution.agreement import ATTENTION, GRADIENT, JAIN_WALLACE_REFERENCE
-from attnaudit.checklist import SMALL_TVD, find_table
-from attnaudit.interventions.permutation import BIN_LABELS, max_attention_bins
+from attnaudit.checklist import find_table
+from attnaudit.interventions.permutation import BIN_LABELS, SMALL_TVD, max_attention_bins
 from attnaudit.report import figures as figs
 
 

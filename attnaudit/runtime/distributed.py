@@ -10,7 +10,8 @@ of ranks. Every rank reads every batch's texts and the ranks compare their diges
 (:meth:`Shard.agree`): a target that shuffles or shards on its own is refused.
 
 Results meet through collectives of the process group, never through files: analyser
-states (sums, counts, minima, maxima, histograms) are all-reduced as float64 tensors; the
+states (sums, counts, minima, maxima, histograms) are all-reduced as float64 tensors
+(:func:`attnaudit.analysis.merging.merge_analyser`, through :meth:`Shard.all_reduce`); the
 small per-site facts, the per-batch performance rows and the intervention tables are
 all-gathered as objects, so every rank holds the merged audit.
 
@@ -38,16 +39,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from attnaudit.analysis.base import Analyser
-from attnaudit.analysis.stats import Cells, RowStats
+from attnaudit.analysis.merging import ReduceOp
 from attnaudit.errors import AttnauditError, CollectiveError, RankError, RankFailed
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 TIMEOUT_ENV = "ATTNAUDIT_DIST_TIMEOUT"
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-
-
-
 
 
 @dataclass(frozen=True)
@@ -60,7 +57,9 @@ class _Failure:
 
 @dataclass(frozen=True)
 class Shard:
-    """This process's part of an audit (the defaults: a single process, the whole data).
+    """This process's part of an audit (the defaults: a single process, the whole data),
+    and the collectives its results meet through
+    (:class:`attnaudit.analysis.merging.Collectives`).
 
     Attributes:
         rank, world_size: this process's rank in the group and the group's size.
@@ -164,51 +163,17 @@ class Shard:
                                 f"{what}: every rank must read the same batches in the same "
                                 "order (no shuffling or sharding of its own in the target)")
 
-    def merge_analyser(self, analyser: Analyser) -> None:
-        """Merge every rank's state of ``analyser`` into it, on every rank: the streaming
-        statistics by all-reduce, anything else the analyser holds (kinds, counters) by
-        gathering it without its statistics and folding it in with its own ``merge``."""
+    def all_reduce(self, array: np.ndarray, op: ReduceOp) -> np.ndarray:
+        """``array`` combined element-wise over every rank by ``op`` ("sum", "min",
+        "max"), on every rank, as float64 of its shape (sent from this rank's GPU under
+        nccl); a single process gets it back unchanged."""
         if not self.is_distributed:
-            return
-        if analyser.example_rows is not None:
-            raise ValueError("per-example rows are numbered by arrival and cannot be merged "
-                             "across ranks; use per_example=False")
-        self._all_reduce_stats(analyser.stats)
-        shell = _without_stats(analyser)
-        for rank, other in enumerate(self.all_gather(shell)):
-            if rank != self.rank:
-                analyser.merge(other)
-
-    def _all_reduce_stats(self, stats: RowStats) -> None:
-        shapes = {key: cells.n.shape for key, cells in stats.cells.items()}
-        merged: dict[tuple[str, str], tuple[int, int]] = {}
-        for theirs in self.all_gather(shapes):
-            for key, (heads, steps) in theirs.items():
-                known = merged.setdefault(key, (heads, steps))
-                if known[0] != heads:
-                    raise ValueError(f"cannot merge site {key[0]!r}: {known[0]} heads on one "
-                                     f"rank, {heads} on another")
-                merged[key] = (heads, max(known[1], steps))
-        device = torch.device("cuda", self.local_rank) if self.backend == "nccl" else None
-        for key in sorted(merged):
-            heads, steps = merged[key]
-            cells = (stats.cells.get(key) or Cells.empty(heads, 0)).grown(steps)
-            sums = self._reduced(np.concatenate([cells.n.ravel(), cells.total.ravel(),
-                                                 cells.hist.ravel()]), dist.ReduceOp.SUM, device)
-            size = heads * steps
-            stats.cells[key] = Cells(
-                n=sums[:size].reshape(heads, steps),
-                total=sums[size:2 * size].reshape(heads, steps),
-                minimum=self._reduced(cells.minimum, dist.ReduceOp.MIN, device),
-                maximum=self._reduced(cells.maximum, dist.ReduceOp.MAX, device),
-                hist=sums[2 * size:].reshape(cells.hist.shape))
-
-    def _reduced(self, array: np.ndarray, op: Any, device: torch.device | None) -> np.ndarray:
+            return array
         tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64))
-        if device is not None:
-            tensor = tensor.to(device)
+        if self.backend == "nccl":
+            tensor = tensor.to(torch.device("cuda", self.local_rank))
         with self._meeting():
-            dist.all_reduce(tensor, op=op, group=self.group)
+            dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op.upper()), group=self.group)
         return tensor.cpu().numpy().reshape(array.shape)
 
 
@@ -227,15 +192,6 @@ class TextsDigest:
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
-
-
-def _without_stats(analyser: Analyser) -> Analyser:
-    """A shallow copy of ``analyser`` whose statistics hold only the site kinds."""
-    shell = object.__new__(type(analyser))
-    shell.__dict__.update(analyser.__dict__)
-    shell.stats = RowStats(tuple(analyser.stats.specs.values()))
-    shell.stats.kinds.update(analyser.stats.kinds)
-    return shell
 
 
 def current_shard(group: Any = None) -> Shard:

@@ -1,8 +1,7 @@
 """Measurement: wall time, peak memory and the size of what capture kept.
 
 The validity audit's performance table (one row per batch, :data:`PERFORMANCE_COLUMNS`) is
-built from these; see :func:`attnaudit.validity.pipeline.run_validity_audit` for what each
-column means.
+built from these; see :mod:`attnaudit.validity.timing` for what each column means.
 """
 
 from __future__ import annotations

@@ -15,11 +15,10 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from attnaudit.analysis.degenerate import DegenerateCounter
+from attnaudit.validity.rules import CAPTURED_RULE
 
 # Checks that can fail (and fail the gate); the others (negative, eligibility) only warn.
 GATE_CHECKS = ("non_finite", "masked_mass", "row_sum", "all_masked_nan", "softmax_axis")
-
-CAPTURED_RULE = "captured key mask"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ Every analyser in ``CASES`` is checked against the independent numpy reference i
   bin of the exact (inverted-CDF) quantile, or in the edge bin when the exact value lies
   outside the metric's histogram range. Between analysers fed the same rows in a different
   grouping, quantiles agree to 1e-12 (same histogram).
-* the three ways rows arrive agree: ``Rows`` directly, an ``AttentionRecord`` whose calls
+* the three ways rows arrive agree: ``AttentionRows`` directly, an ``AttentionRecord`` whose calls
   split the query axis and carry the key mask, and a record with no mask plus a declared
   ``update(record, eligible=...)``.
 * appending padded keys (ineligible, weight 0, score -inf, value 0) to every row changes
@@ -64,10 +64,10 @@ from torch import nn
 import attnaudit
 from attnaudit.analysis import (
     Analyser,
+    AttentionRows,
     EntropyAnalyser,
     MaskingAnalyser,
     NumericsAnalyser,
-    Rows,
     ScoreAnalyser,
 )
 from attnaudit.analysis.stats import HIST_BINS
@@ -280,8 +280,8 @@ def feed(analyser: Analyser, batch: Batch, path: str = "rows", cuts: Sequence[in
     """Update ``analyser`` with ``batch`` along one of the three input paths."""
     if path == "rows":
         w = batch.weights.to(torch.float64)
-        rows = Rows(site, KIND, w, batch.eligible.expand(w.shape))
-        if isinstance(analyser, ScoreAnalyser):  # Rows carry no scores or values
+        rows = AttentionRows(site, KIND, w, batch.eligible.expand(w.shape))
+        if isinstance(analyser, ScoreAnalyser):  # AttentionRows carry no scores or values
             analyser.update(rows, scores=batch.scores, values=batch.values)
         else:
             analyser.update(rows)
@@ -457,7 +457,7 @@ def test_streaming_sharding_padding_and_reference(case: Case, sc: dict) -> None:
 @FAST
 @given(spec=specs(), cuts=st.lists(st.integers(1, 5), max_size=2))
 def test_input_paths_agree(case: Case, spec: Spec, cuts: list[int]) -> None:
-    """Rows, a record carrying its mask, and a record with a declared mask: one result."""
+    """AttentionRows, a record carrying its mask, and a record with a declared mask: one result."""
     batch = make_batch(spec)
     frames = [fed(case, [batch], path, cuts).compute() for path in ("rows", "record", "declared")]
     assert_same(frames[1], frames[0])
@@ -643,13 +643,13 @@ def test_rows_built_directly_are_validated(case: Case) -> None:
     for mask, message in ((torch.ones(2, 2, 3, 5, dtype=torch.bool), "does not broadcast"),
                           (torch.ones(2, 2, 3, 4), "must be bool")):
         with pytest.raises(ValueError, match=message):
-            case.make().update(Rows(SITE, KIND, w, mask))
+            case.make().update(AttentionRows(SITE, KIND, w, mask))
     with pytest.raises(ValueError, match="4-D tensor"):
-        case.make().update(Rows(SITE, KIND, w[0], torch.ones(2, 3, 4, dtype=torch.bool)))
+        case.make().update(AttentionRows(SITE, KIND, w[0], torch.ones(2, 3, 4, dtype=torch.bool)))
 
 
 class _Fake:
-    """The duck-typed record interface Rows.of reads."""
+    """The duck-typed record interface AttentionRows.of reads."""
 
     def __init__(self, weights: torch.Tensor) -> None:
         self.weights, self.key_mask, self.name, self.kind = weights, None, SITE, KIND

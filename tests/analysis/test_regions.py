@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attnaudit
-from attnaudit.analysis.base import Rows
+from attnaudit.analysis.base import AttentionRows
 from attnaudit.analysis.expectations import char_offsets, expected_from_spans
 from attnaudit.analysis.regions import RegionAnalyser, mean_over_heads
 from attnaudit.record import AttentionCall, AttentionRecord, Site
@@ -223,7 +223,7 @@ def test_mean_over_heads_refuses_head_specific_eligibility():
     w = torch.full((1, 2, 1, 2), 0.5)
     eligible = torch.tensor([[[[True, True]], [[True, False]]]])
     with pytest.raises(ValueError, match="differs between heads"):
-        mean_over_heads(Rows.of(make_record(w), eligible))
+        mean_over_heads(AttentionRows.of(make_record(w), eligible))
 
 
 def test_date_model_reads_the_year_first(date_splits, date_vocabs):

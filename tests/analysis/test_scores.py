@@ -15,7 +15,7 @@ from references import OUTPUT_METRICS, SCORE_METRICS, aggregate, per_row_scores
 from test_harness import assert_matches_reference
 
 import attnaudit
-from attnaudit.analysis import Rows, ScoreAnalyser
+from attnaudit.analysis import AttentionRows, ScoreAnalyser
 from tests.conftest import assert_unchanged, model_fingerprint
 
 SITE = "model.decoder.layers.1.attn:self"
@@ -129,7 +129,8 @@ def test_masking_fill_is_reported_apart_from_the_score_range(fill, leaks):
     logits = torch.randn(2, 1, 3, 5, dtype=torch.float64, generator=gen)
     keep = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.bool)
     scores = logits.masked_fill(~keep[:, None, None, :], fill)
-    rows = Rows(SITE, "self", torch.softmax(scores, -1), keep[:, None, None, :].expand(2, 1, 3, 5))
+    rows = AttentionRows(SITE, "self", torch.softmax(scores, -1),
+                         keep[:, None, None, :].expand(2, 1, 3, 5))
     analyser = ScoreAnalyser()
     analyser.update(rows, scores=scores)
     frame = analyser.compute()
@@ -155,7 +156,7 @@ def test_grouped_query_values_follow_the_reference():
     values = torch.randn(2, 2, 5, 3, dtype=torch.float64, generator=gen)  # 2 value heads
     eligible = torch.ones(2, 4, 3, 5, dtype=torch.bool)
     analyser = ScoreAnalyser()
-    analyser.update(Rows(SITE, "self", w, eligible), values=values)
+    analyser.update(AttentionRows(SITE, "self", w, eligible), values=values)
     ref = aggregate(SITE, [per_row_scores(w.numpy(), eligible.numpy(), None, values.numpy())],
                     OUTPUT_METRICS)
     assert_matches_reference(analyser.compute(), ref, analyser)
@@ -170,14 +171,14 @@ def test_grouped_query_values_follow_the_reference():
 ])
 def test_bad_scores_or_values_are_value_errors(scores, values, message):
     w = torch.softmax(torch.randn(2, 2, 3, 5), -1)
-    rows = Rows(SITE, "self", w, torch.ones(5, dtype=torch.bool))
+    rows = AttentionRows(SITE, "self", w, torch.ones(5, dtype=torch.bool))
     with pytest.raises(ValueError, match=message):
         ScoreAnalyser().update(rows, scores=scores, values=values)
 
 
 def test_unavailable_merges_and_resets():
     w = torch.softmax(torch.randn(1, 1, 2, 3), -1)
-    rows = Rows(SITE, "self", w, torch.ones(3, dtype=torch.bool))
+    rows = AttentionRows(SITE, "self", w, torch.ones(3, dtype=torch.bool))
     a, b = ScoreAnalyser(), ScoreAnalyser()
     a.update(rows, scores=torch.zeros(1, 1, 2, 3))
     b.update(rows, values=torch.ones(1, 1, 3, 2))

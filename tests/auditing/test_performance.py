@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attnaudit
-from attnaudit.checklist.validity_items import (
+from attnaudit.checklist.performance import (
     CAPTURE_OVERHEAD_FAIL,
     CAPTURE_OVERHEAD_PASS,
     performance_item,

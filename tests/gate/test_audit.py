@@ -17,7 +17,8 @@ from attnaudit.errors import TargetError
 from attnaudit.targets.loading import load_target
 from attnaudit.validity.findings import Finding
 from attnaudit.validity.gate import GateResult
-from attnaudit.validity.pipeline import run_validity_audit, site_role
+from attnaudit.validity.pipeline import run_validity_audit
+from attnaudit.validity.rules import site_role
 from examples.date.data import year_span
 
 SITE = "attend:cross"

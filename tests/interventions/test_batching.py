@@ -19,7 +19,7 @@ from attnaudit.auditing.intervention_suite import run_suite
 from attnaudit.interventions.ablation import cumulative_test, uniform_test, zeroing_test
 from attnaudit.interventions.adversarial import adversarial_search
 from attnaudit.interventions.permutation import permutation_test
-from attnaudit.interventions.runner import reference
+from attnaudit.interventions.reference_run import reference
 from attnaudit.interventions.values import value_replacement
 from tests.gate.toy_targets import make_target as gate_toy
 from tests.interventions.test_full_suite import canonical

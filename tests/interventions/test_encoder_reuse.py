@@ -5,7 +5,7 @@ import torch
 
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.permutation import permutation_test
-from attnaudit.interventions.runner import reference
+from attnaudit.interventions.reference_run import reference
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

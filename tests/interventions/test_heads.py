@@ -6,7 +6,7 @@ import torch
 import attnaudit
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.ablation import uniform_test
-from attnaudit.interventions.runner import reference
+from attnaudit.interventions.reference_run import reference
 
 SITE = "model.decoder.layers.1.encoder_attn:cross"
 HEAD = 2

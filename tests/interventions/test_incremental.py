@@ -18,6 +18,7 @@ from attnaudit.interventions.ablation import (
 )
 from attnaudit.interventions.adversarial import adversarial_search
 from attnaudit.interventions.permutation import permutation_test
+from attnaudit.interventions.reference_run import reference
 from attnaudit.interventions.values import value_replacement
 
 PROTOCOLS = {
@@ -43,8 +44,8 @@ def _target(model: str):
 def both_paths(request):
     target = _target(request.param)
     batch = next(target.iter_batches(3))
-    cached = runner.reference(target, batch)
-    rerun = runner.reference(target, batch, incremental=False)
+    cached = reference(target, batch)
+    rerun = reference(target, batch, incremental=False)
     assert cached.states is not None and rerun.states is None
     return target, cached, rerun
 

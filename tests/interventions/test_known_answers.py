@@ -18,7 +18,7 @@ from attnaudit.interventions.permutation import (
     permutation_summary,
     permutation_test,
 )
-from attnaudit.interventions.runner import reference
+from attnaudit.interventions.reference_run import reference
 from attnaudit.interventions.values import value_replacement
 from tests.conftest import assert_unchanged, model_fingerprint
 from tests.interventions.toys import DOMINATED_SCORES, SOURCES, dominated_target

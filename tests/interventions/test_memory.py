@@ -8,7 +8,8 @@ import torch
 
 from attnaudit.interventions.memory import MAX_CHUNK, ChunkBudget, parse_memory
 from attnaudit.interventions.permutation import permutation_test
-from attnaudit.interventions.runner import item_chunks, reference
+from attnaudit.interventions.reference_run import reference
+from attnaudit.interventions.runner import item_chunks
 
 
 @pytest.mark.parametrize(("text", "size"), [("2GiB", 2 << 30), ("512MB", 512 * 10**6),

@@ -24,7 +24,7 @@ from attnaudit.interventions.ablation import (
 )
 from attnaudit.interventions.adversarial import adversarial_search
 from attnaudit.interventions.permutation import permutation_test
-from attnaudit.interventions.runner import Reference, Rows, reference
+from attnaudit.interventions.reference_run import Reference, RowIndex, reference
 from attnaudit.interventions.values import value_replacement
 from tests.interventions.toys import (
     DOMINATED_SCORES,
@@ -69,8 +69,8 @@ class Toy:
     def before(self, example: int, step: int) -> torch.Tensor:
         return self.probs(example, step, self.weights(example))
 
-    def one_row(self, example: int, step: int) -> Rows:
-        return Rows(torch.tensor([example]), torch.tensor([step]))
+    def one_row(self, example: int, step: int) -> RowIndex:
+        return RowIndex(torch.tensor([example]), torch.tensor([step]))
 
 
 def read(values: torch.Tensor, weights: torch.Tensor, step: int) -> torch.Tensor:

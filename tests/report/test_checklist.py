@@ -94,7 +94,7 @@ def test_intervention_tables_become_observations_and_figures():
                                    "example": [0, 0, 1, 1], "step": [0, 1, 0, 1],
                                    "kendall_tau": [0.1, 0.2, 0.3, 0.4]}),
     }
-    checklist = build_checklist(nn.Linear(1, 1), None, SimpleNamespace(tables=tables),
+    checklist = build_checklist(nn.Linear(1, 1), None, SimpleNamespace(tables=tables, metadata={}),
                                 audit_reason="not run in this test")
     item = checklist.item("interventions")
     # 3 of 4 rows change by TVD >= 0.05 and the top key flips 100 % vs 50 %, but the

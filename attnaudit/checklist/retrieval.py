@@ -1,21 +1,21 @@
-"""The checklist's validity items, from a validity audit (:mod:`attnaudit.validity.pipeline`).
+"""The checklist's items on the retrieval computation, and the verdict on its validity.
 
 One function per item (query/key/value sources, scoring, eligibility, masks, positions,
-distributions, performance), each returning an :class:`ItemResult` with its evidence
-tables, and the verdict on whether the attention is a valid weighted retrieval computation.
-The audit is read by its attributes (``sites``, ``metrics``, ``site_summary``, ...), so this
-module does not import the pipeline that produced it.
+distributions), each returning an :class:`~attnaudit.checklist.items.ItemResult` with its
+evidence tables, read off a :class:`~attnaudit.validity.result.ValidityAudit` and its
+findings; :func:`validity_verdict` answers whether the attention is a valid weighted
+retrieval computation. The performance item is in :mod:`attnaudit.checklist.performance`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import pandas as pd
 from torch import nn
 
 from attnaudit.analysis.words import word_attention_table
+from attnaudit.checklist.evidence_tables import dropout_table, parameter_table, site_metric_table
 from attnaudit.checklist.items import (
     FAIL,
     ITEM_BY_KEY,
@@ -25,62 +25,13 @@ from attnaudit.checklist.items import (
     Evidence,
     ItemResult,
     Verdict,
-    missing_item,
     worst,
 )
-from attnaudit.runtime.measurement import MAX_TIMING_REPEATS, MIN_TIMED_S, TIMING_REPEATS
 from attnaudit.validity.findings import Finding, describe_tolerance, findings_frame
+from attnaudit.validity.result import ValidityAudit
 
 
-def parameter_table(model: nn.Module, site_modules: Mapping[str, str]) -> pd.DataFrame:
-    """Parameters of each site's module and the tensors they share storage with.
-
-    Args:
-        model: the audited model.
-        site_modules: site name -> module path that computes it ("" for the root module).
-
-    Returns:
-        One row per (site, parameter): ``site``, ``module``, ``parameter`` (full name),
-        ``shape``, ``numel``, ``shared_with`` (other parameter names backed by the same
-        tensor, ``;``-separated, empty when none).
-    """
-    owners: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        owners.setdefault(id(param), []).append(name)
-    modules = dict(model.named_modules())
-    rows = []
-    for site, path in site_modules.items():
-        module = modules.get(path)
-        if module is None:
-            continue
-        prefix = f"{path}." if path else ""
-        for name, param in module.named_parameters():
-            full = prefix + name
-            others = [o for o in owners.get(id(param), []) if o != full]
-            rows.append({"site": site, "module": path or "(root)", "parameter": full,
-                         "shape": "x".join(map(str, param.shape)), "numel": param.numel(),
-                         "shared_with": ";".join(others)})
-    return pd.DataFrame(rows, columns=["site", "module", "parameter", "shape", "numel",
-                                       "shared_with"])
-
-
-def site_metric_table(metrics: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
-    """Per site x head x metric over all query steps: n, mean (row-weighted), min, max.
-
-    ``metrics`` is the audit's tidy table (one row per site x head x step x metric).
-    """
-    part = metrics[metrics["metric"].isin(names)]
-    columns = ["site", "head", "metric", "n", "mean", "min", "max"]
-    if part.empty:
-        return pd.DataFrame(columns=columns)
-    grouped = part.groupby(["site", "head", "metric"], sort=True)
-    out = grouped.agg(n=("n", "sum"), total=("sum", "sum"), min=("min", "min"),
-                      max=("max", "max")).reset_index()
-    out["mean"] = out["total"] / out["n"]
-    return out[columns]
-
-
-def _findings_for(findings: Sequence[Any], checks: Sequence[str]) -> list[Any]:
+def _findings_for(findings: Sequence[Finding], checks: Sequence[str]) -> list[Finding]:
     return [f for f in findings if f.check in checks]
 
 
@@ -89,7 +40,7 @@ def _findings_evidence(name: str, title: str, findings: Sequence[Finding]) -> Ev
                     "step) rows.", findings_frame(findings))
 
 
-def _finding_lines(findings: Sequence[Any]) -> list[str]:
+def _finding_lines(findings: Sequence[Finding]) -> list[str]:
     """One line per finding that does not pass; one line for all those that do."""
     lines = [f"{f.site}, {f.check}: {f.status} ({f.detail})" for f in findings
              if f.status != PASS]
@@ -110,7 +61,9 @@ SITE_MODULES_CAPTION = ("One row per attention site, as capture saw it: mechanis
                         "or decoder self-attention) its shape matched.")
 
 
-def qkv_item(model: nn.Module, audit: Any) -> ItemResult:
+def qkv_item(model: nn.Module, audit: ValidityAudit) -> ItemResult:
+    """Query, key and value sources: the sites capture found, their shapes and roles, and
+    the parameters of their modules."""
     sites = audit.sites
     params = parameter_table(model, dict(zip(sites["site"], sites["module"], strict=True)))
     unmatched = sites.loc[sites["role"].str.contains("captured"), "site"].tolist()
@@ -155,30 +108,12 @@ def qkv_item(model: nn.Module, audit: Any) -> ItemResult:
     )
 
 
-def _dropout_table(model: nn.Module, site_modules: Mapping[str, str]) -> pd.DataFrame:
-    """Dropout modules and ``dropout`` rate attributes (> 0) inside each site's module."""
-    modules = dict(model.named_modules())
-    rows = []
-    for site, path in site_modules.items():
-        module = modules.get(path)
-        if module is None:
-            continue
-        for name, sub in module.named_modules():
-            full = ".".join(p for p in (path, name) if p) or "(root)"
-            # Rate 0 is no dropout (e.g. nn.LSTM's default inter-layer rate); leave it out.
-            if isinstance(sub, nn.modules.dropout._DropoutNd) and sub.p > 0:
-                rows.append({"site": site, "module": full, "kind": type(sub).__name__,
-                             "p": float(sub.p), "training": sub.training})
-            elif isinstance(getattr(sub, "dropout", None), float) and sub.dropout > 0:
-                rows.append({"site": site, "module": full, "kind": "dropout attribute",
-                             "p": float(sub.dropout), "training": sub.training})
-    return pd.DataFrame(rows, columns=["site", "module", "kind", "p", "training"])
-
-
-def scoring_item(model: nn.Module, audit: Any, findings: Sequence[Any]) -> ItemResult:
+def scoring_item(model: nn.Module, audit: ValidityAudit, findings: Sequence[Finding]
+                 ) -> ItemResult:
+    """Scoring and normalisation: row sums, the softmax axis, score ranges and dropout."""
     checks = _findings_for(findings, ("row_sum", "softmax_axis"))
     scores = site_metric_table(audit.metrics, ("score_min", "score_max", "score_mean"))
-    dropout = _dropout_table(model, dict(zip(audit.sites["site"], audit.sites["module"],
+    dropout = dropout_table(model, dict(zip(audit.sites["site"], audit.sites["module"],
                                              strict=True)))
     mechanisms = ", ".join(f"{s} ({m})" for s, m in zip(audit.sites["site"],
                                                          audit.sites["mechanism"], strict=True))
@@ -216,7 +151,8 @@ def scoring_item(model: nn.Module, audit: Any, findings: Sequence[Any]) -> ItemR
     )
 
 
-def eligibility_item(audit: Any, findings: Sequence[Any]) -> ItemResult:
+def eligibility_item(audit: ValidityAudit, findings: Sequence[Finding]) -> ItemResult:
+    """Key eligibility: the rule declared per site and the mass on ineligible keys."""
     checks = _findings_for(findings, ("eligibility", "masked_mass"))
     rules = audit.sites[["site", "kind", "role", "eligibility", "key_mask_shape"]]
     return ItemResult(
@@ -239,7 +175,8 @@ def eligibility_item(audit: Any, findings: Sequence[Any]) -> ItemResult:
     )
 
 
-def masks_item(audit: Any, findings: Sequence[Any]) -> ItemResult:
+def masks_item(audit: ValidityAudit, findings: Sequence[Finding]) -> ItemResult:
+    """Masks: broadcast shape, fill value and what rows with every key masked produce."""
     checks = _findings_for(findings, ("all_masked_nan",))
     summary = audit.site_summary[["site", "all_masked_rows", "all_masked_nan",
                                   "all_masked_zeros", "all_masked_uniform",
@@ -280,7 +217,8 @@ def masks_item(audit: Any, findings: Sequence[Any]) -> ItemResult:
     )
 
 
-def positions_item(model: nn.Module, audit: Any) -> ItemResult:
+def positions_item(model: nn.Module, audit: ValidityAudit) -> ItemResult:
+    """Positions: not measured; the protocol, the lengths seen and any truncation."""
     observations = [f"{s.site}: up to {s.queries} query steps and {s.keys} keys per batch."
                     for s in audit.sites.itertuples(index=False)]
     config = getattr(model, "config", None)
@@ -289,7 +227,7 @@ def positions_item(model: nn.Module, audit: Any) -> ItemResult:
         longest = int(audit.sites["keys"].max())
         observations.append(f"The model's config allows {limit} positions; the longest "
                             f"captured key axis was {longest}.")
-    truncation = getattr(audit, "truncation", "")
+    truncation = audit.truncation
     if truncation:
         observations.append(f"Source truncation: {truncation}.")
     return ItemResult(
@@ -311,7 +249,9 @@ DISTRIBUTION_METRICS = ("entropy", "entropy_norm", "effective_keys", "kl_to_unif
                         "row_sum_error", "score_min", "score_max", "output_norm")
 
 
-def distributions_item(audit: Any, findings: Sequence[Any]) -> ItemResult:
+def distributions_item(audit: ValidityAudit, findings: Sequence[Finding]) -> ItemResult:
+    """Distributions: entropy, concentration, masked mass and non-finite counts per site
+    and head, region mass on expected keys and the first example's words."""
     checks = _findings_for(findings, ("non_finite", "masked_mass", "negative"))
     table = site_metric_table(audit.metrics, DISTRIBUTION_METRICS)
     recorded = set(table["metric"])
@@ -359,107 +299,9 @@ def distributions_item(audit: Any, findings: Sequence[Any]) -> ItemResult:
 
 
 # The performance item's thresholds on the capture overhead: the median over batches of
-# (teacher-forced time with capture) / (without), each batch's own median of its repeats.
-CAPTURE_OVERHEAD_PASS = 2.0  # at most: pass
-CAPTURE_OVERHEAD_FAIL = 5.0  # above: fail; in between: warn
-
-
-def performance_totals(perf: pd.DataFrame) -> dict[str, float]:
-    """One row of totals from the per-batch performance table: times are sums of each
-    batch's median (``*_min`` / ``*_max``: sums of its fastest / slowest run), the capture
-    overhead is the median of the batches' medians with the range of single runs, memory
-    the largest batch's."""
-    valid_tokens = int(perf["source_tokens"].sum() + perf["target_tokens"].sum())
-    totals: dict[str, float] = {"examples": int(perf["examples"].sum()),
-                                "greedy_repeats": int(perf["greedy_repeats"].sum()),
-                                "repeats": int(perf["repeats"].sum()),
-                                "valid_tokens": valid_tokens}
-    for name in ("greedy_s", "plain_s", "captured_s"):
-        for column in (name, f"{name}_min", f"{name}_max"):
-            totals[column] = float(perf[column].sum(min_count=1))
-    totals["tokens_per_s_plain"] = valid_tokens / totals["plain_s"]
-    totals["capture_overhead"] = float(perf["capture_overhead"].median())
-    totals["capture_overhead_min"] = float(perf["capture_overhead_min"].min())
-    totals["capture_overhead_max"] = float(perf["capture_overhead_max"].max())
-    for column in ("plain_peak_mib", "captured_peak_mib", "capture_mib"):
-        totals[f"{column}_max"] = float(perf[column].max())
-    return totals
-
-
-def overhead_status(overhead: float) -> str:
-    """pass / warn / fail for a capture overhead (see :data:`CAPTURE_OVERHEAD_PASS`)."""
-    if overhead <= CAPTURE_OVERHEAD_PASS:
-        return PASS
-    return FAIL if overhead > CAPTURE_OVERHEAD_FAIL else WARN
-
-
-def performance_item(audit: Any) -> ItemResult:
-    perf = audit.performance
-    if perf.empty or perf["plain_s"].isna().all():
-        return missing_item(ITEM_BY_KEY["performance"],
-                            "no pass was timed (the gate's checks-only audit times nothing)")
-    totals = performance_totals(perf)
-    batches = len(perf)
-    counts = pd.concat([perf["greedy_repeats"], perf["repeats"]])
-    repeats = (f"{counts.min()}" if counts.min() == counts.max()
-               else f"{counts.min()} to {counts.max()}")
-    overhead = totals["capture_overhead"]
-    materialised = audit.sites.loc[audit.sites["scores_materialised_by_capture"], "site"]
-    measured_memory = perf[["plain_peak_mib", "captured_peak_mib"]].notna().any().any()
-    observations = [
-        f"Teacher-forced forward without capture: {totals['plain_s']:.3g} s for "
-        f"{totals['examples']} examples (fastest to slowest runs: {totals['plain_s_min']:.3g}"
-        f"-{totals['plain_s_max']:.3g} s), {totals['tokens_per_s_plain']:.4g} valid tokens/s; "
-        f"with capture {totals['captured_s']:.3g} s ({totals['captured_s_min']:.3g}"
-        f"-{totals['captured_s_max']:.3g} s); greedy decoding {totals['greedy_s']:.3g} s "
-        f"({totals['greedy_s_min']:.3g}-{totals['greedy_s_max']:.3g} s).",
-        f"Capture overhead (time with capture / without): median {overhead:.3g}x over "
-        f"{batches} batch(es), single runs from {totals['capture_overhead_min']:.3g}x to "
-        f"{totals['capture_overhead_max']:.3g}x: {overhead_status(overhead)} (pass at most "
-        f"{CAPTURE_OVERHEAD_PASS:g}x, fail above {CAPTURE_OVERHEAD_FAIL:g}x).",
-        (f"Peak memory above the starting level (CUDA allocator): "
-         f"{totals['plain_peak_mib_max']:.3g} MiB without capture, "
-         f"{totals['captured_peak_mib_max']:.3g} MiB with." if measured_memory else
-         "Peak memory: not measured (CUDA only; on CPU no allocator statistic exists)."),
-        f"Capture kept up to {totals['capture_mib_max']:.3g} MiB of tensors per batch "
-        "(exact: the size of every tensor it held).",
-        (f"Score matrices materialised only because capture computed them explicitly: "
-         f"{', '.join(materialised)}." if len(materialised) else
-         "No site needed capture to materialise a score matrix the model would not have "
-         "formed itself (softmax-path sites compute weights explicitly)."),
-    ]
-    return ItemResult(
-        ITEM_BY_KEY["performance"], overhead_status(overhead),
-        f"Latency and valid-token throughput measured per batch on this machine, each time "
-        f"the median of at least {TIMING_REPEATS} runs; judged by the capture overhead.",
-        measured=[f"Per batch, greedy decoding and the teacher-forced forward without and "
-                  f"with capture (alternating which runs first) were each run at least "
-                  f"{TIMING_REPEATS} times, and more while the runs added up to less than "
-                  f"{MIN_TIMED_S:g} s (at most {MAX_TIMING_REPEATS}): here {repeats} runs. "
-                  "Every time shown is the median of its runs with the fastest and slowest; "
-                  "valid tokens = real source tokens + emitted steps up to EOS.",
-                  f"Status from the median capture overhead: pass at most "
-                  f"{CAPTURE_OVERHEAD_PASS:g}x, warn up to {CAPTURE_OVERHEAD_FAIL:g}x, fail "
-                  "above.",
-                  "Peak memory above the level at entry: the CUDA allocator's peak; not "
-                  "measured on other devices."],
-        observations=observations,
-        not_recorded=[] if measured_memory else [
-            "Peak memory: not measured on this device (the peak resident set size of a "
-            "CPU process misses allocations served from memory it already holds)."],
-        evidence=[Evidence("performance", "Performance per batch",
-                           "Seconds (median of the batch's runs, with the fastest and "
-                           "slowest; greedy_repeats and repeats count them), "
-                           "MiB (empty: not measured) and valid tokens per second; absolute "
-                           "numbers depend on the machine and its load.", perf),
-                  Evidence("performance_totals", "Performance totals",
-                           "Sums over batches of the per-batch medians (and of the fastest "
-                           "and slowest runs); the overhead is the median over batches; "
-                           "peaks are the largest batch's.", pd.DataFrame([totals]))],
-    )
-
-
-def validity_verdict(findings: Sequence[Any], missing: str | None) -> Verdict:
+def validity_verdict(findings: Sequence[Finding], missing: str | None) -> Verdict:
+    """Whether the attention is a valid weighted retrieval computation, from every finding;
+    not recorded with the reason ``missing`` when the audit did not run."""
     question = "Valid weighted retrieval computation?"
     if missing is not None:
         return Verdict("validity", question, NOT_RECORDED, "Not recorded.", [missing])
@@ -481,31 +323,3 @@ def validity_verdict(findings: Sequence[Any], missing: str | None) -> Verdict:
         "This establishes that each attention row is a proper weighted average over its "
         "eligible keys; it says nothing about whether the weights explain the output."]
     return Verdict("validity", question, status, answer, reasons)
-
-
-def metric_mean(audit: Any, metric: str) -> float | None:
-    part = audit.metrics[audit.metrics["metric"] == metric]
-    n = part["n"].sum()
-    return float(part["sum"].sum() / n) if n else None
-
-
-def metric_range(audit: Any, low: str, high: str) -> tuple[float, float] | None:
-    lo = audit.metrics.loc[audit.metrics["metric"] == low, "min"]
-    hi = audit.metrics.loc[audit.metrics["metric"] == high, "max"]
-    return (float(lo.min()), float(hi.max())) if len(lo) and len(hi) else None
-
-
-def separate_key_value(model: nn.Module, audit: Any) -> str:
-    """A sentence when a site's module has distinct key and value projection tensors."""
-    params = parameter_table(model, dict(zip(audit.sites["site"], audit.sites["module"],
-                                             strict=True)))
-    found = []
-    for site, part in params.groupby("site", sort=True):
-        names = part["parameter"].tolist()
-        key = [n for n in names if n.endswith(("k_proj.weight", "key.weight"))]
-        value = [n for n in names if n.endswith(("v_proj.weight", "value.weight"))]
-        if key and value:
-            found.append(f"{site} ({key[0]}, {value[0]})")
-    if not found:
-        return ""
-    return ("Separate key and value projection tensors: " + "; ".join(found) + ".")

@@ -1,0 +1,227 @@
+"""The unedited run every intervention starts from: a batch's greedy output, teacher-forced
+probabilities and the reference weights of the sites to edit (:func:`reference`).
+
+Key-level view: cross-attention keys are source positions, shared by every selected site and
+head. ``Reference.attention`` is the mean over the selected sites and their heads; the
+interventions that pick keys (top key, removal orders) pick them on that mean and edit the
+chosen keys at every selected site and head. The query rows interventions run on are
+picked by index (:class:`RowIndex`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from attnaudit.analysis.degenerate import row_reasons
+from attnaudit.capturing.recorder import capture
+from attnaudit.errors import InterventionError
+from attnaudit.interventions.memory import ChunkBudget, encoder_bytes, tensor_bytes
+from attnaudit.record import AttentionRecord
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
+
+
+@dataclass
+class Reference:
+    """The unedited run of one batch; every tensor on the CPU, statistics in float32.
+
+    batch: the B examples. emitted: greedy ids (B, T). steps: bool (B, T), steps up to and
+    including the first end-of-sequence. probs: teacher-forced output probabilities
+    (B, T, V) float32. sites: the edited site names. weights: site -> reference weights
+    (B, H, T, n) float32, query row t = step t. eligible: bool (B, T, n), keys an
+    intervention may move — eligible at every selected site and not a special token.
+    first_example: index of the batch's first example in the audit data (seeds depend on
+    it, not on batching). seed: the target's seed. encoded: the encoder state from
+    ``target.encode`` when edited re-runs may reuse it, else None. head_index: the model's
+    indices of the edited heads (the same at every edited site), or None for all heads;
+    ``weights`` then holds only those heads, and the other heads run unedited. states: the
+    unedited decoder state before every step (``target.decode_states``) when edited items
+    run one cached decoder step, else None. budget: sets how many edited sequences one
+    forward pass folds. empty_output: bool (B,), the greedy output ends at step 0 (None:
+    no output is empty); see :mod:`attnaudit.analysis.degenerate`.
+    """
+
+    batch: Batch
+    emitted: torch.Tensor
+    steps: torch.Tensor
+    probs: torch.Tensor
+    sites: tuple[str, ...]
+    weights: dict[str, torch.Tensor]
+    eligible: torch.Tensor
+    first_example: int
+    seed: int
+    budget: ChunkBudget
+    encoded: Any = None
+    head_index: tuple[int, ...] | None = None
+    states: Any = None
+    empty_output: torch.Tensor | None = None
+
+    @property
+    def heads(self) -> dict[str, int]:
+        return {name: int(w.shape[1]) for name, w in self.weights.items()}
+
+    @property
+    def head_offsets(self) -> dict[str, int]:
+        """Where each site's heads start on the stacked site-head axis."""
+        offsets, at = {}, 0
+        for name in self.sites:
+            offsets[name] = at
+            at += self.heads[name]
+        return offsets
+
+    @property
+    def n_site_heads(self) -> int:
+        return sum(self.heads.values())
+
+    @property
+    def attention(self) -> torch.Tensor:
+        """(B, T, n): reference weights averaged over the selected sites and heads."""
+        stacked = torch.cat([self.weights[s] for s in self.sites], dim=1)
+        return stacked.float().mean(1)
+
+    @property
+    def predicted(self) -> torch.Tensor:
+        """(B, T): argmax of the reference output at each step."""
+        return self.probs.argmax(-1)
+
+    @property
+    def reasons(self) -> torch.Tensor:
+        """Long (B, T): why each row is degenerate, an index into
+        :data:`~attnaudit.analysis.degenerate.REASONS` (0: counted)."""
+        empty = (torch.zeros(len(self.batch), dtype=torch.bool) if self.empty_output is None
+                 else self.empty_output)
+        return row_reasons(self.steps, self.eligible, empty)
+
+    def rows(self) -> RowIndex:
+        """Every (example, step) row within the step mask that is not degenerate."""
+        example, step = (self.steps & (self.reasons == 0)).nonzero(as_tuple=True)
+        return RowIndex(example, step)
+
+    def positions(self, step: int) -> int:
+        """Decoder positions an edited item at ``step`` runs: 1 from a cached state, else
+        the prefix 0..step."""
+        return 1 if self.states is not None else step + 1
+
+
+@dataclass(frozen=True)
+class RowIndex:
+    """N query rows by index, no weights: example (N,) long, local to the reference batch;
+    step (N,) long."""
+
+    example: torch.Tensor
+    step: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.example.shape[0])
+
+    def select(self, index: torch.Tensor) -> RowIndex:
+        return RowIndex(self.example[index], self.step[index])
+
+
+
+def select_sites(records: dict[str, AttentionRecord], sites: Sequence[str] | None,
+                 kind: str) -> tuple[str, ...]:
+    """Names of the sites to edit: every site of ``kind``, or the requested names."""
+    found = {name: rec.kind for name, rec in records.items()}
+    if sites is None:
+        chosen = [name for name, k in found.items() if k == kind]
+        if not chosen:
+            raise InterventionError(
+                f"no {kind}-attention site found; sites and kinds seen: {found}. Declare kinds "
+                "with Seq2SeqTarget(kinds={...}) or pass sites=[...]")
+        return tuple(chosen)
+    chosen = []
+    for wanted in sites:
+        match = [n for n in found if wanted in (n, n.split(":", 1)[0])]
+        if not match:
+            raise InterventionError(f"site {wanted!r} was not seen; sites seen: {list(found)}")
+        chosen.extend(m for m in match if m not in chosen)
+    return tuple(chosen)
+
+
+def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | None = None,
+              heads: Sequence[int] | None = None, kind: str = "cross",
+              first_example: int = 0, incremental: bool = True,
+              max_memory: int | str | None = None) -> Reference:
+    """Greedy output, teacher-forced probabilities and reference weights for ``batch``.
+
+    sites: the sites to edit (default every site of ``kind``); heads: edit only these
+    heads at each of them (default all). incremental: let edited items run one cached
+    decoder step when the target offers ``decode_states``/``decode_step`` (False: re-run
+    the prefix, the reference path the cached one is tested against). max_memory: the
+    budget of one chunk of edited sequences (bytes or "2GiB"; default
+    :data:`~attnaudit.interventions.memory.DEFAULT_MAX_MEMORY`).
+    """
+    encoded, in_encoder = None, set()
+    with torch.no_grad():
+        emitted = target.greedy(batch)
+        with capture(target.model, sites=target.sites, kinds=target.kinds) as cap:
+            if target.encode is not None and target.decode is not None:
+                encoded = target.encode(batch)
+                in_encoder = set(cap.records)
+                logits = target.decode(batch, encoded, emitted)
+            else:
+                logits = target.teacher_forced(batch, emitted)
+        names = select_sites(cap.records, sites, kind)
+        if in_encoder.intersection(names):
+            encoded = None  # an edit there changes the encoder output: re-encode every copy
+        states = None
+        if (incremental and encoded is not None and target.decode_states is not None
+                and target.decode_step is not None):
+            states = target.decode_states(batch, encoded, emitted)
+    n_examples, n_steps = emitted.shape
+    n_keys = batch.source_ids.shape[1]
+    weights = {}
+    eligible = target.explain_keys(batch).cpu()[:, None, :].expand(-1, n_steps, -1)
+    for name in names:
+        rec = cap.records[name]
+        w = rec.weights
+        if tuple(w.shape[:1]) + tuple(w.shape[2:]) != (n_examples, n_steps, n_keys):
+            raise InterventionError(
+                f"site {name!r} has weights {tuple(w.shape)}; interventions need one query row "
+                f"per emitted step over the source keys: ({n_examples}, heads, {n_steps}, "
+                f"{n_keys}). Only cross-attention sites run in teacher forcing qualify.")
+        mask = rec.key_mask
+        # A key mask may have one head or all of them (scores masked per head).
+        mask = None if mask is None else mask.expand(w.shape).cpu()
+        if heads is not None:
+            _check_heads(name, heads, int(w.shape[1]))
+            w = w[:, list(heads)]
+            mask = None if mask is None else mask[:, list(heads)]
+        weights[name] = w.float().cpu()
+        if mask is not None:
+            eligible = eligible & mask.all(1)
+    probs = torch.softmax(logits.float(), -1).cpu()
+    del logits, cap
+    budget = _budget(target, encoded, states, n_examples, n_keys,
+                     vocab=int(probs.shape[-1]),
+                     site_heads=sum(int(w.shape[1]) for w in weights.values()),
+                     max_memory=max_memory)
+    return Reference(batch=batch, emitted=emitted, steps=target.step_mask(emitted).cpu(),
+                     probs=probs, sites=names, weights=weights,
+                     eligible=eligible.contiguous(), first_example=first_example,
+                     seed=target.seed, budget=budget, encoded=encoded,
+                     head_index=None if heads is None else tuple(heads), states=states,
+                     empty_output=(emitted[:, 0] == target.eos_id).cpu() if n_steps
+                     else torch.ones(n_examples, dtype=torch.bool))
+
+
+def _budget(target: Seq2SeqTarget, encoded: Any, states: Any, n_examples: int, n_keys: int,
+            *, vocab: int, site_heads: int, max_memory: int | str | None) -> ChunkBudget:
+    """The chunk budget: each edited sequence copies its example's cached states, or, without
+    them, re-runs the encoder over the source."""
+    if encoded is not None:
+        state_bytes = (tensor_bytes(encoded) + tensor_bytes(states)) // max(n_examples, 1)
+    else:
+        state_bytes = encoder_bytes(target.model, n_keys)
+    return ChunkBudget.of(target.model, vocab=vocab, keys=n_keys, site_heads=site_heads,
+                          state_bytes=state_bytes, max_memory=max_memory)
+
+
+def _check_heads(site: str, heads: Sequence[int], n_heads: int) -> None:
+    if not heads or len(set(heads)) != len(heads) or not all(0 <= h < n_heads for h in heads):
+        raise InterventionError(f"heads {list(heads)} are not distinct head indices of site "
+                                f"{site!r}, which has {n_heads} head(s)")

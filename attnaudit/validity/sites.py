@@ -1,0 +1,116 @@
+"""Per-site facts of a validity audit: the sites table, gathered batch after batch.
+
+One row per attention site: site, kind, role, mechanism, module, layer, layout and how
+capture determined it, heads, queries and keys (the largest seen), whether scores and
+values were reachable, the key mask's shape as capture derived it (the mask's own dtype
+is not kept by capture), the weights' dtype, the row-sum tolerance its rows were counted
+at, the key rules used (:mod:`attnaudit.validity.rules`) and whether capture had to
+materialise its score matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from attnaudit.analysis import layer_of
+from attnaudit.record import AttentionRecord, Site
+from attnaudit.validity.rules import CAPTURED_RULE, DECLARED_RULES
+
+# Mechanisms whose score matrix exists only because capture computed it explicitly
+# (the model would otherwise run a fused kernel that never materialises it).
+MATERIALISED_BY_CAPTURE = ("sdpa", "mha")
+
+SITE_COLUMNS = ["site", "kind", "role", "mechanism", "module", "layer", "layout", "layout_source",
+                "heads", "queries", "keys", "scores_available", "values_available",
+                "key_mask_shape", "weights_dtype", "row_sum_tolerance", "eligibility",
+                "scores_materialised_by_capture"]
+
+
+@dataclass
+class SiteFacts:
+    """What the sites table says about one site, gathered over batches (batch numbers
+    are the target's, from 0)."""
+
+    record_site: Site
+    heads: int = 0
+    queries: int = 0
+    keys: int = 0
+    scores_available: bool = True
+    values_available: bool = True
+    key_mask_shape: str = ""
+    weights_dtype: str = ""
+    rules: set[str] = field(default_factory=set)
+    roles: set[str] = field(default_factory=set)
+    first_batch: int = -1
+    last_batch: int = -1
+
+    def update(self, record: AttentionRecord, role: str, batch: int) -> None:
+        if self.first_batch < 0:
+            self.first_batch = batch
+        self.last_batch = batch
+        _, h, q, k = record.weights.shape
+        self.heads, self.queries, self.keys = h, max(self.queries, q), max(self.keys, k)
+        self.scores_available &= record.scores is not None
+        self.values_available &= record.values is not None
+        mask = record.key_mask
+        self.key_mask_shape = "none" if mask is None else str(tuple(mask.shape))
+        self.weights_dtype = str(record.weights.dtype).removeprefix("torch.")
+        self.roles.add(role)
+        self.rules.add(DECLARED_RULES.get(role, CAPTURED_RULE))
+
+    def merge(self, other: SiteFacts) -> None:
+        """Fold in what another shard saw of the same site (its batches' facts); the
+        facts kept from the last batch come from whichever saw the later batch."""
+        later = other.last_batch > self.last_batch
+        if later:
+            self.heads, self.key_mask_shape = other.heads, other.key_mask_shape
+            self.weights_dtype, self.last_batch = other.weights_dtype, other.last_batch
+        self.queries, self.keys = max(self.queries, other.queries), max(self.keys, other.keys)
+        self.scores_available &= other.scores_available
+        self.values_available &= other.values_available
+        self.roles |= other.roles
+        self.rules |= other.rules
+        self.first_batch = min(self.first_batch, other.first_batch)
+
+    def row(self, row_sum_tolerance: float) -> dict[str, Any]:
+        site = self.record_site
+        return {
+            "site": site.name, "kind": site.kind, "role": "/".join(sorted(self.roles)),
+            "mechanism": site.mechanism, "module": site.module, "layer": layer_of(site.name),
+            "layout": site.layout, "layout_source": site.layout_source,
+            "heads": self.heads, "queries": self.queries, "keys": self.keys,
+            "scores_available": self.scores_available,
+            "values_available": self.values_available,
+            "key_mask_shape": self.key_mask_shape,
+            "weights_dtype": self.weights_dtype,
+            "row_sum_tolerance": row_sum_tolerance,
+            "eligibility": "; ".join(sorted(self.rules)),
+            "scores_materialised_by_capture": site.mechanism in MATERIALISED_BY_CAPTURE,
+        }
+
+
+def merged_site_facts(per_rank: Sequence[Mapping[str, SiteFacts]]) -> dict[str, SiteFacts]:
+    """Every rank's site facts merged, the sites in the order a single process meets them
+    (by first batch, then by order within it)."""
+    merged: dict[str, SiteFacts] = {}
+    seen = [(facts.first_batch, at, name, facts) for rank_facts in per_rank
+            for at, (name, facts) in enumerate(rank_facts.items())]
+    for _, _, name, facts in sorted(seen, key=lambda item: item[:2]):
+        if name in merged:
+            merged[name].merge(facts)
+        else:
+            merged[name] = facts
+    return merged
+
+
+def sites_frame(sites: Mapping[str, SiteFacts], row_sum_tolerances: Mapping[str, float]
+                ) -> pd.DataFrame:
+    """The sites table (:data:`SITE_COLUMNS`), one row per site in ``sites``' order."""
+    frame = pd.DataFrame([facts.row(row_sum_tolerances[name]) for name, facts in sites.items()],
+                         columns=SITE_COLUMNS)
+    frame["layer"] = frame["layer"].astype("Int64")
+    return frame

@@ -1,0 +1,133 @@
+"""The validity audit's passes over one batch, timed, and the performance row they give.
+
+The performance table has one row per batch, its columns
+:data:`attnaudit.runtime.measurement.PERFORMANCE_COLUMNS`: examples; real source tokens and
+emitted steps up to EOS; with timing, greedy decoding (``greedy_repeats`` times) and the
+teacher-forced forward without and with capture (``repeats`` times each, alternating which
+runs first) are timed repeatedly (:func:`~attnaudit.runtime.measurement.repeat_count`), and
+each time is the median with its smallest and largest value (``*_s``, ``*_s_min``,
+``*_s_max``); capture_overhead = captured / plain per repeat, its median and range; valid
+tokens (source + target) per second from the medians; peak memory above the level before
+the first pass in MiB, measured for CUDA models from the allocator and NaN (not measured)
+elsewhere; capture_mib, the exact size of the tensors capture kept; sites whose score
+matrix capture materialised. Without timing every time is NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from attnaudit.capturing import Capture, capture
+from attnaudit.record import AttentionRecord
+from attnaudit.runtime.measurement import (
+    PeakMemory,
+    capture_bytes,
+    ratio,
+    repeat_count,
+    spread,
+    timed,
+)
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
+from attnaudit.validity.sites import MATERIALISED_BY_CAPTURE
+
+
+@dataclass
+class TimedPasses:
+    """Seconds of each timed teacher-forced pass without and with capture (paired by
+    repeat) and the peak memory of the first of each (NaN: not measured)."""
+
+    plain: list[float] = field(default_factory=list)
+    captured: list[float] = field(default_factory=list)
+    plain_peak_mib: float = math.nan
+    captured_peak_mib: float = math.nan
+
+    def overheads(self) -> list[float]:
+        """captured / plain per repeat."""
+        return [ratio(c, p) for c, p in zip(self.captured, self.plain, strict=True)]
+
+
+def greedy_timed(target: Seq2SeqTarget, batch: Batch, timing: bool
+                 ) -> tuple[torch.Tensor, list[float]]:
+    """The greedy output (B, T) and, with ``timing``, the seconds of each of as many runs
+    as :func:`~attnaudit.runtime.measurement.repeat_count` asks for the first (else [])."""
+    emitted, first_s = timed(lambda: _greedy(target, batch))
+    if not timing:
+        return emitted, []
+    return emitted, [first_s, *(timed(lambda: _greedy(target, batch))[1]
+                                for _ in range(repeat_count(first_s) - 1))]
+
+
+def _greedy(target: Seq2SeqTarget, batch: Batch) -> torch.Tensor:
+    with torch.no_grad():
+        return target.greedy(batch)
+
+
+def _teacher_forced(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) -> None:
+    target.teacher_forced(batch, emitted)
+
+
+def forward_passes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
+                   keep: bool, timing: bool, plain_first: bool) -> tuple[Capture, TimedPasses]:
+    """The teacher-forced pass under capture whose records are analysed (``keep``: scores
+    and values too) and, with ``timing``, timed passes without and with capture, as many
+    of each as :func:`~attnaudit.runtime.measurement.repeat_count` asks for the first
+    one, alternating which runs first so that warm-up favours neither; the analysed pass
+    is the first timed one with capture."""
+    passes = TimedPasses()
+    kept: Capture | None = None
+    repeats = 1
+    repeat = 0
+    while repeat < repeats:
+        for captured in ((False, True) if plain_first != (repeat % 2 == 1) else (True, False)):
+            if captured:
+                with PeakMemory(target.model) as memory:
+                    start = time.perf_counter()
+                    with capture(target.model, target.sites, kinds=target.kinds,
+                                 scores=keep, values=keep) as cap:
+                        _teacher_forced(target, batch, emitted)
+                    passes.captured.append(time.perf_counter() - start)
+                if kept is None:
+                    kept, passes.captured_peak_mib = cap, memory.peak_mib
+            elif timing:
+                with PeakMemory(target.model) as memory:
+                    _, seconds = timed(lambda: _teacher_forced(target, batch, emitted))
+                passes.plain.append(seconds)
+                if len(passes.plain) == 1:
+                    passes.plain_peak_mib = memory.peak_mib
+        if timing and repeat == 0:
+            repeats = repeat_count(max(passes.plain[0], passes.captured[0]))
+        repeat += 1
+    if not timing:
+        passes.captured.clear()  # one untimed pass: no timing is reported from it
+    assert kept is not None
+    return kept, passes
+
+
+def performance_row(index: int, batch: Batch, step_mask: torch.Tensor,
+                    greedy_times: list[float], passes: TimedPasses,
+                    records: Mapping[str, AttentionRecord]) -> dict[str, Any]:
+    """Batch ``index``'s row of the performance table (see the module docstring);
+    ``step_mask``: bool (B, T), the emitted steps up to EOS; ``records``: what capture
+    kept in the analysed pass."""
+    source_tokens, target_tokens = int(batch.source_mask.sum()), int(step_mask.sum())
+    times = {**spread("greedy_s", greedy_times), **spread("plain_s", passes.plain),
+             **spread("captured_s", passes.captured),
+             **spread("capture_overhead", passes.overheads())}
+    return {
+        "batch": index, "examples": len(batch), "source_tokens": source_tokens,
+        "target_tokens": target_tokens, "greedy_repeats": len(greedy_times),
+        "repeats": len(passes.plain), **times,
+        "tokens_per_s_plain": ratio(source_tokens + target_tokens, times["plain_s"]),
+        "tokens_per_s_captured": ratio(source_tokens + target_tokens, times["captured_s"]),
+        "plain_peak_mib": passes.plain_peak_mib,
+        "captured_peak_mib": passes.captured_peak_mib,
+        "capture_mib": capture_bytes(records.values()) / 2**20,
+        "materialised_sites": sum(r.site.mechanism in MATERIALISED_BY_CAPTURE
+                                  for r in records.values()),
+    }
