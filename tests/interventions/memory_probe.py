@@ -12,6 +12,7 @@ import torch
 import transformers
 
 from attnaudit.interventions import runner
+from attnaudit.interventions.reference_run import reference
 from attnaudit.interventions.permutation import permutation_test
 from attnaudit.targets import from_hf
 from tests.capture.tiny_hf import save_checkpoint
@@ -53,10 +54,10 @@ def main(width: int, layers: int, budget: str, path: str, folder: Path) -> None:
     incremental = path == "cached"
     # libraries and allocator warmed up on one example, in chunks below any measured peak
     first = batch.select(torch.tensor([0]))
-    permutation_test(target, runner.reference(target, first, incremental=incremental,
+    permutation_test(target, reference(target, first, incremental=incremental,
                                               max_memory="1MiB"), n_permutations=1)
     before = reset_peak()
-    ref = runner.reference(target, batch, incremental=incremental, max_memory=budget)
+    ref = reference(target, batch, incremental=incremental, max_memory=budget)
     chunks = []
     original = runner.item_chunks
 
