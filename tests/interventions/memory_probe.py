@@ -12,8 +12,8 @@ import torch
 import transformers
 
 from attnaudit.interventions import runner
-from attnaudit.interventions.reference_run import reference
 from attnaudit.interventions.permutation import permutation_test
+from attnaudit.interventions.reference_run import reference
 from attnaudit.targets import from_hf
 from tests.capture.tiny_hf import save_checkpoint
 
