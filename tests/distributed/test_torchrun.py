@@ -24,6 +24,9 @@ from attnaudit.auditing.result import Audit
 from attnaudit.targets.loading import load_target
 from tests.timing import TIMED, load_free
 
+# two ranks each: one launch at a time, so a collective timeout measures the job, not the queue
+pytestmark = pytest.mark.xdist_group("torchrun")
+
 ROOT = Path(__file__).resolve().parents[2]
 TARGETS = "tests.distributed.targets"
 LIMITS = {"date_lstm": 12, "date_transformer": 8}  # 3 and 2 batches of four

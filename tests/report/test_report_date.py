@@ -18,6 +18,9 @@ from examples.date.model import load_model
 from tests.conftest import DATE_LIMIT
 from tests.date_reference import hand_written_decode
 
+# one worker runs the session's reports of the bundled models, and every test reading them
+pytestmark = pytest.mark.xdist_group("bundled_reports")
+
 LIMIT = DATE_LIMIT
 
 
