@@ -25,8 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import attnaudit
-from examples.date.data import encode_sources, make_splits, vocabularies
-from examples.date.model import load_model
+from attnaudit_examples.date.data import encode_sources, make_splits, vocabularies
+from attnaudit_examples.date.model import load_model
 
 
 def date_workload() -> tuple[torch.nn.Module, Callable[[], object]]:
@@ -39,7 +39,7 @@ def date_workload() -> tuple[torch.nn.Module, Callable[[], object]]:
 
 
 def bart_workload() -> tuple[torch.nn.Module, Callable[[], object]]:
-    from examples.date_transformer.model import load_model as load_bart
+    from attnaudit_examples.date_transformer.model import load_model as load_bart
 
     model, tokenizer = load_bart()
     splits = make_splits()

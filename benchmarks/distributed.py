@@ -30,7 +30,7 @@ BATCH_SIZE = 10
 def date_target():
     """The bundled date model in batches of ``ATTNAUDIT_BENCH_BATCH`` (the TARGET factory)."""
     sys.path.insert(0, str(ROOT))
-    from examples.date.target import make_target
+    from attnaudit_examples.date.target import make_target
 
     return make_target(batch_size=int(os.environ.get("ATTNAUDIT_BENCH_BATCH", BATCH_SIZE)))
 

@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.attribution.methods import attribute
 from attnaudit.targets.target import Batch
-from examples.date_transformer.model import MODEL_DIR
-from examples.date_transformer.target import make_target
+from attnaudit_examples.date_transformer.model import MODEL_DIR
+from attnaudit_examples.date_transformer.target import make_target
 
 TARGETS = {"saliency": 3.0, "integrated_gradients": 2.0}
 

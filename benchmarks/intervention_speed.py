@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attnaudit.auditing.intervention_suite import run_suite
 from attnaudit.interventions.permutation import _PermutationEdit, permutation_test
 from attnaudit.interventions.runner import edited_probs, reference
-from examples.date.target import make_target
+from attnaudit_examples.date.target import make_target
 
 PERMUTATIONS = 100
 

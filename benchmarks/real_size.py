@@ -222,7 +222,7 @@ def main() -> None:
         print(f"permutation test: {items} edited items, {per_item * 1e3:.2f} ms per item; "
               f"one cached decoder step {per_step * 1e3:.2f} ms per sequence; ratio "
               f"{per_item / per_step:.2f} (target <= 2)")
-        from examples.date.target import make_target
+        from attnaudit_examples.date.target import make_target
 
         date = make_target(limit=n)
         per_item, per_step, items = per_item_ratio(date, n)

@@ -1,8 +1,8 @@
 """The seed's date alignment audit, for both bundled date models.
 
-    python -m examples.alignment_audit                     # both models
-    python -m examples.alignment_audit date                # the LSTM with additive attention
-    python -m examples.alignment_audit date_transformer    # the small BART
+    python -m attnaudit_examples.alignment_audit                    # both models
+    python -m attnaudit_examples.alignment_audit date               # the LSTM, additive attention
+    python -m attnaudit_examples.alignment_audit date_transformer   # the small BART
 
 For each model: the share of the first four emitted characters' cross-attention mass on the
 source-year characters (``region_mass``) and how often their top-weighted key lies there
@@ -34,7 +34,8 @@ from attnaudit.analysis import EntropyAnalyser, RegionAnalyser, Rows, layer_of, 
 from attnaudit.analysis.alignment import MEAN_HEAD
 from attnaudit.analysis.regions import HEAD_MEAN_SUFFIX
 from attnaudit.targets.target import Expectation, Seq2SeqTarget
-from examples.date.data import make_splits
+
+from .date.data import make_splits
 
 SEED = {"region_mass": 0.975, "top_weight_hit": 0.997, "exact_match": 1.0,
         "baseline_exact_match": 0.931}
@@ -128,8 +129,8 @@ def _summary(regions: pd.DataFrame, entropy: pd.DataFrame) -> pd.DataFrame:
 
 def date_exact_match(model: torch.nn.Module, pairs: Sequence[tuple[str, str]]) -> float:
     """Share of ``(source, iso)`` pairs the date LSTM decodes greedily to ``iso`` exactly."""
-    from examples.date.data import vocabularies
-    from examples.date.train import exact_match
+    from .date.data import vocabularies
+    from .date.train import exact_match
 
     return exact_match(model, list(pairs), *vocabularies(make_splits()))
 
@@ -138,7 +139,7 @@ def bart_exact_match(model: torch.nn.Module, pairs: Sequence[tuple[str, str]]) -
     """Share of ``(source, iso)`` pairs the date BART decodes greedily to ``iso`` exactly."""
     from transformers import AutoTokenizer
 
-    from examples.date_transformer.model import MODEL_DIR, exact_match
+    from .date_transformer.model import MODEL_DIR, exact_match
 
     tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR, local_files_only=True)
     return exact_match(model, tokenizer, list(pairs))
@@ -153,13 +154,13 @@ def audit(target: Seq2SeqTarget, exact: Callable[[torch.nn.Module, Sequence], fl
 
 
 def audit_date(limit: int | None = None) -> AlignmentAudit:
-    from examples.date.target import make_target
+    from .date.target import make_target
 
     return audit(make_target(), date_exact_match, limit)
 
 
 def audit_date_transformer(limit: int | None = None) -> AlignmentAudit:
-    from examples.date_transformer.target import make_target
+    from .date_transformer.target import make_target
 
     return audit(make_target(), bart_exact_match, limit)
 
@@ -187,8 +188,8 @@ def format_headline(result: AlignmentAudit) -> str:
 
 def format_baseline(result: AlignmentAudit) -> str:
     """The date model's test exact match beside its no-attention baseline's, and the seed's."""
-    from examples.date.baseline import load_baseline
-    from examples.date.model import load_model
+    from .date.baseline import load_baseline
+    from .date.model import load_model
 
     baseline = load_baseline()
     baseline_exact = date_exact_match(baseline, make_splits().unambiguous("test"))
@@ -216,7 +217,7 @@ def format_table(result: AlignmentAudit) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m examples.alignment_audit",
+    parser = argparse.ArgumentParser(prog="python -m attnaudit_examples.alignment_audit",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", choices=[*AUDITS, "both"], default="both")
     args = parser.parse_args(argv)

@@ -98,7 +98,7 @@ def test_bad_from_hf_options_raise_target_errors():
 
 
 def test_place_without_options_leaves_the_target_alone():
-    from examples.date.target import make_target
+    from attnaudit_examples.date.target import make_target
 
     target = make_target(limit=2)
     assert place(target) is target and _dtypes(target.model) == {torch.float32}

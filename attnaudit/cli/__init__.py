@@ -15,7 +15,6 @@ import sys
 import threading
 import traceback
 from importlib.metadata import version
-from pathlib import Path
 from typing import NoReturn
 
 from attnaudit.attribution.methods import ALL_METHODS
@@ -26,9 +25,9 @@ from attnaudit.cli.loading import quiet
 from attnaudit.errors import AttnauditError, Terminated
 from attnaudit.interventions.permutation import N_PERMUTATIONS
 from attnaudit.runtime.distributed import launched_by_torchrun, main_rank_output, torchrun_session
+from attnaudit.targets.loading import require_bundled_examples
 from attnaudit.validity.pipeline import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
 
-CHECKOUT = Path(__file__).resolve().parents[2]
 DESCRIPTION = ("Audit the attention of a sequence-to-sequence model: capture its attention "
                "weights, check that they are a valid weighted retrieval, intervene on them "
                "inside the forward pass, and report what they do and do not explain. "
@@ -67,13 +66,8 @@ def positive_int(text: str) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    if not (CHECKOUT / "examples" / "date" / "date_attention.pt").exists():
-        print("attnaudit demo needs the bundled date model, which ships with the source "
-              "checkout (examples/date/); install attnaudit from a clone with `pip install -e .`",
-              file=sys.stderr)
-        return USAGE_ERROR
-    sys.path.insert(0, str(CHECKOUT))
-    from examples.date.demo import main as demo_main
+    require_bundled_examples()
+    from attnaudit_examples.date.demo import main as demo_main
 
     demo_main(progress=not quiet(args))
     return 0

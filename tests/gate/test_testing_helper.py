@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import assert_unchanged, model_fingerprint
-from toy_targets import BOS, SOURCES, ToySeq2Seq, source_batch
 
 from attnaudit.testing import assert_attention_healthy
+from tests.gate.toy_targets import BOS, SOURCES, ToySeq2Seq, source_batch
 
 KINDS = {"attend": "cross"}
 
