@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import attnaudit.cli
+import attnaudit.cli.app
 import attnaudit.cli.loading
 from attnaudit.errors import TargetError
 from attnaudit.targets.target import from_hf, place
@@ -20,7 +21,7 @@ AUDIT_TSV = ROOT / "examples" / "date_transformer" / "audit.tsv"
 
 
 def _cli_target(*argv: str):
-    args = attnaudit.cli.build_parser().parse_args(["check", *argv])
+    args = attnaudit.cli.app.build_parser().parse_args(["check", *argv])
     return attnaudit.cli.loading.load_cli_target(args)
 
 

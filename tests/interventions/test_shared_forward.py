@@ -314,7 +314,7 @@ def test_contrast_outputs_from_hf_reach_the_suite(capsys: pytest.CaptureFixture[
 
 
 def test_report_command_line_keeps_the_attribution_options() -> None:
-    from attnaudit.cli import build_parser
+    from attnaudit.cli.app import build_parser
     from attnaudit.cli.commands import report_command_line
     from attnaudit.cli.loading import attribution_option
 

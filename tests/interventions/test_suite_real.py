@@ -3,7 +3,7 @@
 import pytest
 
 from attnaudit.auditing.intervention_suite import run_suite
-from attnaudit.cli import build_parser
+from attnaudit.cli.app import build_parser
 from attnaudit.cli.commands import intervene_command
 from tests.conftest import assert_unchanged, model_fingerprint
 
