@@ -50,17 +50,22 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # audit and Audit bring in the interventions, report and plotting libraries; they are
-    # imported on first use so that ``import attnaudit`` (capture) stays light.
-    if name == "audit":
+    # audit and Audit bring in the interventions, report and plotting libraries (the extras
+    # of attnaudit[all]); they are imported on first use so that ``import attnaudit``
+    # (capture) stays light and works without them.
+    if name not in ("audit", "Audit"):
+        raise AttributeError(f"module 'attnaudit' has no attribute {name!r}")
+    try:
         from attnaudit.auditing.orchestration import audit
-
-        return audit
-    if name == "Audit":
         from attnaudit.auditing.result import Audit
+    except ModuleNotFoundError as exc:
+        from attnaudit.cli.extras import missing_extra
 
-        return Audit
-    raise AttributeError(f"module 'attnaudit' has no attribute {name!r}")
+        message = missing_extra(exc, f"attnaudit.{name}")
+        if message is None:
+            raise
+        raise ModuleNotFoundError(message, name=exc.name) from None
+    return audit if name == "audit" else Audit
 
 
 def __dir__() -> list[str]:

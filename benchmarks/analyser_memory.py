@@ -1,22 +1,21 @@
 """Streaming analysers keep memory flat: peak RSS at 10x the rows vs 1x, and rows per second.
 
-    python benchmarks/analyser_memory.py [--examples 100000]
+    python -m benchmarks.analyser_memory [--examples 100000]
 
 Each size runs in a fresh child process that streams synthetic attention
 (examples x 100 query rows x 64 keys, single head, 10% padded keys) in batches of 1,000
 examples through the entropy, masking and numerics analysers, then computes the summary.
-Prints peak RSS of both sizes, their ratio (target <= 1.2) and analyser throughput.
+Prints peak RSS of both sizes (each child's own), their ratio (target <= 1.2) and analyser
+throughput.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
-import sys
 import time
-from pathlib import Path
+
+from benchmarks.harness import load, parser, python_module, run_child
 
 QUERIES, KEYS, BATCH = 100, 64, 1000
 
@@ -42,32 +41,31 @@ def stream(examples: int) -> dict[str, float]:
             analyser.update(rows)
         busy += time.perf_counter() - began
     summaries = [a.compute() for a in analysers]
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"rows": examples * QUERIES, "seconds": busy, "peak_mib": peak_kib / 1024,
+    return {"rows": examples * QUERIES, "seconds": busy,
             "summary_rows": sum(len(s) for s in summaries)}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=100_000, help="examples at 10x")
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    options = parser(__spec__.name, __doc__)
+    options.add_argument("--examples", type=int, default=100_000, help="examples at 10x")
+    options.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = options.parse_args()
     if args.child is not None:
         print(json.dumps(stream(args.child)))
         return
-    root = Path(__file__).resolve().parents[1]
+    print(load())
     results = {}
     for examples in (args.examples // 10, args.examples):
-        out = subprocess.run([sys.executable, __file__, "--child", str(examples)], check=True,
-                             capture_output=True, text=True, cwd=root).stdout
-        results[examples] = json.loads(out.strip().splitlines()[-1])
+        child = run_child(python_module(__spec__.name, "--child", str(examples)))
+        results[examples] = {**json.loads(child.stdout.strip().splitlines()[-1]),
+                             "peak_mib": child.peak_rss_mib}
     small, large = results[args.examples // 10], results[args.examples]
     print(f"{'rows':>12}{'peak RSS MiB':>14}{'rows/s':>14}{'summary rows':>14}")
     for r in (small, large):
         print(f"{r['rows']:>12,}{r['peak_mib']:>14.1f}{r['rows'] / r['seconds']:>14,.0f}"
               f"{r['summary_rows']:>14}")
     print(f"peak RSS ratio at 10x rows: {large['peak_mib'] / small['peak_mib']:.3f} "
-          f"(target <= 1.2)")
+          f"(target <= 1.2); {load()}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Capture overhead: the same work with and without ``attnaudit.capture``, interleaved.
 
-    python benchmarks/capture_overhead.py [--rounds 15]
+    python -m benchmarks.capture_overhead [--rounds 15]
 
 Workloads (weights-only capture, no scores/values kept, under ``torch.no_grad()``):
   date        the LSTM date model decoding 400 validation sources greedily (softmax path)
@@ -13,20 +13,15 @@ shared machine hits both alike. Prints the median time of each and their ratio (
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import attnaudit
-from examples.date.data import encode_sources, make_splits, vocabularies
-from examples.date.model import load_model
+from attnaudit_examples.date.data import encode_sources, make_splits, vocabularies
+from attnaudit_examples.date.model import load_model
+from benchmarks.harness import alternating, banner, load, parser
 
 
 def date_workload() -> tuple[torch.nn.Module, Callable[[], object]]:
@@ -39,7 +34,7 @@ def date_workload() -> tuple[torch.nn.Module, Callable[[], object]]:
 
 
 def bart_workload() -> tuple[torch.nn.Module, Callable[[], object]]:
-    from examples.date_transformer.model import load_model as load_bart
+    from attnaudit_examples.date_transformer.model import load_model as load_bart
 
     model, tokenizer = load_bart()
     splits = make_splits()
@@ -65,26 +60,22 @@ def measure(model: torch.nn.Module, work: Callable[[], object], rounds: int) -> 
 
     with torch.no_grad():
         plain(), captured()  # warm up
-        times: dict[str, list[float]] = {"plain": [], "capture": []}
-        for i in range(rounds):
-            order = (("plain", plain), ("capture", captured))
-            for name, fn in order if i % 2 == 0 else reversed(order):
-                times[name].append(fn())
-    p, c = statistics.median(times["plain"]), statistics.median(times["capture"])
+        p, c = alternating(plain, captured, rounds)
     return p, c, c / p
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    args = parser.parse_args()
+    options = parser(__spec__.name, __doc__)
+    options.add_argument("--rounds", type=int, default=15)
+    args = options.parse_args()
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} rounds")
+    print(f"{banner()}, {args.rounds} rounds")
     print(f"{'workload':<44}{'plain ms':>10}{'capture ms':>12}{'ratio':>8}")
     for label, build in (("date LSTM, greedy, 400 sources (softmax)", date_workload),
                          ("date BART, teacher-forced, batch 64 (sdpa)", bart_workload)):
         p, c, ratio = measure(*build(), args.rounds)
         print(f"{label:<44}{p * 1e3:>10.2f}{c * 1e3:>12.2f}{ratio:>8.3f}")
+    print(f"{load()} at the end")
 
 
 if __name__ == "__main__":

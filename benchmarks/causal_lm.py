@@ -1,7 +1,7 @@
 """Decoder-only targets: an edited step run from the key/value cache vs the prefix re-run,
 side by side in one run.
 
-    python benchmarks/causal_lm.py [--prompts 16] [--prompt-words 32] [--new-tokens 16]
+    python -m benchmarks.causal_lm [--prompts 16] [--prompt-words 32] [--new-tokens 16]
 
 A GPT-2 built from a small config (4 layers, width 128, vocabulary 1,000; seeded random
 weights, nothing downloaded) continues word-level prompts greedily; the permutation test
@@ -13,18 +13,14 @@ be shared, so only the side-by-side ratio is meaningful.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.interventions.permutation import permutation_test
 from attnaudit.interventions.reference_run import reference
 from attnaudit.targets.hf.loading import from_hf
+from benchmarks.harness import banner, load, parser
 
 VOCAB = 1000
 PERMUTATIONS = 20
@@ -62,11 +58,12 @@ def build(prompts: int, words: int, new_tokens: int, *, vocab: int = VOCAB, widt
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--prompt-words", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=16)
-    args = parser.parse_args()
+    options = parser(__spec__.name, __doc__)
+    options.add_argument("--prompts", type=int, default=16)
+    options.add_argument("--prompt-words", type=int, default=32)
+    options.add_argument("--new-tokens", type=int, default=16)
+    args = options.parse_args()
+    print(banner())
     target = build(args.prompts, args.prompt_words, args.new_tokens)
     batch = next(target.iter_batches())
     times, frames = {}, {}
@@ -84,6 +81,7 @@ def main() -> None:
         print(f"  {label:14s} {seconds:7.2f} s")
     print(f"  ratio (re-run / cached) {times['prefix re-run'] / times['cached step']:.2f}x; "
           f"largest |TVD difference| {diff:.2e}")
+    print(f"{load()} at the end")
 
 
 if __name__ == "__main__":

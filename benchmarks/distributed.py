@@ -1,6 +1,6 @@
 """The date suite on one process with 2 threads vs 2 torchrun processes with 1 thread each.
 
-    python benchmarks/distributed.py [--limit 40] [--batch-size 10] [--quick]
+    python -m benchmarks.distributed [--limit 40] [--batch-size 10] [--quick]
 
 Runs ``attnaudit intervene`` on the bundled date model (its first ``--limit`` sources in
 batches of ``--batch-size``) three times, one after the other, from a fresh interpreter
@@ -15,22 +15,20 @@ thread: checked here, and in tests/distributed).
 
 from __future__ import annotations
 
-import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import load, parser, run_child
+
 BATCH_SIZE = 10
 
 
 def date_target():
-    """The bundled date model in batches of ``ATTNAUDIT_BENCH_BATCH`` (the TARGET factory)."""
-    sys.path.insert(0, str(ROOT))
-    from examples.date.target import make_target
+    """The bundled date model in batches of ``ATTNAUDIT_BENCH_BATCH`` (the TARGET factory,
+    ``benchmarks.distributed:date_target``, found from the checkout's root)."""
+    from attnaudit_examples.date.target import make_target
 
     return make_target(batch_size=int(os.environ.get("ATTNAUDIT_BENCH_BATCH", BATCH_SIZE)))
 
@@ -38,13 +36,7 @@ def date_target():
 def timed_run(argv: list[str], threads: int, batch_size: int) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "ATTNAUDIT_BENCH_BATCH": str(batch_size)}
-    started = time.perf_counter()
-    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                            check=False)
-    seconds = time.perf_counter() - started
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed:\n{result.stderr[-3000:]}")
-    return seconds
+    return run_child(argv, env).seconds
 
 
 def _largest_difference(a: Path, b: Path) -> float:
@@ -58,14 +50,15 @@ def _largest_difference(a: Path, b: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", type=int, default=40, help="sources audited")
-    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
-    parser.add_argument("--quick", action="store_true",
-                        help="skip the adversarial search and integrated gradients")
-    args = parser.parse_args()
+    options = parser(__spec__.name, __doc__)
+    options.add_argument("--limit", type=int, default=40, help="sources audited")
+    options.add_argument("--batch-size", type=int, default=BATCH_SIZE)
+    options.add_argument("--quick", action="store_true",
+                         help="skip the adversarial search and integrated gradients")
+    args = options.parse_args()
+    print(load())
     with tempfile.TemporaryDirectory() as tmp:
-        command = ["-m", "attnaudit", "intervene", f"{Path(__file__).resolve()}:date_target",
+        command = ["-m", "attnaudit", "intervene", f"{__spec__.name}:date_target",
                    "--limit", str(args.limit), *(["--quick"] if args.quick else [])]
         one = Path(tmp) / "one"
         two = Path(tmp) / "two"
@@ -79,7 +72,7 @@ def main() -> None:
         same = (Path(tmp) / "alone" / "rows.csv").read_bytes() == (two / "rows.csv").read_bytes()
     batches = -(-args.limit // args.batch_size)
     print(f"date suite, {args.limit} sources in {batches} batches"
-          f"{' (quick)' if args.quick else ''}; load {os.getloadavg()[0]:.2f} at the end")
+          f"{' (quick)' if args.quick else ''}; {load()} at the end")
     print(f"1 process x 2 threads:   {single:7.1f} s")
     print(f"2 processes x 1 thread:  {ranks:7.1f} s")
     print(f"1 process x 1 thread:    {alone:7.1f} s")

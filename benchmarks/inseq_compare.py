@@ -1,7 +1,7 @@
 """attnaudit against inseq on the date BART: gradient attributions, side by side in one run.
 
     pip install -e ".[bench]"   # inseq, for this script only
-    python benchmarks/inseq_compare.py [--examples 100] [--ig-steps 50] [--repeats 2]
+    python -m benchmarks.inseq_compare [--examples 100] [--ig-steps 50] [--repeats 2]
                                        [--check 5] [--threads 1]
 
 Both tools start from the same source strings and do the same work: greedy generation, then
@@ -16,8 +16,8 @@ embedding for integrated gradients) on the first ``--check`` examples, which ins
 attributes one at a time on attnaudit's outputs for this (its own generation may differ,
 and its scores move with the padding of a batch): the largest absolute difference and the
 mean Spearman correlation. The machine may be shared: the runs alternate and the best of
-each counts, only the side-by-side ratio is meaningful; note ``uptime`` beside any figure
-quoted.
+each counts, only the side-by-side ratio is meaningful; the ``uptime`` load averages are
+printed beside the figures.
 
 It also prints two floors for an exact method that back-propagates each step's output (the
 gradient at the source of each of the ``T`` steps is a separate vector-Jacobian product
@@ -31,24 +31,19 @@ largest ratio such a method can reach here.
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import importlib.util
-import sys
 import time
 import warnings
-from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from scipy.stats import spearmanr
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from attnaudit.attribution.methods import attribute
 from attnaudit.targets.contract import Batch
-from examples.date_transformer.model import MODEL_DIR
-from examples.date_transformer.target import make_target
+from attnaudit_examples.date_transformer.model import MODEL_DIR
+from attnaudit_examples.date_transformer.target import make_target
+from benchmarks.harness import best_of, load, parser
 
 TARGETS = {"saliency": 3.0, "integrated_gradients": 2.0}
 
@@ -69,17 +64,6 @@ def compare(ours: torch.Tensor, theirs: list[torch.Tensor]) -> tuple[float, floa
             if rho == rho:  # constant rows have none
                 rhos.append(rho)
     return max(gaps), max(scale), float(sum(rhos) / len(rhos))
-
-
-def best_of(run: Callable[[], object], repeats: int = 5) -> float:
-    """The fastest of ``repeats`` timed calls (one untimed call first), in seconds."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def pass_costs(model: torch.nn.Module, batch: Batch, emitted: torch.Tensor) -> dict[str, float]:
@@ -133,15 +117,15 @@ def floors(costs: dict[str, float], steps: int, points: int) -> tuple[float, flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--examples", type=int, default=100, help="date audit sources")
-    parser.add_argument("--ig-steps", type=int, default=50, help="integration points")
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs of each tool")
-    parser.add_argument("--check", type=int, default=5,
-                        help="examples whose scores are compared (inseq one at a time)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads for both tools (1: steadier on a shared machine)")
-    args = parser.parse_args()
+    options = parser(__spec__.name, __doc__)
+    options.add_argument("--examples", type=int, default=100, help="date audit sources")
+    options.add_argument("--ig-steps", type=int, default=50, help="integration points")
+    options.add_argument("--repeats", type=int, default=2, help="timed runs of each tool")
+    options.add_argument("--check", type=int, default=5,
+                         help="examples whose scores are compared (inseq one at a time)")
+    options.add_argument("--threads", type=int, default=1,
+                         help="torch threads for both tools (1: steadier on a shared machine)")
+    args = options.parse_args()
     if importlib.util.find_spec("inseq") is None:
         print("SKIPPED: inseq is not installed; pip install -e '.[bench]' to compare")
         return
@@ -154,8 +138,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), inseq "
-          f"{importlib.metadata.version('inseq')}; date BART, {len(batch)} sources, IG "
-          f"{args.ig_steps} points")
+          f"{importlib.metadata.version('inseq')}, {load()}; date BART, {len(batch)} "
+          f"sources, IG {args.ig_steps} points")
     emitted = target.greedy(batch)
     costs = pass_costs(target.model, batch, emitted)
     n_steps = emitted.shape[1]
@@ -194,6 +178,8 @@ def main() -> None:
               f"{truncated:.2f} s: at most {min(theirs_s) / encoder_only:.2f}x / "
               f"{min(theirs_s) / truncated:.2f}x; scores: max |difference| {gap:.1e} (largest "
               f"{scale:.1e}), mean Spearman {rho:.3f}")
+    print(f"{load()} at the end")
+
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,7 @@
 """Intervention speed: permutations folded into the batch vs one forward per permutation,
 and the whole date intervention suite, measured in one run.
 
-    python benchmarks/intervention_speed.py [--examples 400] [--sample 8] [--no-suite]
+    python -m benchmarks.intervention_speed [--examples 400] [--sample 8] [--no-suite]
 
 1. The permutation test (100 permutations) on the date model's audit examples, batched
    (rows x permutations folded into chunks of forward passes), against two unbatched
@@ -19,20 +19,16 @@ side-by-side ratio is meaningful.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.auditing.intervention_suite import run_suite
 from attnaudit.interventions.permutation import _PermutationEdit, permutation_test
 from attnaudit.interventions.reference_run import reference
 from attnaudit.interventions.runner import edited_probs
-from examples.date.target import make_target
+from attnaudit_examples.date.target import make_target
+from benchmarks.harness import banner, load, parser
 
 PERMUTATIONS = 100
 
@@ -62,23 +58,23 @@ def one_forward_per_permutation(target, ref, examples: list[int], *, per_row: bo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--examples", type=int, default=400,
-                        help="date audit sources the batched run and the suite cover")
-    parser.add_argument("--sample", type=int, default=8,
-                        help="examples the unbatched loops are timed on (from the first batch)")
-    parser.add_argument("--no-suite", action="store_true", help="skip the whole-suite timing")
-    args = parser.parse_args()
+    options = parser(__spec__.name, __doc__)
+    options.add_argument("--examples", type=int, default=400,
+                         help="date audit sources the batched run and the suite cover")
+    options.add_argument("--sample", type=int, default=8,
+                         help="examples the unbatched loops are timed on (from the first "
+                              "batch)")
+    options.add_argument("--no-suite", action="store_true", help="skip the whole-suite timing")
+    args = options.parse_args()
     target = make_target(limit=args.examples)
     refs, first = [], 0
     for batch in target.iter_batches():
         refs.append(reference(target, batch, first_example=first))
         first += len(batch)
     if not 0 < args.sample <= len(refs[0].batch):
-        parser.error(f"--sample must be between 1 and {len(refs[0].batch)} (the first batch)")
+        options.error(f"--sample must be between 1 and {len(refs[0].batch)} (the first batch)")
     n_rows = sum(len(r.rows()) for r in refs)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {first} examples, "
-          f"{n_rows} rows, {PERMUTATIONS} permutations")
+    print(f"{banner()}; {first} examples, {n_rows} rows, {PERMUTATIONS} permutations")
     sample = list(range(args.sample))
     per_row = one_forward_per_permutation(target, refs[0], sample, per_row=True)
     per_example = one_forward_per_permutation(target, refs[0], sample, per_row=False)
@@ -99,6 +95,7 @@ def main() -> None:
         wall = time.perf_counter() - start
         print(f"whole suite (IG and adversarial subset included): {wall:.1f} s for "
               f"{suite.metadata['examples']} examples (target <= 180 s)")
+    print(f"{load()} at the end")
 
 
 if __name__ == "__main__":

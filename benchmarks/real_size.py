@@ -1,6 +1,6 @@
 """A model at real size: opus-mt-en-de's dimensions, audited as a user would, in one run.
 
-    python benchmarks/real_size.py [--sources 16] [--batch-size 8] [--steps 16]
+    python -m benchmarks.real_size [--sources 16] [--batch-size 8] [--steps 16]
                                    [--rounds 3] [--cumulative-examples 50]
 
 Builds a Marian model with the dimensions of Helsinki-NLP/opus-mt-en-de (6 + 6 layers,
@@ -30,20 +30,13 @@ The machine may be shared: only the side-by-side ratios are meaningful.
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import attnaudit
 from attnaudit.auditing.intervention_suite import CUMULATIVE_EXAMPLES, QUICK_PERMUTATIONS, run_suite
@@ -51,6 +44,7 @@ from attnaudit.interventions.permutation import permutation_test
 from attnaudit.interventions.reference_run import Reference, RowIndex, reference
 from attnaudit.targets.contract import Seq2SeqTarget, select_state
 from attnaudit.targets.hf.loading import from_hf
+from benchmarks.harness import alternating, banner, load, parser, python_module, run_child
 
 VOCAB = 58_101
 SPECIALS = ["</s>", "<unk>", "<pad>"]  # ids 0, 1, 2 as in opus-mt (pad is the start token)
@@ -89,7 +83,7 @@ def write_sources(path: Path, count: int) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def load(directory: Path, data: Path, args: argparse.Namespace) -> Seq2SeqTarget:
+def load_marian(directory: Path, data: Path, args: argparse.Namespace) -> Seq2SeqTarget:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return from_hf(directory, data, batch_size=args.batch_size,
@@ -154,53 +148,36 @@ def per_item_ratio(target: Seq2SeqTarget, limit: int) -> tuple[float, float, int
     return permuting / items, stepping / items, items
 
 
-def alternating(first: Callable[[], float], second: Callable[[], float], rounds: int
-                ) -> tuple[float, float]:
-    """Medians of ``rounds`` timings of each, alternating which runs first."""
-    a, b = [], []
-    for r in range(rounds):
-        if r % 2:
-            b.append(second())
-            a.append(first())
-        else:
-            a.append(first())
-            b.append(second())
-    return statistics.median(a), statistics.median(b)
-
-
 def suite_peak_rss(directory: Path, data: Path, sources: int, args: argparse.Namespace
                    ) -> float:
     """Peak RSS in GiB of a fresh process running the --quick suite on ``sources``."""
-    command = [sys.executable, __file__, "--suite-child", str(sources), "--checkpoint",
-               str(directory), "--data", str(data), "--batch-size", str(args.batch_size),
-               "--steps", str(args.steps), "--cumulative-examples",
-               str(args.cumulative_examples)]
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
-    return float(done.stdout.strip().splitlines()[-1]) / 2**20
+    command = python_module(__spec__.name, "--suite-child", str(sources), "--checkpoint",
+                            str(directory), "--data", str(data), "--batch-size",
+                            str(args.batch_size), "--steps", str(args.steps),
+                            "--cumulative-examples", str(args.cumulative_examples))
+    return run_child(command).peak_rss_gib
 
 
 def suite_child(args: argparse.Namespace) -> None:
-    target = load(Path(args.checkpoint), Path(args.data), args)
+    target = load_marian(Path(args.checkpoint), Path(args.data), args)
     run_suite(target, quick=True, limit=args.suite_child, progress=False,
               cumulative_examples=args.cumulative_examples)
-    status = Path("/proc/self/status").read_text().splitlines()
-    print(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sources", type=int, default=16, help="N (the suite also runs 4N)")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=16, help="greedy decoding steps")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="timing rounds, alternating which of a pair runs first")
-    parser.add_argument("--cumulative-examples", type=int, default=CUMULATIVE_EXAMPLES,
-                        help="examples the suite's cumulative removal test covers (default "
-                             "%(default)s, the suite's own; fewer keeps the run short)")
-    parser.add_argument("--suite-child", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
-    parser.add_argument("--data", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    options = parser(__spec__.name, __doc__)
+    options.add_argument("--sources", type=int, default=16, help="N (the suite also runs 4N)")
+    options.add_argument("--batch-size", type=int, default=8)
+    options.add_argument("--steps", type=int, default=16, help="greedy decoding steps")
+    options.add_argument("--rounds", type=int, default=3,
+                         help="timing rounds, alternating which of a pair runs first")
+    options.add_argument("--cumulative-examples", type=int, default=CUMULATIVE_EXAMPLES,
+                         help="examples the suite's cumulative removal test covers (default "
+                              "%(default)s, the suite's own; fewer keeps the run short)")
+    options.add_argument("--suite-child", type=int, help=argparse.SUPPRESS)
+    options.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    options.add_argument("--data", help=argparse.SUPPRESS)
+    args = options.parse_args()
     if args.suite_child is not None:
         suite_child(args)
         return
@@ -209,11 +186,10 @@ def main() -> None:
         directory, data = Path(tmp) / "marian", Path(tmp) / "sources.txt"
         build_checkpoint(directory)
         write_sources(data, 4 * n)
-        target = load(directory, data, args)
+        target = load_marian(directory, data, args)
         params = sum(p.numel() for p in target.model.parameters()) / 1e6
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load "
-              f"{os.getloadavg()[0]:.2f}; Marian {params:.1f} M parameters, vocabulary "
-              f"{VOCAB:,}; N = {n} sources, batch {args.batch_size}, {args.steps} steps")
+        print(f"{banner()}; Marian {params:.1f} M parameters, vocabulary {VOCAB:,}; "
+              f"N = {n} sources, batch {args.batch_size}, {args.steps} steps")
         own_work(target, args.batch_size)  # warm-up
         own, gate = alternating(lambda: own_work(target, n), lambda: check_time(target, n),
                                 args.rounds)
@@ -223,7 +199,7 @@ def main() -> None:
         print(f"permutation test: {items} edited items, {per_item * 1e3:.2f} ms per item; "
               f"one cached decoder step {per_step * 1e3:.2f} ms per sequence; ratio "
               f"{per_item / per_step:.2f} (target <= 2)")
-        from examples.date.target import make_target
+        from attnaudit_examples.date.target import make_target
 
         date = make_target(limit=n)
         per_item, per_step, items = per_item_ratio(date, n)
@@ -233,7 +209,7 @@ def main() -> None:
         at_4n = suite_peak_rss(directory, data, 4 * n, args)
         print(f"--quick suite peak RSS: {at_n:.2f} GiB at N = {n}, {at_4n:.2f} GiB at 4N = "
               f"{4 * n}; ratio {at_4n / at_n:.2f} (targets <= 4 GB, <= 1.2)")
-        print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+        print(f"{load()} at the end")
 
 
 if __name__ == "__main__":

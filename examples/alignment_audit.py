@@ -1,8 +1,8 @@
 """The seed's date alignment audit, for both bundled date models.
 
-    python -m examples.alignment_audit                     # both models
-    python -m examples.alignment_audit date                # the LSTM with additive attention
-    python -m examples.alignment_audit date_transformer    # the small BART
+    python -m attnaudit_examples.alignment_audit                    # both models
+    python -m attnaudit_examples.alignment_audit date               # the LSTM, additive attention
+    python -m attnaudit_examples.alignment_audit date_transformer   # the small BART
 
 For each model: the share of the first four emitted characters' cross-attention mass on the
 source-year characters (``region_mass``) and how often their top-weighted key lies there
@@ -30,17 +30,12 @@ import pandas as pd
 import torch
 
 import attnaudit
-from attnaudit.analysis import (
-    AttentionRows,
-    EntropyAnalyser,
-    RegionAnalyser,
-    layer_of,
-    mean_over_heads,
-)
+from attnaudit.analysis import EntropyAnalyser, RegionAnalyser, Rows, layer_of, mean_over_heads
 from attnaudit.analysis.alignment import MEAN_HEAD
 from attnaudit.analysis.regions import HEAD_MEAN_SUFFIX
 from attnaudit.targets.contract import Expectation, Seq2SeqTarget
-from examples.date.data import make_splits
+
+from .date.data import make_splits
 
 SEED = {"region_mass": 0.975, "top_weight_hit": 0.997, "exact_match": 1.0,
         "baseline_exact_match": 0.931}
@@ -100,7 +95,7 @@ def region_table(target: Seq2SeqTarget, expectation: str = EXPECTATION,
         for record in cap.records.values():
             if record.kind != "cross":
                 continue
-            views = [AttentionRows.of(record)]
+            views = [Rows.of(record)]
             if views[0].weights.shape[1] > 1:
                 views.append(mean_over_heads(views[0]))
             for view in views:
@@ -110,10 +105,10 @@ def region_table(target: Seq2SeqTarget, expectation: str = EXPECTATION,
     return _summary(regions.compute(), entropy.compute()), sources
 
 
-def _first_rows(rows: AttentionRows, n: int | None) -> AttentionRows:
+def _first_rows(rows: Rows, n: int | None) -> Rows:
     """The first ``n`` query rows of ``rows`` (all when None)."""
     keep = slice(None, n)
-    return AttentionRows(rows.site, rows.kind, rows.weights[:, :, keep], rows.eligible[:, :, keep],
+    return Rows(rows.site, rows.kind, rows.weights[:, :, keep], rows.eligible[:, :, keep],
                 rows.step_offset)
 
 
@@ -134,8 +129,8 @@ def _summary(regions: pd.DataFrame, entropy: pd.DataFrame) -> pd.DataFrame:
 
 def date_exact_match(model: torch.nn.Module, pairs: Sequence[tuple[str, str]]) -> float:
     """Share of ``(source, iso)`` pairs the date LSTM decodes greedily to ``iso`` exactly."""
-    from examples.date.data import vocabularies
-    from examples.date.train import exact_match
+    from .date.data import vocabularies
+    from .date.train import exact_match
 
     return exact_match(model, list(pairs), *vocabularies(make_splits()))
 
@@ -144,7 +139,7 @@ def bart_exact_match(model: torch.nn.Module, pairs: Sequence[tuple[str, str]]) -
     """Share of ``(source, iso)`` pairs the date BART decodes greedily to ``iso`` exactly."""
     from transformers import AutoTokenizer
 
-    from examples.date_transformer.model import MODEL_DIR, exact_match
+    from .date_transformer.model import MODEL_DIR, exact_match
 
     tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR, local_files_only=True)
     return exact_match(model, tokenizer, list(pairs))
@@ -159,13 +154,13 @@ def audit(target: Seq2SeqTarget, exact: Callable[[torch.nn.Module, Sequence], fl
 
 
 def audit_date(limit: int | None = None) -> AlignmentAudit:
-    from examples.date.target import make_target
+    from .date.target import make_target
 
     return audit(make_target(), date_exact_match, limit)
 
 
 def audit_date_transformer(limit: int | None = None) -> AlignmentAudit:
-    from examples.date_transformer.target import make_target
+    from .date_transformer.target import make_target
 
     return audit(make_target(), bart_exact_match, limit)
 
@@ -193,8 +188,8 @@ def format_headline(result: AlignmentAudit) -> str:
 
 def format_baseline(result: AlignmentAudit) -> str:
     """The date model's test exact match beside its no-attention baseline's, and the seed's."""
-    from examples.date.baseline import load_baseline
-    from examples.date.model import load_model
+    from .date.baseline import load_baseline
+    from .date.model import load_model
 
     baseline = load_baseline()
     baseline_exact = date_exact_match(baseline, make_splits().unambiguous("test"))
@@ -222,7 +217,7 @@ def format_table(result: AlignmentAudit) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m examples.alignment_audit",
+    parser = argparse.ArgumentParser(prog="python -m attnaudit_examples.alignment_audit",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", choices=[*AUDITS, "both"], default="both")
     args = parser.parse_args(argv)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from examples.date.data import encode_sources, make_splits, vocabularies
-from examples.date.model import DateAttentionModel, load_model
+from attnaudit_examples.date.data import encode_sources, make_splits, vocabularies
+from attnaudit_examples.date.model import DateAttentionModel, load_model
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -72,7 +72,8 @@ def assert_unchanged(model: torch.nn.Module, before: dict) -> None:
 ROOT = Path(__file__).resolve().parents[1]
 DATE_LIMIT, BART_LIMIT = 12, 8
 BUNDLED = {"date": (None, DATE_LIMIT),
-           "date_transformer": ("examples.date_transformer.target:make_target", BART_LIMIT)}
+           "date_transformer": ("attnaudit_examples.date_transformer.target:make_target",
+                                BART_LIMIT)}
 
 
 @pytest.fixture(scope="session")

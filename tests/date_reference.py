@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import torch
 
-from examples.date.data import BOS
-from examples.date.model import TARGET_STEPS, DateAttentionModel
+from attnaudit_examples.date.data import BOS
+from attnaudit_examples.date.model import TARGET_STEPS, DateAttentionModel
 
 # (step, weights (B, n), memory (B, n, d)) -> context (B, d)
 Read = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]

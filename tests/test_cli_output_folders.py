@@ -158,9 +158,7 @@ def test_interrupted_report_leaves_the_previous_one_byte_for_byte(signum, previo
 
 
 BROKEN = '''
-import sys
-sys.path.insert(0, {here!r})
-from toy_targets import make_target
+from tests.gate.toy_targets import make_target
 
 def crashing():
     target = make_target("correct")
@@ -172,7 +170,7 @@ def crashing():
 
 def test_unexpected_error_is_one_line_and_debug_shows_the_traceback(tmp_path):
     spec = tmp_path / "broken.py"
-    spec.write_text(BROKEN.format(here=str(TOYS.parent)))
+    spec.write_text(BROKEN)
     out = tmp_path / "report"
     result = attnaudit("report", f"{spec}:crashing", "--quick", "--out", str(out))
     one_line_error(result, "report", "greedy", "ZeroDivisionError",

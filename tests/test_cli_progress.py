@@ -47,7 +47,7 @@ def test_a_logged_report_is_whole_lines_with_the_time_left(tmp_path):
 
 
 def test_quiet_commands_print_nothing_on_stderr(tmp_path):
-    bart = "examples.date_transformer.target:make_target"
+    bart = "attnaudit_examples.date_transformer.target:make_target"
     for args in (("check", "--limit", "4", "--quiet"), ("--quiet", "demo"),
                  ("check", bart, "--limit", "2", "--quiet")):
         done = attnaudit(*args)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import attnaudit.cli
+import attnaudit.cli.app
 import attnaudit.cli.loading
 from attnaudit.errors import TargetError
 from attnaudit.targets.hf.loading import from_hf
@@ -21,7 +22,7 @@ AUDIT_TSV = ROOT / "examples" / "date_transformer" / "audit.tsv"
 
 
 def _cli_target(*argv: str):
-    args = attnaudit.cli.build_parser().parse_args(["check", *argv])
+    args = attnaudit.cli.app.build_parser().parse_args(["check", *argv])
     return attnaudit.cli.loading.load_cli_target(args)
 
 
@@ -99,7 +100,7 @@ def test_bad_from_hf_options_raise_target_errors():
 
 
 def test_place_without_options_leaves_the_target_alone():
-    from examples.date.target import make_target
+    from attnaudit_examples.date.target import make_target
 
     target = make_target(limit=2)
     assert place(target) is target and _dtypes(target.model) == {torch.float32}

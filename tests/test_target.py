@@ -82,10 +82,10 @@ def test_with_options_copies():
 
 @pytest.mark.parametrize(("spec", "message"), [
     ("no_colon", "TARGET must look like package.module:factory or file.py:factory"),
-    ("examples.date.target:", "TARGET must look like"),
+    ("attnaudit_examples.date.target:", "TARGET must look like"),
     ("missing_dir/target.py:make", "target file not found: missing_dir/target.py"),
     ("attnaudit_no_such_module:make", "cannot import target module 'attnaudit_no_such_module'"),
-    ("examples.date.target:no_such_factory", "has no callable 'no_such_factory'"),
+    ("attnaudit_examples.date.target:no_such_factory", "has no callable 'no_such_factory'"),
 ])
 def test_load_target_spec_errors(spec, message):
     with pytest.raises(TargetError, match=message):

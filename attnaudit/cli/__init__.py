@@ -2,208 +2,18 @@
 
 The only part of attnaudit that parses arguments or prints for the command line; the work
 lives in the library (:func:`attnaudit.audit` and the views of its result).
-``commands`` holds the subcommands, ``loading`` turns arguments into a target,
-``display`` prints the intervention suite.
+``app`` builds the parser and runs a command, ``commands`` holds the subcommands,
+``loading`` turns arguments into a target, ``display`` prints the intervention suite.
+This module itself imports no more than the standard library until a command runs, so that
+an install without the extras the commands need is told which to add (:mod:`.extras`).
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import signal
 import sys
-import threading
-import traceback
-import warnings
-from collections.abc import Callable
-from importlib.metadata import version
-from pathlib import Path
-from typing import NoReturn, TextIO
 
-from attnaudit.attribution.options import ALL_METHODS
-from attnaudit.attribution.step_gradients import OUTPUTS
-from attnaudit.auditing.intervention_suite import QUICK_PERMUTATIONS
-from attnaudit.cli.commands import check_command, intervene_command, report_command
-from attnaudit.cli.loading import quiet
-from attnaudit.errors import AttnauditError, Terminated
-from attnaudit.interventions.permutation import N_PERMUTATIONS
-from attnaudit.runtime.distributed import launched_by_torchrun, main_rank_output, torchrun_session
-from attnaudit.validity.analysers import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
-
-CHECKOUT = Path(__file__).resolve().parents[2]
-DESCRIPTION = ("Audit the attention of a sequence-to-sequence model: capture its attention "
-               "weights, check that they are a valid weighted retrieval, intervene on them "
-               "inside the forward pass, and report what they do and do not explain. "
-               "TARGET defaults to the bundled date model.")
-EPILOG = ("Run 'attnaudit COMMAND --help' for a command's options. Progress goes to stderr "
-          "(whole lines when stderr is not a terminal; none with --quiet); results go to "
-          "stdout.")
-QUICK_HELP = (f"a cheaper audit: no adversarial search, no integrated gradients (unless "
-              f"--methods names them), "
-              f"{QUICK_PERMUTATIONS} permutations per row instead of {N_PERMUTATIONS}")
-USAGE_ERROR = 2
-INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
-
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated
-
-
-class Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line naming where to read more."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (``--limit 0`` would audit nothing)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _demo(args: argparse.Namespace) -> int:
-    if not (CHECKOUT / "examples" / "date" / "date_attention.pt").exists():
-        print("attnaudit demo needs the bundled date model, which ships with the source "
-              "checkout (examples/date/); install attnaudit from a clone with `pip install -e .`",
-              file=sys.stderr)
-        return USAGE_ERROR
-    sys.path.insert(0, str(CHECKOUT))
-    from examples.date.demo import main as demo_main
-
-    demo_main(progress=not quiet(args))
-    return 0
-
-
-def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", nargs="?", metavar="TARGET",
-                        help="package.module:factory or path/to/file.py:factory returning a "
-                             "Seq2SeqTarget (default: the bundled date model)")
-    parser.add_argument("--hf", metavar="DIR",
-                        help="a local Hugging Face checkpoint: seq2seq, or a decoder-only LM "
-                             "(prompt -> continuation)")
-    parser.add_argument("--data", metavar="FILE.tsv",
-                        help="with --hf: source[<TAB>target] lines to audit")
-    parser.add_argument("--limit", type=positive_int, metavar="N",
-                        help="audit only the first N examples")
-    parser.add_argument("--device", metavar="DEV",
-                        help="run the model on DEV: cpu, cuda, cuda:N, mps (default: where "
-                             "the target puts it)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
-                        help="cast the model's floating parameters to this dtype")
-    parser.add_argument("--batch-size", type=positive_int, metavar="N",
-                        help="with --hf: examples per batch (default 100)")
-    parser.add_argument("--max-new-tokens", type=positive_int, metavar="N",
-                        help="with --hf: greedy decoding limit (default 64)")
-    parser.add_argument("--max-source-tokens", type=positive_int, metavar="N",
-                        help="with --hf: truncate longer sources (default: the model's "
-                             "position limit), with a warning")
-
-
-def _add_output_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
-    parser.add_argument("--out", required=required, metavar="DIR",
-                        help="output folder: created if missing; a previous attnaudit output "
-                             "there is replaced whole, only once the new one is complete")
-    parser.add_argument("--force", action="store_true",
-                        help="replace DIR even when it holds files that are not an attnaudit "
-                             "output (they are deleted)")
-
-
-def _add_memory_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-memory", metavar="SIZE",
-                        help="memory budget of one chunk of edited sequences, e.g. 2GiB, "
-                             "512MB (default 1GiB)")
-
-
-def _add_attribution_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--attribute", choices=list(OUTPUTS), default="prob",
-                        help="what gradient attributions explain (default prob; entropy: "
-                             "of the output distribution; contrast: "
-                             "p(output) - p(contrast token), contrast_logit: the logit "
-                             "difference)")
-    parser.add_argument("--contrast", metavar="FILE",
-                        help="with --hf: one contrast output per line, aligned with --data's "
-                             "sources (or give source<TAB>target<TAB>contrast lines in --data)")
-    parser.add_argument("--attribution-variant", choices=["attnaudit", "inseq"],
-                        default="attnaudit",
-                        help="attnaudit: signed sums, pad baseline, attention held constant "
-                             "for saliency and input x gradient (default); inseq: L2 norm "
-                             "over the embedding, <unk> baseline, gradients through attention")
-    parser.add_argument("--target-side", action="store_true",
-                        help="attribute to the output prefix as well as to the source")
-    parser.add_argument("--methods", type=method_list, metavar="M[,M...]",
-                        help="attribution methods to run, among " + ", ".join(ALL_METHODS)
-                             + " (default: saliency, input_x_gradient and, unless --quick, "
-                               "integrated_gradients)")
-
-
-def method_list(text: str) -> tuple[str, ...]:
-    """``--methods a,b``: attribution method names, checked."""
-    methods = tuple(m.strip() for m in text.split(",") if m.strip())
-    unknown = [m for m in methods if m not in ALL_METHODS]
-    if unknown or not methods or len(set(methods)) != len(methods):
-        raise argparse.ArgumentTypeError(f"give distinct methods among {', '.join(ALL_METHODS)}"
-                                         f", got {text!r}")
-    return methods
-
-
-def build_parser() -> argparse.ArgumentParser:
-    debug = Parser(add_help=False)
-    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="show the Python traceback of an error")
-    debug.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
-                       help="no progress display on stderr (warnings and errors still show)")
-    parser = Parser(prog="attnaudit", description=DESCRIPTION, epilog=EPILOG,
-                    parents=[debug])
-    parser.add_argument("--version", action="version", version=version("attnaudit"))
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    demo = commands.add_parser("demo", parents=[debug],
-                               help="capture the bundled date model's attention")
-    demo.set_defaults(run=_demo)
-
-    check = commands.add_parser(
-        "check", parents=[debug],
-        help="CI gate: exit 1 on non-finite weights, leaked mask mass, bad row sums")
-    _add_target_arguments(check)
-    check.add_argument("--max-masked-mass", type=float, default=DEFAULT_MAX_MASKED_MASS,
-                       help="largest tolerated weight on an ineligible key (default %(default)g)")
-    check.add_argument("--row-sum-tolerance", type=float, default=DEFAULT_ROW_SUM_TOLERANCE,
-                       help="largest tolerated |row sum - 1| (default: from the weights' "
-                            "dtype and key count, 1e-3 for float32; see the README)")
-    check.add_argument("--json", action="store_true", help="print the result as JSON")
-    check.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
-    check.set_defaults(run=check_command)
-
-    intervene = commands.add_parser(
-        "intervene", parents=[debug],
-        help="run the intervention and attribution suite and print its tables")
-    _add_target_arguments(intervene)
-    _add_output_arguments(intervene, required=False)
-    intervene.add_argument("--quick", action="store_true", help=QUICK_HELP)
-    intervene.add_argument("--site", action="append", metavar="NAME",
-                           help="edit only this site (repeatable; default: every "
-                                "cross-attention site)")
-    intervene.add_argument("--head", action="append", type=int, metavar="N",
-                           help="edit only this head at each edited site (repeatable)")
-    _add_memory_argument(intervene)
-    _add_attribution_arguments(intervene)
-    intervene.set_defaults(run=intervene_command)
-
-    report = commands.add_parser("report", parents=[debug], help="write an HTML/CSV audit report")
-    _add_target_arguments(report)
-    _add_output_arguments(report, required=True)
-    report.add_argument("--quick", action="store_true", help=QUICK_HELP)
-    _add_memory_argument(report)
-    _add_attribution_arguments(report)
-    report.set_defaults(run=report_command)
-    return parser
+from attnaudit.cli.exits import USAGE_ERROR
+from attnaudit.cli.extras import missing_extra
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,64 +21,19 @@ def main(argv: list[str] | None = None) -> int:
     exits 2 (``--debug``: the traceback too); Ctrl-C and SIGTERM print one line and exit
     130, after every output folder has been cleaned up. Under ``torchrun`` the command runs
     on every rank (:mod:`attnaudit.runtime.distributed`): rank 0 prints and writes, every rank
-    prints its error and exits with the same status.
+    prints its error and exits with the same status. Without the packages of
+    ``attnaudit[all]`` it prints one line naming that extra and exits 2.
 
     A process that ``torchrun`` started for the command line (``argv`` None) leaves with
     :func:`os._exit` once its process group is destroyed and its output flushed: gloo's
     threads can otherwise abort it (exit -6) while the interpreter tears its objects down,
     after the audit is complete."""
-    status = _run_command(argv)
-    if argv is None and launched_by_torchrun():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    return status
-
-
-def _run_command(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
-    debug = getattr(args, "debug", False)
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
-        with warnings.catch_warnings(), torchrun_session() as shard, main_rank_output(shard):
-            warnings.showwarning = _warning_line(args.command)
-            return args.run(args)
-    except KeyboardInterrupt as exc:
-        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        print(f"attnaudit {args.command}: {what}; an output folder is replaced only by a "
-              "complete run", file=sys.stderr)
-        return INTERRUPTED
-    except Exception as exc:
-        if debug:
-            traceback.print_exc()
-        print(f"attnaudit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        from attnaudit.cli.app import run
+    except ModuleNotFoundError as exc:
+        message = missing_extra(exc, "the attnaudit command")
+        if message is None:
+            raise
+        print(f"attnaudit: error: {message}", file=sys.stderr)
         return USAGE_ERROR
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _warning_line(command: str) -> Callable[..., None]:
-    """A ``warnings.showwarning`` that prints ``attnaudit CMD: warning: message`` as one
-    line on stderr: the user acts on the message, not on the source line that raised it."""
-
-    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-             file: TextIO | None = None, line: str | None = None) -> None:
-        text = " ".join(str(message).split()).removeprefix("attnaudit: ")
-        print(f"attnaudit {command}: warning: {text}", file=file or sys.stderr)
-
-    return show
-
-
-def _one_line(exc: Exception) -> str:
-    """An attnaudit error's own message; anything else with its type, and how to see more."""
-    message = " ".join(str(exc).split())
-    if isinstance(exc, AttnauditError):
-        return message
-    return (f"{type(exc).__name__}: {message} (an unexpected error; run again with --debug "
-            "for the traceback)")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return run(argv)

@@ -1,5 +1,5 @@
-"""The subcommands: ``check``, ``report`` and ``intervene``. Each loads its target, asks
-the library, and prints; each returns the exit status."""
+"""The subcommands: ``check``, ``report``, ``intervene`` and ``demo``. Each loads its target,
+asks the library, and prints; each returns the exit status."""
 
 from __future__ import annotations
 
@@ -18,6 +18,16 @@ from attnaudit.errors import GateError
 from attnaudit.report.manifest import library_versions
 from attnaudit.runtime.distributed import Shard, current_shard
 from attnaudit.runtime.output_folder import OutputFolder, check_output_file
+from attnaudit.targets.loading import require_bundled_examples
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    """``attnaudit demo``: the bundled date model's capture (``attnaudit_examples.date.demo``)."""
+    require_bundled_examples()
+    from attnaudit_examples.date.demo import main as demo_main
+
+    demo_main(progress=not quiet(args))
+    return 0
 
 
 def check_command(args: argparse.Namespace) -> int:

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from examples.date.data import PAD, make_splits, vocabularies
-from examples.date.model import TARGET_STEPS, State, encode_packed, greedy_decode
+from .data import PAD, make_splits, vocabularies
+from .model import TARGET_STEPS, State, encode_packed, greedy_decode
 
 BASELINE_CHECKPOINT = Path(__file__).with_name("date_baseline.pt")
 

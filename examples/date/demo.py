@@ -1,12 +1,12 @@
 """Capture the date model's attention and set what it shows beside the published numbers.
 
-    attnaudit demo            # or: python -m examples.date.demo
+    attnaudit demo            # or: python -m attnaudit_examples.date.demo
 
 Decodes the first 400 unambiguous validation sources greedily under ``attnaudit.capture``
 (the model is unmodified: attention is found in its ``attend`` method) and reports what was
 captured and the masked mass on padding; then prints the seed's three numbers from the
-alignment audit (``python -m examples.alignment_audit date``: the share of the first four
-emitted characters' attention mass on the source-year characters, how often their
+alignment audit (``python -m attnaudit_examples.alignment_audit date``: the share of the
+first four emitted characters' attention mass on the source-year characters, how often their
 top-weighted key lies there, and exact match on the 437 unambiguous test sources). Finally
 it draws the seed's example as a text heatmap.
 """
@@ -17,9 +17,10 @@ import torch
 
 import attnaudit
 from attnaudit.runtime.progress import advance, display, phase
-from examples.alignment_audit import audit_date, format_headline
-from examples.date.data import encode_sources, make_splits, vocabularies
-from examples.date.model import load_model
+
+from ..alignment_audit import audit_date, format_headline
+from .data import encode_sources, make_splits, vocabularies
+from .model import load_model
 
 SHADES = " .:-=+*#%@"
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from examples.date.data import BOS, PAD, make_splits, vocabularies
+from .data import BOS, PAD, make_splits, vocabularies
 
 CHECKPOINT = Path(__file__).with_name("date_attention.pt")
 TARGET_STEPS = 11  # ten ISO characters and </s>

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import torch
 
 from attnaudit.targets.contract import Batch, Expectation, Seq2SeqTarget
-from examples.date.data import (
+
+from .data import (
     BOS,
     EOS,
     PAD,
@@ -22,7 +23,7 @@ from examples.date.data import (
     vocabularies,
     year_span,
 )
-from examples.date.model import TARGET_STEPS, load_model
+from .model import TARGET_STEPS, load_model
 
 AUDIT_SOURCES = 400
 

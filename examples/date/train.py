@@ -1,7 +1,7 @@
 """Train a date model with the textbook schedule and save its checkpoint.
 
-    python -m examples.date.train             # the attention model, ~2 minutes on 2 CPU cores
-    python -m examples.date.train baseline    # the seed's no-attention baseline
+    python -m attnaudit_examples.date.train            # the attention model, ~2 min on 2 cores
+    python -m attnaudit_examples.date.train baseline   # the seed's no-attention baseline
 
 Seed 6050, Adam 1e-3, batch 128, 25 epochs, teacher forcing, gradient clip 5; the same
 data, split and loop for both models.
@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from examples.date.baseline import BASELINE_CHECKPOINT, DateBaselineModel
-from examples.date.data import (
+from .baseline import BASELINE_CHECKPOINT, DateBaselineModel
+from .data import (
     SEED,
     CharVocab,
     encode_sources,
@@ -24,7 +24,7 @@ from examples.date.data import (
     make_splits,
     vocabularies,
 )
-from examples.date.model import CHECKPOINT, DateAttentionModel
+from .model import CHECKPOINT, DateAttentionModel
 
 DateModel = DateAttentionModel | DateBaselineModel
 MODELS: dict[str, tuple[type[DateModel], Path]] = {
@@ -81,7 +81,7 @@ def main(kind: str = "attention", epochs: int = 25, batch_size: int = 128,
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m examples.date.train",
+    parser = argparse.ArgumentParser(prog="python -m attnaudit_examples.date.train",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", choices=list(MODELS), default="attention")
     main(parser.parse_args().model)

@@ -1,4 +1,5 @@
-"""The date BART as an audit target: same data and expectation as ``examples.date.target``.
+"""The date BART as an audit target: the data and expectation of
+``attnaudit_examples.date.target``.
 
 The character tokenizer makes source token i source character i (then ``</s>``), so the
 year characters are the same key positions as in the LSTM model.
@@ -10,9 +11,10 @@ from pathlib import Path
 
 from attnaudit.targets.contract import Expectation, Seq2SeqTarget
 from attnaudit.targets.hf.loading import from_hf
-from examples.date.data import SEED, YEAR_CHARS, make_splits
-from examples.date.target import AUDIT_SOURCES, year_keys
-from examples.date_transformer.model import MAX_NEW_TOKENS, MODEL_DIR
+
+from ..date.data import SEED, YEAR_CHARS, make_splits
+from ..date.target import AUDIT_SOURCES, year_keys
+from .model import MAX_NEW_TOKENS, MODEL_DIR
 
 AUDIT_TSV = Path(__file__).with_name("audit.tsv")
 

@@ -1,12 +1,12 @@
 """Train the small character-level BART on the date task and save it to ``model/``.
 
-    python -m examples.date_transformer.train      # ~3 minutes on 2 idle CPU cores
+    python -m attnaudit_examples.date_transformer.train      # ~3 minutes on 2 idle CPU cores
 
 Epochs take ~11 s on two idle cores; on a machine shared with other jobs they took up to
 ~150 s (14 minutes in all). Deterministic on CPU: two runs give bit-identical weights.
 
-Same 8,000 training pairs as ``examples.date`` (seed 6050). AdamW 1e-3 (weight decay
-0.01), linear warmup over the first 5% of steps then linear decay to 0, batch 64,
+Same 8,000 training pairs as ``attnaudit_examples.date`` (seed 6050). AdamW 1e-3 (weight
+decay 0.01), linear warmup over the first 5% of steps then linear decay to 0, batch 64,
 gradient clip 1.0, dropout 0.1, label padding -100. Prints greedy exact match on the
 first 400 unambiguous validation pairs after every epoch and on the 437 unambiguous test
 pairs at the end, then writes model (safetensors), generation config and tokenizer with
@@ -21,8 +21,8 @@ import time
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from examples.date.data import SEED, make_splits
-from examples.date_transformer.model import (
+from ..date.data import SEED, make_splits
+from .model import (
     MODEL_DIR,
     build_model,
     build_tokenizer,

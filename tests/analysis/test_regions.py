@@ -11,8 +11,8 @@ from attnaudit.analysis.base import AttentionRows
 from attnaudit.analysis.expectations import char_offsets, expected_from_spans
 from attnaudit.analysis.regions import RegionAnalyser, mean_over_heads
 from attnaudit.record import AttentionCall, AttentionRecord, Site
-from examples.date.data import encode_sources, year_span
-from examples.date.model import load_model
+from attnaudit_examples.date.data import encode_sources, year_span
+from attnaudit_examples.date.model import load_model
 
 SITE = "model.decoder.layers.2.encoder_attn:cross"
 

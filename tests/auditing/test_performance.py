@@ -24,7 +24,7 @@ from attnaudit.runtime.measurement import (
     PeakMemory,
 )
 from attnaudit.validity.pipeline import run_validity_audit
-from examples.date.target import make_target as date_target
+from attnaudit_examples.date.target import make_target as date_target
 
 TIMES = ("greedy_s", "plain_s", "captured_s", "capture_overhead")
 

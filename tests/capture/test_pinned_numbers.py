@@ -78,7 +78,7 @@ def test_decoder_steps_stack_in_call_order(date_model, date_batch):
 
 def test_flex_backend_is_refused_on_a_hugging_face_model():
     pytest.importorskip("transformers")
-    from examples.date_transformer.model import load_model
+    from attnaudit_examples.date_transformer.model import load_model
 
     model, _ = load_model()
     model.config._attn_implementation = "flex_attention"

@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn.functional import softmax as imported_softmax
 
 import attnaudit
-from examples.date.data import BOS
+from attnaudit_examples.date.data import BOS
 
 
 def reference_date_attention(model, src, lengths, tgt_in, uniform=False):

@@ -9,8 +9,8 @@ import time
 import torch
 
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
-from examples.date.target import make_target as make_date_target
-from examples.date_transformer.target import make_target as make_transformer_target
+from attnaudit_examples.date.target import make_target as make_date_target
+from attnaudit_examples.date_transformer.target import make_target as make_transformer_target
 
 BATCH = 4
 

@@ -1,4 +1,4 @@
-"""The date alignment audit (``python -m examples.alignment_audit``) for both date models.
+"""The date alignment audit (``python -m attnaudit_examples.alignment_audit``) for both date models.
 
 The LSTM's numbers are recomputed here from its decoder written out from its parameters
 (the audit captures the teacher-forced pass over the greedy output: for this model the same
@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
-from examples import alignment_audit
-from examples.alignment_audit import MEAN_HEAD, audit_date, format_headline
-from examples.date.data import YEAR_CHARS, encode_sources, year_span
+from attnaudit_examples import alignment_audit
+from attnaudit_examples.alignment_audit import MEAN_HEAD, audit_date, format_headline
+from attnaudit_examples.date.data import YEAR_CHARS, encode_sources, year_span
 from tests.date_reference import hand_written_decode
 
 BART_SOURCES = 100  # region metrics on the first 100 audit sources keep the test short

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import attnaudit
-from examples.alignment_audit import AlignmentAudit, format_baseline
-from examples.date.baseline import DateBaselineModel, load_baseline
-from examples.date.data import BOS, EOS, encode_sources
+from attnaudit_examples.alignment_audit import AlignmentAudit, format_baseline
+from attnaudit_examples.date.baseline import DateBaselineModel, load_baseline
+from attnaudit_examples.date.data import BOS, EOS, encode_sources
 
 MEASURED_EXACT_MATCH = 434 / 437  # 99.31 %, examples/date/README.md; the seed's run: 93.1 %
 ATTENTION_EXACT_MATCH = 1.0  # the committed attention model (test_date_example.py)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from examples.date.data import encode_sources, is_ambiguous
+from attnaudit_examples.date.data import encode_sources, is_ambiguous
 
 
 def test_split_and_unambiguous_subsets_match_the_seed(date_splits):

@@ -9,7 +9,7 @@ import attnaudit
 
 pytest.importorskip("transformers")
 
-from examples.date_transformer.model import MODEL_DIR, exact_match, load_model
+from attnaudit_examples.date_transformer.model import MODEL_DIR, exact_match, load_model
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import pytest
 import torch
 from conftest import assert_unchanged, model_fingerprint
 from toy_reference import toy_weights
-from toy_targets import SOURCES, make_target
 
 import attnaudit
 from attnaudit.errors import TargetError
@@ -19,7 +18,8 @@ from attnaudit.validity.findings import Finding
 from attnaudit.validity.gate import GateResult
 from attnaudit.validity.pipeline import run_validity_audit
 from attnaudit.validity.rules import site_role
-from examples.date.data import year_span
+from attnaudit_examples.date.data import year_span
+from tests.gate.toy_targets import SOURCES, make_target
 
 SITE = "attend:cross"
 

@@ -14,7 +14,6 @@ from toy_reference import toy_rows
 import attnaudit.cli
 
 ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
 
 
 def check(*args: str) -> subprocess.CompletedProcess:
@@ -26,8 +25,8 @@ def check(*args: str) -> subprocess.CompletedProcess:
 def toy_file(tmp_path: Path) -> Path:
     """A target file naming the toy factories, as a user would write one."""
     path = tmp_path / "toy target.py"
-    path.write_text(f"import sys\nsys.path.insert(0, {str(HERE)!r})\n"
-                    "from toy_targets import after_softmax, nan_on_empty_source, zero_fill\n")
+    path.write_text("from tests.gate.toy_targets import after_softmax, nan_on_empty_source, "
+                    "zero_fill\n")
     return path
 
 

@@ -9,14 +9,13 @@ import sys
 from pathlib import Path
 
 import torch
-from toy_targets import EOS, PAD, SOURCES, make_target
 
 import attnaudit
 from attnaudit.validity.findings import input_findings
 from attnaudit.validity.pipeline import run_validity_audit
+from tests.gate.toy_targets import EOS, PAD, SOURCES, make_target
 
 ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
 SPECIAL = 3
 
 
@@ -28,11 +27,10 @@ def only_special_tokens():
 
 
 def test_sources_of_special_tokens_only_fail_the_gate(tmp_path):
-    spec = tmp_path / "target.py"
-    spec.write_text(f"import sys\nsys.path.insert(0, {str(HERE)!r})\n"
-                    "from test_degenerate_input import only_special_tokens\n")
+    # A dotted spec, resolved against the working directory as a user's own package is.
     result = subprocess.run([sys.executable, "-m", "attnaudit", "check",
-                             f"{spec}:only_special_tokens"], cwd=ROOT, capture_output=True,
+                             "tests.gate.test_degenerate_input:only_special_tokens"],
+                            cwd=ROOT, capture_output=True,
                             text=True, check=False, timeout=300,
                             env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert result.returncode == 1, result.stdout + result.stderr

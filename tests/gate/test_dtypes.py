@@ -7,13 +7,13 @@ import math
 
 import pytest
 import torch
-from toy_targets import make_target
 
 import attnaudit
 import attnaudit.cli
 from attnaudit.analysis.numerics import row_sum_tolerance
 from attnaudit.targets.placement import place
 from attnaudit.validity.pipeline import run_validity_audit
+from tests.gate.toy_targets import make_target
 
 DTYPES = ["float32", "bfloat16", "float16"]
 FAULTS = {  # masking -> the gate check that must fail

@@ -5,14 +5,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
-from toy_targets import BOS, EOS, UNPADDED_SOURCES, make_target
 
 import attnaudit.cli
+from tests.gate.toy_targets import BOS, EOS, UNPADDED_SOURCES, make_target
 
-SPEC = "tests/gate/toy_targets.py:wrong_axis_tapped"
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = "tests.gate.toy_targets:wrong_axis_tapped"
 
 
 def numpy_row_sum_errors() -> np.ndarray:
@@ -36,7 +38,7 @@ def numpy_row_sum_errors() -> np.ndarray:
 
 
 def test_rows_that_do_not_sum_to_one_fail_the_gate(capsys, monkeypatch):
-    monkeypatch.chdir(attnaudit.cli.CHECKOUT)
+    monkeypatch.chdir(ROOT)
     errors = numpy_row_sum_errors()
     assert attnaudit.cli.main(["check", SPEC, "--json"]) == 1
     payload = json.loads(capsys.readouterr().out)
@@ -49,7 +51,7 @@ def test_rows_that_do_not_sum_to_one_fail_the_gate(capsys, monkeypatch):
 
 
 def test_row_sum_tolerance_option_sets_the_line(capsys, monkeypatch):
-    monkeypatch.chdir(attnaudit.cli.CHECKOUT)
+    monkeypatch.chdir(ROOT)
     worst = float(numpy_row_sum_errors().max())
     assert attnaudit.cli.main(["check", SPEC, "--row-sum-tolerance", repr(worst * 1.001)]) == 0
     assert "healthy" in capsys.readouterr().out

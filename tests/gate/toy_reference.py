@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from toy_targets import BOS, EOS, PAD, SOURCES, make_target
+
+from tests.gate.toy_targets import BOS, EOS, PAD, SOURCES, make_target
 
 
 def toy_weights(masking: str, empty_source: bool = False):

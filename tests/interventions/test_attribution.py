@@ -268,7 +268,7 @@ def date_probabilities(model: nn.Module, src: torch.Tensor, lengths: torch.Tenso
 
 
 def test_date_model_matches_its_rewritten_forward() -> None:
-    from examples.date.target import make_target
+    from attnaudit_examples.date.target import make_target
 
     target = make_target(limit=2)
     batch = next(target.iter_batches())
@@ -301,7 +301,7 @@ def test_date_model_matches_its_rewritten_forward() -> None:
 
 
 def test_date_transformer_attributes_at_the_encoder_embedding_only() -> None:
-    from examples.date_transformer.target import make_target
+    from attnaudit_examples.date_transformer.target import make_target
 
     target = make_target()
     batch = next(target.iter_batches(limit=100)).select([5])

@@ -64,7 +64,7 @@ def test_leave_one_out_and_attributions_one_sequence_at_a_time():
 
 
 def test_date_model_tables_do_not_depend_on_the_example_batch_size():
-    from examples.date.target import make_target
+    from attnaudit_examples.date.target import make_target
 
     runs = [run_suite(make_target(limit=5, batch_size=size), quick=True, progress=False,
                       n_permutations=6, cumulative_examples=5)

@@ -93,8 +93,7 @@ def test_all_rows_degenerate_is_a_clear_error():
 
 def test_report_on_degenerate_data_completes_through_the_cli(tmp_path):
     spec = tmp_path / "target.py"
-    spec.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-                    "from tests.interventions.test_degenerate import degenerate_target\n")
+    spec.write_text("from tests.interventions.test_degenerate import degenerate_target\n")
     out = tmp_path / "report"
     result = subprocess.run(
         [sys.executable, "-m", "attnaudit", "report", f"{spec}:degenerate_target", "--quick",

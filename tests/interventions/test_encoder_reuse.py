@@ -11,8 +11,8 @@ from attnaudit.interventions.reference_run import reference
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_decode_of_encode_is_teacher_forced():
     pytest.importorskip("transformers")
-    from examples.date.target import make_target as date_target
-    from examples.date_transformer.target import make_target as transformer_target
+    from attnaudit_examples.date.target import make_target as date_target
+    from attnaudit_examples.date_transformer.target import make_target as transformer_target
 
     for target in (date_target(limit=6), transformer_target()):
         batch = next(target.iter_batches(6))
@@ -27,11 +27,11 @@ def test_decode_of_encode_is_teacher_forced():
 @pytest.mark.parametrize("model", ["date", "date_transformer"])
 def test_permutation_with_and_without_encoder_reuse(model):
     if model == "date":
-        from examples.date.target import make_target
+        from attnaudit_examples.date.target import make_target
         target = make_target(limit=4)
     else:
         pytest.importorskip("transformers")
-        from examples.date_transformer.target import make_target
+        from attnaudit_examples.date_transformer.target import make_target
         target = make_target()
     batch = next(target.iter_batches(4))
     reused = reference(target, batch)
@@ -47,7 +47,7 @@ def test_permutation_with_and_without_encoder_reuse(model):
 
 def test_reuse_for_decoder_sites_clear_error_for_encoder_sites():
     pytest.importorskip("transformers")
-    from examples.date_transformer.target import make_target
+    from attnaudit_examples.date_transformer.target import make_target
 
     target = make_target()
     batch = next(target.iter_batches(2))

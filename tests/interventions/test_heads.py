@@ -15,7 +15,7 @@ HEAD = 2
 @pytest.fixture(scope="module")
 def bart_target():
     pytest.importorskip("transformers")
-    from examples.date_transformer.target import make_target
+    from attnaudit_examples.date_transformer.target import make_target
 
     return make_target()
 

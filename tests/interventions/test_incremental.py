@@ -33,10 +33,10 @@ PROTOCOLS = {
 
 def _target(model: str):
     if model == "date":
-        from examples.date.target import make_target
+        from attnaudit_examples.date.target import make_target
         return make_target(limit=3)
     pytest.importorskip("transformers")
-    from examples.date_transformer.target import make_target
+    from attnaudit_examples.date_transformer.target import make_target
     return make_target()
 
 

@@ -112,7 +112,7 @@ def test_bad_inputs_give_clear_errors() -> None:
 
 
 def test_date_model_matches_one_replacement_at_a_time() -> None:
-    from examples.date.target import make_target
+    from attnaudit_examples.date.target import make_target
 
     target = make_target(limit=2)
     batch = next(target.iter_batches())

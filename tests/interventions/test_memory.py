@@ -48,7 +48,7 @@ def test_budget_reads_the_model_and_scales_with_vocabulary_and_positions():
 
 @pytest.mark.parametrize("incremental", [True, False])
 def test_chunks_follow_the_budget_and_results_do_not_depend_on_it(incremental):
-    from examples.date.target import make_target
+    from attnaudit_examples.date.target import make_target
 
     target = make_target(limit=3)
     batch = next(target.iter_batches(3))

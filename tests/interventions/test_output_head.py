@@ -31,7 +31,7 @@ def test_row_sparse_backward_equals_the_dense_one(bias: bool) -> None:
 
 def test_the_date_bart_head_runs_sparse_and_is_restored() -> None:
     pytest.importorskip("transformers")
-    from examples.date_transformer.target import make_target
+    from attnaudit_examples.date_transformer.target import make_target
 
     target = make_target()
     head = target.model.get_output_embeddings()

@@ -97,8 +97,8 @@ def bundled_case(name: str) -> Case:
     """A bundled target, 3 sources, their greedy output, the pad and decoder start ids."""
     target, batch = bundled(name)
     if name == "date":
-        from examples.date.data import BOS as DATE_BOS
-        from examples.date.data import PAD as DATE_PAD
+        from attnaudit_examples.date.data import BOS as DATE_BOS
+        from attnaudit_examples.date.data import PAD as DATE_PAD
 
         pad, start = DATE_PAD, DATE_BOS
     else:

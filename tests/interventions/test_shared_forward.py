@@ -76,11 +76,11 @@ def per_step_captum(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
 
 def bundled(name: str) -> tuple[Seq2SeqTarget, Batch]:
     if name == "date":
-        from examples.date.target import make_target
+        from attnaudit_examples.date.target import make_target
 
         target = make_target(limit=3)
         return target, next(target.iter_batches())
-    from examples.date_transformer.target import make_target
+    from attnaudit_examples.date_transformer.target import make_target
 
     target = make_target()
     return target, next(target.iter_batches(limit=3))
@@ -280,7 +280,7 @@ def test_contrast_outputs_from_hf_reach_the_suite(capsys: pytest.CaptureFixture[
     from attnaudit.auditing.intervention_suite import run_suite
     from attnaudit.cli import main
     from attnaudit.targets.hf.loading import from_hf
-    from examples.date_transformer.model import MODEL_DIR
+    from attnaudit_examples.date_transformer.model import MODEL_DIR
 
     sources = ["March 3, 2004", "12 Jan 1999"]
     foils = ["2004-03-04", "1999"]  # the second shorter than the output
@@ -315,7 +315,7 @@ def test_contrast_outputs_from_hf_reach_the_suite(capsys: pytest.CaptureFixture[
 
 
 def test_report_command_line_keeps_the_attribution_options() -> None:
-    from attnaudit.cli import build_parser
+    from attnaudit.cli.app import build_parser
     from attnaudit.cli.commands import report_command_line
     from attnaudit.cli.loading import attribution_option
 

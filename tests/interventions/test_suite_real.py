@@ -3,7 +3,7 @@
 import pytest
 
 from attnaudit.auditing.intervention_suite import run_suite
-from attnaudit.cli import build_parser
+from attnaudit.cli.app import build_parser
 from attnaudit.cli.commands import intervene_command
 from tests.conftest import assert_unchanged, model_fingerprint
 
@@ -20,7 +20,7 @@ def _check_suite(suite, n_examples):
 
 
 def test_date_model_small_run(tmp_path):
-    from examples.date.target import make_target
+    from attnaudit_examples.date.target import make_target
 
     target = make_target(limit=3)
     before = model_fingerprint(target.model)
@@ -36,7 +36,7 @@ def test_date_model_small_run(tmp_path):
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_date_transformer_small_run():
     pytest.importorskip("transformers")
-    from examples.date_transformer.target import make_target
+    from attnaudit_examples.date_transformer.target import make_target
 
     target = make_target()
     before = model_fingerprint(target.model)

@@ -122,7 +122,7 @@ def test_target_side_heatmap_beside_the_source_one_only_when_target_side_ran(dat
     from attnaudit.attribution.options import AttributionOptions
     from attnaudit.auditing.intervention_suite import run_suite
     from attnaudit.report.item_figures import item_figures
-    from examples.date.target import make_target
+    from attnaudit_examples.date.target import make_target
 
     suite = run_suite(make_target(limit=2), quick=True, progress=False, n_permutations=2,
                       cumulative_examples=1,

@@ -18,8 +18,8 @@ import torch
 import attnaudit
 from attnaudit.checklist import FAIL
 from attnaudit.targets.loading import load_target
-from examples.date.model import DateAttentionModel
-from examples.date.target import make_target as date_target
+from attnaudit_examples.date.model import DateAttentionModel
+from attnaudit_examples.date.target import make_target as date_target
 
 SUM_TO_ONE = "counted rows sums to one"
 TOY_WRONG_AXIS = f"{Path(__file__).parents[1] / 'gate' / 'toy_targets.py'}:wrong_axis_tapped"

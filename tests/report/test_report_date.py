@@ -13,8 +13,15 @@ import torch
 from page import read_page
 
 from attnaudit.checklist import ITEM_KEYS, STATUSES
-from examples.date.data import BOS, YEAR_CHARS, encode_sources, make_splits, vocabularies, year_span
-from examples.date.model import load_model
+from attnaudit_examples.date.data import (
+    BOS,
+    YEAR_CHARS,
+    encode_sources,
+    make_splits,
+    vocabularies,
+    year_span,
+)
+from attnaudit_examples.date.model import load_model
 from tests.conftest import DATE_LIMIT
 from tests.date_reference import hand_written_decode
 
@@ -85,7 +92,7 @@ def _independent_state_hash(model: torch.nn.Module) -> str:
 def test_manifest_fields_and_hashes(date_report):
     manifest = json.loads((date_report / "manifest.json").read_text())
     model = load_model()
-    assert manifest["model"]["class"] == "examples.date.model.DateAttentionModel"
+    assert manifest["model"]["class"] == "attnaudit_examples.date.model.DateAttentionModel"
     assert manifest["model"]["parameters"] == sum(p.numel() for p in model.parameters())
     assert manifest["model"]["sha256"] == _independent_state_hash(model)
     texts = [s for s, _ in make_splits().unambiguous("valid", LIMIT)]

@@ -6,11 +6,18 @@ replaces one line of source, runs only the tests that should catch it (sequentia
 timeout) and restores the line. A mutation is *caught* when those tests fail. The checkout
 itself is never modified.
 
-    python benchmarks/mutation_check.py                 # every mutation
-    python benchmarks/mutation_check.py --list          # their names and what they plant
-    python benchmarks/mutation_check.py median_lower jsd_dtype
+    python scripts/mutation_check.py                 # every mutation
+    python scripts/mutation_check.py --list          # their names and what they plant
+    python scripts/mutation_check.py --check-table   # only: is every line still there?
+    python scripts/mutation_check.py median_lower jsd_dtype
 
-Exit status 0 when every selected mutation is caught, 1 otherwise.
+(or ``python -m scripts.mutation_check ...`` from the checkout's root).
+
+Before anything runs, every selected mutation's file, line and tests are looked up; the
+script stops (exit 2) naming each one that is out of date, and where its line now is when it
+moved to another file: when source moves, update ``MUTATIONS`` (one entry per planted bug:
+file, exact line text, replacement, tests). ``tests/test_mutation_table.py`` runs the same
+check. Exit status 0 when every selected mutation is caught, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -27,6 +34,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 900
+SOURCE_FOLDERS = ("attnaudit", "examples")  # where a moved line is looked for
+TABLE_OUT_OF_DATE = 2
+# The editable install maps the folder examples/ to this package name; the scratch copy is
+# run from PYTHONPATH, so it gets the same name as a link (see scratch_copy).
+EXAMPLES_PACKAGE = "attnaudit_examples"
 
 PINNED = "tests/interventions/test_pinned_interventions.py"
 DEFINITIONS = "tests/interventions/test_definitions.py"
@@ -193,8 +205,32 @@ MUTATIONS = (
 )
 
 
+def table_problems(mutations: tuple[Mutation, ...] | list[Mutation],
+                   root: Path = ROOT) -> list[str]:
+    """One line per mutation whose file, line or tests are not where the table says: its
+    file is missing, its line occurs there other than exactly once (with the files under
+    ``SOURCE_FOLDERS`` that hold it once, when it moved), or a test file is missing."""
+    problems = []
+    for m in mutations:
+        path = root / m.path
+        count = path.read_text(encoding="utf-8").count(m.old) if path.is_file() else None
+        if count != 1:
+            found = "file not found" if count is None else f"line found {count} times"
+            moved = [str(p.relative_to(root)) for folder in SOURCE_FOLDERS
+                     for p in sorted((root / folder).rglob("*.py"))
+                     if p != path and p.read_text(encoding="utf-8").count(m.old) == 1]
+            where = f"; the line is now in {', '.join(moved)}" if moved else ""
+            problems.append(f"{m.name}: {m.path}: {found} ({m.old!r}){where}")
+        for test in m.tests:
+            if not (root / test.partition("::")[0]).is_file():
+                problems.append(f"{m.name}: test file not found: {test}")
+    return problems
+
+
 def scratch_copy(dest: Path) -> None:
-    """Tracked and untracked, non-ignored files of the checkout, copied under ``dest``."""
+    """Tracked and untracked, non-ignored files of the checkout, copied under ``dest``, and
+    ``dest/attnaudit_examples`` linked to ``dest/examples`` so that the copy's examples are
+    the ones imported."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
                              "--exclude-standard"], cwd=ROOT, capture_output=True, check=True)
     for name in listed.stdout.decode().split("\0"):
@@ -202,6 +238,7 @@ def scratch_copy(dest: Path) -> None:
         if name and source.is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest / name)
+    (dest / EXAMPLES_PACKAGE).symlink_to(dest / "examples", target_is_directory=True)
 
 
 def run_tests(root: Path, tests: tuple[str, ...], timeout: float) -> tuple[str, float]:
@@ -222,13 +259,11 @@ def run_tests(root: Path, tests: tuple[str, ...], timeout: float) -> tuple[str, 
 
 
 def plant(root: Path, mutation: Mutation) -> str:
-    """Apply ``mutation`` in ``root``; return the original text to restore."""
+    """Apply ``mutation`` in ``root`` (checked by :func:`table_problems`); return the
+    original text to restore."""
     path = root / mutation.path
     text = path.read_text(encoding="utf-8")
-    if text.count(mutation.old) != 1:
-        raise SystemExit(f"{mutation.name}: expected one occurrence of {mutation.old!r} in "
-                         f"{mutation.path}, found {text.count(mutation.old)}; update the list")
-    path.write_text(text.replace(mutation.old, mutation.new), encoding="utf-8")
+    path.write_text(text.replace(mutation.old, mutation.new, 1), encoding="utf-8")
     return text
 
 
@@ -236,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="mutations to plant (default: all)")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--check-table", action="store_true",
+                        help="check that every mutation's file, line and tests are there, "
+                             "and exit")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S,
                         help="seconds per test run (default %(default)s)")
     args = parser.parse_args(argv)
@@ -247,6 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown mutations: {sorted(unknown)}")
     chosen = [m for m in MUTATIONS if not args.names or m.name in args.names]
+    problems = table_problems(chosen)
+    if problems:
+        print("the mutation table is out of date (update MUTATIONS in scripts/"
+              "mutation_check.py):", *problems, sep="\n  ", file=sys.stderr)
+        return TABLE_OUT_OF_DATE
+    if args.check_table:
+        print(f"all {len(chosen)} mutations found where the table says")
+        return 0
     with tempfile.TemporaryDirectory(prefix="attnaudit-mutants-") as scratch:
         root = Path(scratch)
         scratch_copy(root)

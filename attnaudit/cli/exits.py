@@ -1,0 +1,4 @@
+"""Exit statuses of the ``attnaudit`` command beside 0 (and ``check``'s 1, a failing gate)."""
+
+USAGE_ERROR = 2  # a user error: bad arguments, a target that does not load, a missing extra
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
