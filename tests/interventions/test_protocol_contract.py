@@ -61,7 +61,7 @@ def attention_functions() -> tuple[object, ...]:
 def target(request) -> Seq2SeqTarget:
     if request.param == "toy":
         return make_target("correct")
-    from examples.date_transformer.target import make_target as date_bart
+    from attnaudit_examples.date_transformer.target import make_target as date_bart
 
     return date_bart()  # iter_batches(3): its first three sources
 
