@@ -30,7 +30,13 @@ import pandas as pd
 import torch
 
 import attnaudit
-from attnaudit.analysis import EntropyAnalyser, RegionAnalyser, Rows, layer_of, mean_over_heads
+from attnaudit.analysis import (
+    AttentionRows,
+    EntropyAnalyser,
+    RegionAnalyser,
+    layer_of,
+    mean_over_heads,
+)
 from attnaudit.analysis.alignment import MEAN_HEAD
 from attnaudit.analysis.regions import HEAD_MEAN_SUFFIX
 from attnaudit.targets.contract import Expectation, Seq2SeqTarget
@@ -95,7 +101,7 @@ def region_table(target: Seq2SeqTarget, expectation: str = EXPECTATION,
         for record in cap.records.values():
             if record.kind != "cross":
                 continue
-            views = [Rows.of(record)]
+            views = [AttentionRows.of(record)]
             if views[0].weights.shape[1] > 1:
                 views.append(mean_over_heads(views[0]))
             for view in views:
@@ -105,10 +111,10 @@ def region_table(target: Seq2SeqTarget, expectation: str = EXPECTATION,
     return _summary(regions.compute(), entropy.compute()), sources
 
 
-def _first_rows(rows: Rows, n: int | None) -> Rows:
+def _first_rows(rows: AttentionRows, n: int | None) -> AttentionRows:
     """The first ``n`` query rows of ``rows`` (all when None)."""
     keep = slice(None, n)
-    return Rows(rows.site, rows.kind, rows.weights[:, :, keep], rows.eligible[:, :, keep],
+    return AttentionRows(rows.site, rows.kind, rows.weights[:, :, keep], rows.eligible[:, :, keep],
                 rows.step_offset)
 
 

@@ -39,6 +39,7 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
 _WIDTH_KEYS = ("d_model", "hidden_size", "n_embd", "dim")
 _LAYER_KEYS = ("decoder_layers", "num_decoder_layers", "n_layer", "num_layers",
                "num_hidden_layers")
+_ENCODER_LAYER_KEYS = ("encoder_layers", "num_encoder_layers", "num_layers")
 _HEAD_KEYS = ("decoder_attention_heads", "num_decoder_attention_heads", "num_attention_heads",
               "num_heads", "n_head")
 
@@ -139,7 +140,9 @@ class ChunkBudget:
 
 def encoder_bytes(model: nn.Module, keys: int) -> int:
     """Estimated bytes of one sequence's encoder pass over ``keys`` source positions: its
-    activations and its attention over the source."""
-    width, layers = model_width_and_layers(model)
-    return keys * layers * (width * ACTIVATIONS_PER_LAYER
-                            + ATTENTION_COPIES * model_heads(model) * keys) * 4
+    activations and its attention over the source, in each encoder layer (the config's
+    encoder layer count, else the decoder's)."""
+    width, decoder_layers = model_width_and_layers(model)
+    layers = _config_int(getattr(model, "config", None), _ENCODER_LAYER_KEYS) or decoder_layers
+    return keys * max(layers, 1) * (width * ACTIVATIONS_PER_LAYER
+                                    + ATTENTION_COPIES * model_heads(model) * keys) * 4

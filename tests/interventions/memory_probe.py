@@ -4,6 +4,8 @@ BUDGET PATH FOLDER`` prints ``{"peak_mib": ..., "chunks": ...}`` (PATH: cached o
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import sys
 from pathlib import Path
@@ -28,8 +30,11 @@ def _status_kib(field: str) -> int:
 
 
 def reset_peak() -> int:
-    """Start measuring from here: Linux's peak-RSS mark reset to the current RSS (kiB), so
-    that nothing this process did before (loading libraries, building the model) counts."""
+    """Start measuring from here: freed heap memory handed back to the system (else later
+    allocations reuse it unseen), then Linux's peak-RSS mark reset to the current RSS (kiB),
+    so that nothing this process did before (loading libraries, building the model) counts."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")
     return _status_kib("VmRSS")
 
