@@ -10,7 +10,7 @@ attnaudit intervene ...`` (gloo, CPU), and, for reference, one process with one 
 Prints the wall times (start-up, import and process-group set-up included), the speed-ups,
 and the largest difference between the per-row tables of 1 x 2 and 2 x 1 (float32 sums
 depend on the thread count; two ranks of one thread write the bytes of one process of one
-thread: checked here, and in tests/distributed).
+thread: checked here, and in tests/runtime/test_torchrun.py).
 """
 
 from __future__ import annotations

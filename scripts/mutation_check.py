@@ -42,13 +42,13 @@ EXAMPLES_PACKAGE = "attnaudit_examples"
 
 PINNED = "tests/interventions/test_pinned_interventions.py"
 DEFINITIONS = "tests/interventions/test_definitions.py"
-FULL_SUITE = "tests/interventions/test_full_suite.py"
+FULL_SUITE = "tests/auditing/test_intervention_suite.py"
 BATCHING = "tests/interventions/test_batching.py"
-CAPTURE_PINS = "tests/capture/test_pinned_numbers.py"
-ROW_SUM_GATE = "tests/gate/test_row_sum_gate.py"
+CAPTURE_PINS = "tests/capturing/test_pinned_numbers.py"
+ROW_SUM_GATE = "tests/validity/test_row_sum_gate.py"
 REPORT = "tests/report/test_report_date.py"
 ALIGNMENT = "tests/examples/test_alignment_audit.py::test_date_numbers_match_a_hand_written_decoder"
-TORCHRUN = "tests/distributed/test_torchrun.py::test_two_ranks_write_the_single_process_report"
+TORCHRUN = "tests/runtime/test_torchrun.py::test_two_ranks_write_the_single_process_report"
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ MUTATIONS = (
     Mutation("sdpa_mask_dropped", "SDPA path: the bool mask is not applied to the scores",
              "attnaudit/capturing/sdpa.py",
              'scores = scores.masked_fill_(~allowed, float("-inf"))', "pass",
-             ("tests/capture/test_sdpa_path.py",)),
+             ("tests/capturing/test_sdpa_path.py",)),
     Mutation("value_mean_padding", "value replacement: mean taken over every key, padding too",
              "attnaudit/interventions/values.py",
              "share = eligible[:, None, :].to(old.dtype) / eligible.sum(-1)[:, None, None]"
@@ -167,7 +167,7 @@ MUTATIONS = (
              "attnaudit/attribution/step_gradients.py",
              "torch.autograd.grad(outputs[:, step].sum(), leaves,",
              "torch.autograd.grad(outputs[:, -1].sum(), leaves,",
-             ("tests/interventions/test_shared_forward.py::test_shared_forward_equals_captum_"
+             ("tests/attribution/test_shared_forward.py::test_shared_forward_equals_captum_"
               "step_by_step_on_the_bundled_models",)),
     Mutation("stacking_order", "calls stacked newest first",
              "attnaudit/record.py", "self.calls.append(call)", "self.calls.insert(0, call)",
@@ -202,6 +202,59 @@ MUTATIONS = (
     Mutation("shard_stats_own_only", "distributed audit: each rank keeps its own analyser "
              "statistics", "attnaudit/analysis/merging.py",
              "_all_reduce_stats(analyser.stats, collectives)", "None", (TORCHRUN + "[date_lstm]",)),
+    Mutation("layout_inverse", "an edit written back through the forward permutation, not its "
+             "inverse (wrong for heads after two query axes)", "attnaudit/capturing/layout.py",
+             "inverse = sorted(range(len(order)), key=order.__getitem__)", "inverse = order",
+             ("tests/capturing/test_layout_rules.py",)),
+    Mutation("self_view_pre_edit", "decoder-only: the self view read from the weights before "
+             "the cross view's edit was written", "attnaudit/capturing/recorder.py",
+             "view.of(current)", "view.of(weights)", ("tests/capturing/test_prompt_views.py",)),
+    Mutation("prompt_first_tokens", "decoder-only: an over-long prompt keeps its first tokens",
+             "attnaudit/targets/hf/causal.py",
+             "kept = [row[-limit:] if limit is not None else row for row in rows]",
+             "kept = [row[:limit] if limit is not None else row for row in rows]",
+             ("tests/targets/test_causal_target.py::"
+              "test_a_prompt_over_the_limit_keeps_its_last_tokens",)),
+    Mutation("ig_delta_reduced", "IG convergence delta from the displayed reduction, not the "
+             "signed sums", "attnaudit/attribution/gradient_methods.py",
+             'token_score(integral, d.float(), "sum")',
+             "token_score(integral, d.float(), reduction)",
+             ("tests/attribution/test_attribution.py::"
+              "test_the_convergence_delta_is_signed_whatever_the_token_reduction",)),
+    Mutation("shap_stdev_squared", "GradientShap noise scaled by the variance, not the standard "
+             "deviation", "attnaudit/attribution/reference_methods.py",
+             "starts.append(base + stdev * noise.to(base.device, base.dtype))",
+             "starts.append(base + stdev ** 2 * noise.to(base.device, base.dtype))",
+             ("tests/attribution/test_reference_methods.py::"
+              "test_gradient_shap_draws_equal_identically_seeded_draws",)),
+    Mutation("unk_drops_eos", "the unk baseline replaces end-of-sequence tokens too",
+             "attnaudit/attribution/inputs.py",
+             "return torch.where(ids == eos_id, ids, base) if eos_kept else base",
+             "return base", ("tests/attribution/test_attribution.py::"
+                             "test_the_unk_baseline_keeps_the_end_of_sequence_token",)),
+    Mutation("word_attention_max", "the report's word attention: the largest token weight of a "
+             "word, not their sum", "attnaudit/analysis/words.py",
+             "per_word = aggregate(torch.from_numpy(amap.weights).mean(0), groups,",
+             'per_word = aggregate(torch.from_numpy(amap.weights).mean(0), groups, reduce="max",',
+             ("tests/analysis/test_aggregation.py::"
+              "test_word_attention_of_words_of_several_tokens_is_the_sum_of_their_weights",)),
+    Mutation("tolerance_by_queries", "the dtype row-sum tolerance read off the query count",
+             "attnaudit/analysis/numerics.py",
+             "row_sum_tolerance(rows.dtype, w.shape[-1])",
+             "row_sum_tolerance(rows.dtype, w.shape[-2])",
+             ("tests/validity/test_dtypes.py::test_the_tolerance_counts_keys_not_queries",)),
+    Mutation("site_tolerance_by_queries", "a site's stated row-sum tolerance read off the "
+             "query count", "attnaudit/validity/analysers.py",
+             "row_sum_tolerance(data.dtype, data.weights.shape[-1])",
+             "row_sum_tolerance(data.dtype, data.weights.shape[-2])",
+             ("tests/validity/test_dtypes.py::test_the_tolerance_counts_keys_not_queries",)),
+    Mutation("budget_state_once", "chunk budget: a cached step's state counted once",
+             "attnaudit/interventions/memory.py", "STATE_COPIES * self.state_bytes",
+             "self.state_bytes", ("tests/interventions/test_memory_measured.py",)),
+    Mutation("helper_keeps_wrong_axis_rule", "pytest helper: a wrong-axis site checked against "
+             "the declared source rule", "attnaudit/testing.py",
+             "wrong_axis = keys_before_queries(record.site.layout)", "wrong_axis = False",
+             ("tests/validity/test_testing_helper.py",)),
 )
 
 

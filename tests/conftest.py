@@ -13,6 +13,7 @@ import torch
 
 from attnaudit_examples.date.data import encode_sources, make_splits, vocabularies
 from attnaudit_examples.date.model import DateAttentionModel, load_model
+from tests.helpers.fingerprints import model_fingerprint
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -47,26 +48,6 @@ def date_batch(date_splits, date_vocabs):
     pairs = date_splits.unambiguous("valid", 64)
     src, lengths = encode_sources(date_vocabs[0], [s for s, _ in pairs])
     return src, lengths, [s for s, _ in pairs]
-
-
-def model_fingerprint(model: torch.nn.Module) -> dict:
-    """Everything capture promises to leave alone: parameters (bitwise), modes, flags, hooks."""
-    return {
-        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-        "requires_grad": {n: p.requires_grad for n, p in model.named_parameters()},
-        "training": {n: m.training for n, m in model.named_modules()},
-        "hooks": {n: (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
-                  for n, m in model.named_modules()},
-    }
-
-
-def assert_unchanged(model: torch.nn.Module, before: dict) -> None:
-    after = model_fingerprint(model)
-    assert after["requires_grad"] == before["requires_grad"]
-    assert after["training"] == before["training"]
-    assert after["hooks"] == before["hooks"]
-    for name, value in before["params"].items():
-        assert torch.equal(after["params"][name], value), name
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """The two things attnaudit takes from Captum's private modules, and why; the only module that
-imports one (``tests/interventions/test_captum_internals.py`` checks that).
+imports one (``tests/attribution/test_captum_internals.py`` checks that).
 
 Captum's public explainers run one target output per call; attnaudit's gradient methods share
 one forward pass across the target steps (:mod:`attnaudit.attribution.step_gradients`), so

@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from references import OUTPUT_METRICS, SCORE_METRICS, aggregate, per_row_scores
-from test_harness import assert_matches_reference
 
 import attnaudit
 from attnaudit.analysis import AttentionRows, ScoreAnalyser
-from tests.conftest import assert_unchanged, model_fingerprint
+from tests.analysis.test_analyser_contract import assert_matches_reference
+from tests.helpers.fingerprints import assert_unchanged, model_fingerprint
+from tests.helpers.metric_references import OUTPUT_METRICS, SCORE_METRICS, aggregate, per_row_scores
 
 SITE = "model.decoder.layers.1.attn:self"
 

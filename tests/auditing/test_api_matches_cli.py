@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 import attnaudit
-from tests.conftest import assert_unchanged
-from tests.timing import TIMED, load_free
+from tests.helpers.fingerprints import assert_unchanged
+from tests.helpers.timing import TIMED, load_free
 
 # one worker runs the session's reports of the bundled models, and every test reading them
 pytestmark = pytest.mark.xdist_group("bundled_reports")

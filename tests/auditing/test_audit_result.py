@@ -10,8 +10,8 @@ from matplotlib.figure import Figure as MplFigure
 import attnaudit
 from attnaudit.errors import AuditError, TargetError
 from attnaudit.validity.gate import HEALTHY, UNHEALTHY
-from tests.conftest import assert_unchanged, model_fingerprint
-from tests.gate.toy_targets import make_target
+from tests.helpers.fingerprints import assert_unchanged, model_fingerprint
+from tests.helpers.toys.masking import make_target
 
 SCRIPT = "<script>alert(1)</script>"
 

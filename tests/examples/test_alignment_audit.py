@@ -16,7 +16,7 @@ import torch
 from attnaudit_examples import alignment_audit
 from attnaudit_examples.alignment_audit import MEAN_HEAD, audit_date, format_headline
 from attnaudit_examples.date.data import YEAR_CHARS, encode_sources, year_span
-from tests.date_reference import hand_written_decode
+from tests.helpers.date_reference import hand_written_decode
 
 BART_SOURCES = 100  # region metrics on the first 100 audit sources keep the test short
 METRICS = ["region_mass", "top_weight_hit", "entropy_norm", "max_weight"]

@@ -21,9 +21,9 @@ from attnaudit.interventions.adversarial import adversarial_search
 from attnaudit.interventions.permutation import permutation_test
 from attnaudit.interventions.reference_run import reference
 from attnaudit.interventions.values import value_replacement
-from tests.gate.toy_targets import make_target as gate_toy
-from tests.interventions.test_full_suite import canonical
-from tests.interventions.toys import mixed_target
+from tests.auditing.test_intervention_suite import canonical
+from tests.helpers.toys.masking import make_target as gate_toy
+from tests.helpers.toys.pointer import mixed_target
 
 BATCHING_ATOL = 1e-7  # the documented bound on what the chunk size may change
 PROTOCOLS: dict[str, Callable[..., pd.DataFrame]] = {

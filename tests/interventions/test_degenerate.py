@@ -14,7 +14,7 @@ import pytest
 
 from attnaudit.auditing.intervention_suite import run_suite
 from attnaudit.errors import InterventionError
-from tests.gate.toy_targets import EOS, PAD, make_target
+from tests.helpers.toys.masking import EOS, PAD, make_target
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECIAL = 3

@@ -20,8 +20,8 @@ from attnaudit.interventions.permutation import (
 )
 from attnaudit.interventions.reference_run import reference
 from attnaudit.interventions.values import value_replacement
-from tests.conftest import assert_unchanged, model_fingerprint
-from tests.interventions.toys import DOMINATED_SCORES, SOURCES, dominated_target
+from tests.helpers.fingerprints import assert_unchanged, model_fingerprint
+from tests.helpers.toys.pointer import DOMINATED_SCORES, SOURCES, dominated_target
 
 
 def _toy_weights(src: list[int]) -> torch.Tensor:

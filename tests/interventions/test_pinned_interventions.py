@@ -26,7 +26,7 @@ from attnaudit.interventions.adversarial import adversarial_search
 from attnaudit.interventions.permutation import permutation_test
 from attnaudit.interventions.reference_run import Reference, RowIndex, reference
 from attnaudit.interventions.values import value_replacement
-from tests.interventions.toys import (
+from tests.helpers.toys.pointer import (
     DOMINATED_SCORES,
     DOMINATED_VALUES,
     MIXED_SCORES,

@@ -23,8 +23,8 @@ from attnaudit.interventions.permutation import permutation_test
 from attnaudit.interventions.reference_run import reference
 from attnaudit.interventions.values import value_replacement
 from attnaudit.targets.contract import Seq2SeqTarget
-from tests.conftest import assert_unchanged, model_fingerprint
-from tests.gate.toy_targets import make_target
+from tests.helpers.fingerprints import assert_unchanged, model_fingerprint
+from tests.helpers.toys.masking import make_target
 from tests.interventions.test_degenerate import degenerate_target, expected_degenerate
 
 PROTOCOLS: dict[str, Callable[..., pd.DataFrame]] = {

@@ -22,7 +22,8 @@ from attnaudit_examples.date.model import DateAttentionModel
 from attnaudit_examples.date.target import make_target as date_target
 
 SUM_TO_ONE = "counted rows sums to one"
-TOY_WRONG_AXIS = f"{Path(__file__).parents[1] / 'gate' / 'toy_targets.py'}:wrong_axis_tapped"
+TOYS = Path(__file__).parents[1] / "helpers" / "toys" / "masking.py"
+TOY_WRONG_AXIS = f"{TOYS}:wrong_axis_tapped"
 
 
 class MaskAfterSoftmax(DateAttentionModel):

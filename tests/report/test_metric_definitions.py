@@ -6,7 +6,7 @@ import re
 
 import attnaudit
 from attnaudit.report.definitions import DEFINITIONS, definition_blocks
-from tests.gate.toy_targets import make_target
+from tests.helpers.toys.masking import make_target
 
 
 def test_definitions_parse_into_headings_paragraphs_and_items():

@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from page import read_page
 
 from attnaudit.checklist import ITEM_KEYS, STATUSES
 from attnaudit_examples.date.data import (
@@ -23,7 +22,8 @@ from attnaudit_examples.date.data import (
 )
 from attnaudit_examples.date.model import load_model
 from tests.conftest import DATE_LIMIT
-from tests.date_reference import hand_written_decode
+from tests.helpers.date_reference import hand_written_decode
+from tests.helpers.report_page import read_page
 
 # one worker runs the session's reports of the bundled models, and every test reading them
 pytestmark = pytest.mark.xdist_group("bundled_reports")

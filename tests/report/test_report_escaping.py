@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import html
 
-from page import read_page
-
 import attnaudit
 from attnaudit.checklist import ITEM_KEYS
-from tests.gate.toy_targets import make_target
+from tests.helpers.report_page import read_page
+from tests.helpers.toys.masking import make_target
 
 SCRIPT = "<script>alert(1)</script>"
 LABELS = ["<pad>", "<s>", "</s>", SCRIPT, "a&b", '"q"', "$x_1$", "z"]
