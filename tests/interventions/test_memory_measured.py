@@ -1,7 +1,8 @@
 """The chunk budget against measured memory: on a shallow and a deep random BART, raising the
 budget raises the permutation test's peak memory by at most a quarter more than the raise
-(each chunk stays about within what it was given), and the budget is what sizes the chunks. Measured as peak RSS in a fresh process per run, re-running the prefix (the
-decoder's width and layers set the cost) and from the cached step (the copied state does)."""
+(each chunk stays about within what it was given), and the budget is what sizes the chunks.
+Measured as peak RSS in a fresh process per run, re-running the prefix (the decoder's width
+and layers set the cost) and from the cached step (the copied state does)."""
 
 from __future__ import annotations
 
