@@ -16,9 +16,9 @@ from torch import nn
 from attnaudit.attribution import reference_methods
 from attnaudit.attribution.methods import attribute
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
-from tests.attribution.test_attribution import BOS, PAD, TinyAttention, tiny_target
 from tests.attribution.test_shared_forward import bundled, hooked_first_call
 from tests.helpers.fingerprints import assert_unchanged, model_fingerprint
+from tests.helpers.toys.attention import BOS, PAD, TinyAttention, tiny_target
 
 
 def hooked_prefix(module: nn.Module, prefix: torch.Tensor) -> torch.utils.hooks.RemovableHandle:

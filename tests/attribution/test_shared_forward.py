@@ -16,14 +16,14 @@ from attnaudit.attribution.options import ALL_METHODS, AttributionOptions
 from attnaudit.attribution.step_gradients import pass_sequences
 from attnaudit.errors import InterventionError
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
-from tests.attribution.test_attribution import (
+from tests.helpers.fingerprints import assert_unchanged, model_fingerprint
+from tests.helpers.toys.attention import (
     EOS,
     PAD,
     TinyAttention,
     decoder_inputs,
     tiny_target,
 )
-from tests.helpers.fingerprints import assert_unchanged, model_fingerprint
 
 
 def hooked_first_call(module: nn.Module, value: torch.Tensor) -> torch.utils.hooks.RemovableHandle:
