@@ -7,14 +7,14 @@ import torch
 
 from attnaudit.testing import assert_attention_healthy
 from tests.helpers.fingerprints import assert_unchanged, model_fingerprint
-from tests.helpers.toys.masking import BOS, SOURCES, ToySeq2Seq, source_batch
+from tests.helpers.toys.masking import BOS, SOURCES, UNPADDED_SOURCES, ToySeq2Seq, source_batch
 
 KINDS = {"attend": "cross"}
 
 
-def runner(model: ToySeq2Seq, sources=SOURCES):
+def runner(model: ToySeq2Seq, sources=SOURCES, steps: int = 3):
     batch = source_batch(sources)
-    tgt_in = torch.full((len(batch), 3), BOS)
+    tgt_in = torch.full((len(batch), steps), BOS)
     return batch, (lambda: model(batch.source_ids, tgt_in))
 
 
@@ -59,3 +59,17 @@ def test_tolerance_and_unknown_site_names():
     with pytest.raises(ValueError, match=r"sites that were not captured: \['decoder.attn'\]"):
         assert_attention_healthy(model, run, kinds=KINDS,
                                  eligible={"decoder.attn": batch.source_mask})
+
+
+def test_a_softmax_over_the_query_axis_fails_the_softmax_axis_check_despite_a_source_rule():
+    """4 decoder steps over 3-token sources, normalised over the steps: the recorded keys are
+    the steps, so the declared source rule (B, 3) cannot be their eligibility; the site is
+    checked without it and fails on the axis, not with a shape error."""
+    model = ToySeq2Seq("wrong_axis")
+    batch, run = runner(model, UNPADDED_SOURCES, steps=4)
+    before = model_fingerprint(model)
+    rows = len(UNPADDED_SOURCES) * 3  # the recorded rows are the model's source positions
+    with pytest.raises(AssertionError) as failure:
+        assert_attention_healthy(model, run, eligible={"attend": batch.source_mask})
+    assert f"attend: softmax_axis: {rows} rows were normalised over an axis" in str(failure.value)
+    assert_unchanged(model, before)
