@@ -42,7 +42,7 @@ from attnaudit.errors import TargetError
 from attnaudit.targets.contract import Seq2SeqTarget
 from attnaudit.targets.data import AuditData
 from attnaudit.targets.hf.cache import cache_argument, cache_prefix, cache_tensors
-from attnaudit.targets.hf.tokenizer import source_limit
+from attnaudit.targets.hf.tokenizer import source_limit, special_token_ids
 
 
 def is_causal_lm(config: Any) -> bool:
@@ -96,10 +96,7 @@ class CausalLM:
 
     @property
     def special_ids(self) -> tuple[int, ...]:
-        tok = self.tokenizer
-        return tuple(sorted({i for i in (self.pad_id, self.eos_id, tok.bos_token_id,
-                                         tok.cls_token_id, tok.sep_token_id)
-                             if i is not None}))
+        return special_token_ids(self.tokenizer, self.pad_id, self.eos_id)
 
     def prompts(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """Left-padded ids (B, P), mask (B, P) bool, and inputs: the tokens' character

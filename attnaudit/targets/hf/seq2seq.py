@@ -25,7 +25,7 @@ from attnaudit.errors import TargetError
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from attnaudit.targets.data import AuditData
 from attnaudit.targets.hf.cache import cache_argument, cache_prefix, cache_tensors
-from attnaudit.targets.hf.tokenizer import source_limit
+from attnaudit.targets.hf.tokenizer import source_limit, special_token_ids
 
 # decode_states' value: the KV cache per layer, "self" (B, H, T, d) and "cross" (B, H, n, d)
 KVStates = dict[str, tuple[torch.Tensor, ...]]
@@ -66,10 +66,7 @@ class Seq2SeqLM:
 
     @property
     def special_ids(self) -> tuple[int, ...]:
-        tok = self.tokenizer
-        return tuple(sorted({i for i in (self.pad_id, self.eos_id, tok.bos_token_id,
-                                         tok.cls_token_id, tok.sep_token_id)
-                             if i is not None}))
+        return special_token_ids(self.tokenizer, self.pad_id, self.eos_id)
 
     def sources(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """Right-padded ids (B, n), mask (B, n) bool, and inputs: the tokens' character

@@ -71,3 +71,12 @@ def source_limit(tokenizer: Any, config: Any, sources: list[str],
     # source_limit <- an adapter's target() <- from_hf <- the caller the warning names
     warnings.warn(f"attnaudit: {what}", stacklevel=4)
     return limit, what
+
+
+def special_token_ids(tokenizer: Any, pad_id: int | None, eos_id: int | None
+                      ) -> tuple[int, ...]:
+    """The ids no attribution or intervention should move weight to: padding, end of
+    sequence, and the tokenizer's own beginning, classification and separator tokens."""
+    return tuple(sorted({i for i in (pad_id, eos_id, tokenizer.bos_token_id,
+                                     tokenizer.cls_token_id, tokenizer.sep_token_id)
+                         if i is not None}))
