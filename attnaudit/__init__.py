@@ -2,11 +2,12 @@
 
 Capture attention weights from an unmodified model, replace them inside the forward pass,
 and test what they do and do not explain. The top level holds capture, the audit target,
-:func:`audit` and its result :class:`Audit`; the rest lives in subpackages:
-``attnaudit.analysis`` (streaming analysers), ``attnaudit.auditing`` (the validity
-pipeline and the orchestration), ``attnaudit.interventions`` (interventions, attributions,
-agreement), ``attnaudit.checklist``, ``attnaudit.report`` (HTML/CSV reports),
-``attnaudit.validity.gate`` (the CI gate) and ``attnaudit.testing`` (a pytest helper).
+:func:`audit` and its result :class:`Audit`; the rest lives in one subpackage per layer
+(docs/architecture.md): ``capturing``, ``targets``, ``analysis`` (streaming analysers),
+``runtime`` (processes, progress, output folders), ``interventions`` (weight and value
+edits), ``validity`` (the validity pipeline, findings and the CI gate), ``attribution``
+(Captum methods, leave-one-out, agreement), ``checklist``, ``report`` (HTML/CSV),
+``auditing`` (the orchestration) and ``cli``; ``attnaudit.testing`` is a pytest helper.
 """
 
 from typing import Any
