@@ -46,6 +46,7 @@ def test_a_logged_report_is_whole_lines_with_the_time_left(tmp_path):
     assert lines[-1].startswith("audit date: ") and lines[-1].endswith(" s in all")
 
 
+@pytest.mark.slow
 def test_quiet_commands_print_nothing_on_stderr(tmp_path):
     bart = "attnaudit_examples.date_transformer.target:make_target"
     for args in (("check", "--limit", "4", "--quiet"), ("--quiet", "demo"),

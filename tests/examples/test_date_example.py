@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from attnaudit_examples.date.data import encode_sources, is_ambiguous
 
 
@@ -33,6 +35,7 @@ def test_committed_checkpoint_is_trained(date_model, date_splits, date_vocabs):
     assert exact >= 0.99
 
 
+@pytest.mark.slow
 def test_demo_command_runs():
     result = subprocess.run([sys.executable, "-m", "attnaudit.cli", "demo"], capture_output=True,
                             text=True, check=False)

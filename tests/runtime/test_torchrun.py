@@ -25,7 +25,7 @@ from attnaudit.targets.loading import load_target
 from tests.helpers.timing import TIMED, load_free
 
 # two ranks each: one launch at a time, so a collective timeout measures the job, not the queue
-pytestmark = pytest.mark.xdist_group("torchrun")
+pytestmark = [pytest.mark.xdist_group("torchrun"), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGETS = "tests.helpers.distributed_targets"

@@ -331,6 +331,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("saved", ["gpt2"], indirect=True)  # one architecture suffices here
 def test_cli_check_report_intervene_on_a_saved_gpt2(saved, tmp_path):
     _, folder = saved
