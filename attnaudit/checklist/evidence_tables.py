@@ -7,7 +7,7 @@ x head x step x metric) is folded per site and head, or into one mean or range.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import pandas as pd
 from torch import nn
@@ -28,12 +28,8 @@ def parameter_table(model: nn.Module, site_modules: Mapping[str, str]) -> pd.Dat
     owners: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         owners.setdefault(id(param), []).append(name)
-    modules = dict(model.named_modules())
     rows = []
-    for site, path in site_modules.items():
-        module = modules.get(path)
-        if module is None:
-            continue
+    for site, path, module in _site_modules(model, site_modules):
         prefix = f"{path}." if path else ""
         for name, param in module.named_parameters():
             full = prefix + name
@@ -63,12 +59,8 @@ def site_metric_table(metrics: pd.DataFrame, names: Sequence[str]) -> pd.DataFra
 
 def dropout_table(model: nn.Module, site_modules: Mapping[str, str]) -> pd.DataFrame:
     """Dropout modules and ``dropout`` rate attributes (> 0) inside each site's module."""
-    modules = dict(model.named_modules())
     rows = []
-    for site, path in site_modules.items():
-        module = modules.get(path)
-        if module is None:
-            continue
+    for site, path, module in _site_modules(model, site_modules):
         for name, sub in module.named_modules():
             full = ".".join(p for p in (path, name) if p) or "(root)"
             # Rate 0 is no dropout (e.g. nn.LSTM's default inter-layer rate); leave it out.
@@ -95,3 +87,12 @@ def metric_range(metrics: pd.DataFrame, low: str, high: str) -> tuple[float, flo
     lo = metrics.loc[metrics["metric"] == low, "min"]
     hi = metrics.loc[metrics["metric"] == high, "max"]
     return (float(lo.min()), float(hi.max())) if len(lo) and len(hi) else None
+
+
+def _site_modules(model: nn.Module, site_modules: Mapping[str, str]
+                  ) -> Iterator[tuple[str, str, nn.Module]]:
+    """(site, module path, module) for each site whose module is in ``model``."""
+    modules = dict(model.named_modules())
+    for site, path in site_modules.items():
+        if (module := modules.get(path)) is not None:
+            yield site, path, module
