@@ -43,21 +43,11 @@ gradient of the attributed output with respect to it, per token:
 Every method but occlusion also scores the output prefix with ``target_side``, the prefix
 embeddings measured against the same baseline token's embedding.
 
-Variant reported: by default ``saliency`` and ``input_x_gradient`` treat cross-attention
-weights as constants ("attention detached", as Jain & Wallace compute gradient importance):
-a capture edit returns ``weights.detach()`` at every cross-attention site, so gradients reach
-the source only through the values (encoder states) the attention reads. Integrated
-gradients differentiates through everything, because completeness (and so the convergence
-delta) holds only for the gradient of one function along the path. ``detach_attention``
-changes which methods are detached; :meth:`Attributions.variant` says it in words.
-
-Speed (attnaudit.attribution.step_gradients): all target steps of an example share each
-forward pass (one teacher-forced pass per input point over the whole output), and their
-gradients come from batched backward passes; saliency, input x gradient and DeepLift
-without rule modules share one gradient when their detachment is the same. In those passes
-the output projection's backward multiplies only the rows a step reaches
-(:mod:`attnaudit.attribution.output_head`), and a decoder-only model computes the logits of
-the continuation's positions only.
+Variant: by default ``saliency`` and ``input_x_gradient`` hold cross-attention weights
+constant (Jain & Wallace's gradient importance); integrated gradients differentiates through
+everything, since completeness holds only along one function's path. ``detach_attention``
+changes which methods are detached; :meth:`Attributions.variant` says it in words. How the
+passes are shared across steps, and what that costs: docs/interventions.md, "Attributions".
 
 Where they live: the method names, :class:`AttributionOptions` and the result
 :class:`Attributions` in :mod:`attnaudit.attribution.options`; the embedded inputs, their
