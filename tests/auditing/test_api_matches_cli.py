@@ -13,9 +13,6 @@ import attnaudit
 from tests.helpers.fingerprints import assert_unchanged
 from tests.helpers.timing import TIMED, load_free
 
-# one worker runs the session's reports of the bundled models, and every test reading them
-pytestmark = pytest.mark.xdist_group("bundled_reports")
-
 # Wall times and memory: the only tables that differ from run to run.
 MODELS = ["date", "date_transformer"]
 

@@ -16,9 +16,6 @@ from matplotlib.container import BarContainer
 from attnaudit.report import figures as figs
 from attnaudit.report.item_figures import N_BOOTSTRAP
 
-# one worker runs the session's reports of the bundled models, and every test reading them
-pytestmark = pytest.mark.xdist_group("bundled_reports")
-
 # Jain & Wallace (2019), mean Kendall tau between attention and gradient importance, from
 # the paper: CNN 0.24 (lowest) to IMDB 0.44 (highest).
 JAIN_WALLACE_LOW, JAIN_WALLACE_HIGH = 0.24, 0.44

@@ -25,9 +25,6 @@ from tests.conftest import DATE_LIMIT
 from tests.helpers.date_reference import hand_written_decode
 from tests.helpers.report_page import read_page
 
-# one worker runs the session's reports of the bundled models, and every test reading them
-pytestmark = pytest.mark.xdist_group("bundled_reports")
-
 LIMIT = DATE_LIMIT
 
 

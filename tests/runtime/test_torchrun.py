@@ -24,8 +24,9 @@ from attnaudit.auditing.result import Audit
 from attnaudit.targets.loading import load_target
 from tests.helpers.timing import TIMED, load_free
 
-# two ranks each: one launch at a time, so a collective timeout measures the job, not the queue
-pytestmark = [pytest.mark.xdist_group("torchrun"), pytest.mark.slow]
+# two ranks per launch, tens of seconds each; a file runs on one worker (--dist loadfile),
+# so the launches run one at a time and a collective timeout measures the job
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGETS = "tests.helpers.distributed_targets"
