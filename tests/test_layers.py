@@ -66,12 +66,13 @@ def _layer_of(module: str) -> tuple[int, str]:
     return best[1], best[2]
 
 
-def _imports(name: str) -> set[str]:
-    """The attnaudit modules ``name`` imports anywhere in its source, inside functions and
-    under ``if TYPE_CHECKING:`` too (a ``from X import Y`` names module X.Y when Y is a
-    module, else X)."""
+def _imports(name: str, source: str | None = None) -> set[str]:
+    """The attnaudit modules ``name`` imports anywhere in its source (or ``source``), inside
+    functions and under ``if TYPE_CHECKING:`` too (a ``from X import Y`` names module X.Y
+    when Y is a module, else X)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
+    text = MODULES[name].read_text(encoding="utf-8") if source is None else source
+    for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -149,10 +150,12 @@ def test_the_checks_find_a_planted_cycle_and_a_planted_upward_type_only_import()
                | {"attnaudit.capturing.recorder"}}
     assert _cycle(planted) is not None
     assert any("capturing.recorder" in w for w in _upward(planted))
-    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-              "    from attnaudit.cli import main\n")
-    nodes = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)]
-    assert [n.module for n in nodes] == ["typing", "attnaudit.cli"]
+    type_only = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                 "    from attnaudit.cli import main\n"
+                 "def later() -> None:\n    from attnaudit.validity import gate\n")
+    found = _imports("attnaudit.capturing.recorder", type_only)
+    assert found == {"attnaudit.cli", "attnaudit.validity.gate"}
+    assert len(_upward({**GRAPH, "attnaudit.capturing.recorder": found})) == 2
 
 
 def test_peers_do_not_import_each_other():
