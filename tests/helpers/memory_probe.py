@@ -34,7 +34,9 @@ def reset_peak() -> int:
     allocations reuse it unseen), then Linux's peak-RSS mark reset to the current RSS (kiB),
     so that nothing this process did before (loading libraries, building the model) counts."""
     gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc; other C libraries differ
+    if trim is not None:
+        trim(0)
     Path("/proc/self/clear_refs").write_text("5")
     return _status_kib("VmRSS")
 
