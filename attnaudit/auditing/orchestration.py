@@ -26,6 +26,7 @@ from attnaudit.runtime.distributed import Shard, current_shard
 from attnaudit.runtime.progress import display
 from attnaudit.targets.checks import checked_target
 from attnaudit.targets.contract import Seq2SeqTarget
+from attnaudit.targets.decoding import decoding_record
 from attnaudit.targets.hf.loading import from_hf
 from attnaudit.targets.placement import placed
 from attnaudit.validity.analysers import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
@@ -142,6 +143,7 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
     manifest["thresholds"] = {"max_masked_mass": validity.max_masked_mass,
                               "row_sum_tolerance": validity.row_sum_tolerance}
     manifest["description"] = target.description
+    manifest["decoding"] = decoding_record(target.decoding)
     manifest["distributed"] = shard.describe()
     manifest["input_rows"] = {"rows": validity.degenerate.rows,
                               "degenerate": dict(validity.degenerate.counts)}

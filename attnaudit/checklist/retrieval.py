@@ -230,11 +230,15 @@ def positions_item(model: nn.Module, audit: ValidityAudit) -> ItemResult:
     truncation = audit.truncation
     if truncation:
         observations.append(f"Source truncation: {truncation}.")
+    if audit.decoding:
+        observations.append(f"Decoding: {audit.decoding}.")
     return ItemResult(
         ITEM_BY_KEY["positions"], NOT_RECORDED,
         "Position conventions, truncation and cache policy are not measured automatically; "
         "the audit protocol and the lengths seen are listed.",
-        measured=["Protocol: greedy decoding, then the model's own output teacher-forced in "
+        measured=["Protocol: the target's decoding (greedy, or the hypothesis the model's "
+                  "own generation settings return, as the Decoding observation says), then "
+                  "that output teacher-forced in "
                   "one forward pass (for Hugging Face targets without the key/value cache); "
                   "captured query rows are emitted steps, keys are source positions."],
         observations=observations,

@@ -25,6 +25,7 @@ from attnaudit.cli.exits import INTERRUPTED, USAGE_ERROR
 from attnaudit.errors import AttnauditError, Terminated
 from attnaudit.interventions.permutation import N_PERMUTATIONS
 from attnaudit.runtime.distributed import launched_by_torchrun, main_rank_output, torchrun_session
+from attnaudit.targets.decoding import DECODING_MODES
 from attnaudit.validity.analysers import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
 
 DESCRIPTION = ("Audit the attention of a sequence-to-sequence model: capture its attention "
@@ -80,7 +81,18 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=positive_int, metavar="N",
                         help="with --hf: examples per batch (default 100)")
     parser.add_argument("--max-new-tokens", type=positive_int, metavar="N",
-                        help="with --hf: greedy decoding limit (default 64)")
+                        help="with --hf: decoding limit (default: the model's generation "
+                             "config's, else 64)")
+    parser.add_argument("--decoding", choices=list(DECODING_MODES),
+                        help="with --hf: model: decode with the model's generation config "
+                             "(beams, length penalty, limits ...; the default); greedy: one "
+                             "hypothesis, the argmax at every step")
+    parser.add_argument("--num-beams", type=positive_int, metavar="N",
+                        help="with --hf: beam search with N beams (overrides the model's "
+                             "generation config)")
+    parser.add_argument("--seed", type=int, metavar="N",
+                        help="with --hf: seed for a decoding that samples (refused without "
+                             "one)")
     parser.add_argument("--max-source-tokens", type=positive_int, metavar="N",
                         help="with --hf: truncate longer sources (default: the model's "
                              "position limit), with a warning")

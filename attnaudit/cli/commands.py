@@ -88,6 +88,8 @@ def report_command_line(args: argparse.Namespace) -> list[str]:
                         ("--batch-size", args.batch_size),
                         ("--max-new-tokens", args.max_new_tokens),
                         ("--max-source-tokens", args.max_source_tokens),
+                        ("--decoding", args.decoding), ("--num-beams", args.num_beams),
+                        ("--seed", args.seed),
                         ("--max-memory", args.max_memory), ("--contrast", args.contrast)):
         if value is not None:
             words += [flag, str(value)]

@@ -16,7 +16,8 @@ from attnaudit.targets.hf.loading import from_hf
 from attnaudit.targets.loading import load_target
 from attnaudit.targets.placement import place
 
-HF_ONLY = ("batch_size", "max_new_tokens", "max_source_tokens")
+HF_ONLY = ("batch_size", "max_new_tokens", "max_source_tokens", "decoding", "num_beams",
+           "seed")
 
 
 def load_cli_target(args: argparse.Namespace) -> Seq2SeqTarget:
@@ -29,7 +30,9 @@ def load_cli_target(args: argparse.Namespace) -> Seq2SeqTarget:
         if args.data is None:
             raise TargetError("--hf DIR needs --data FILE.tsv (source[<TAB>target] lines)")
         given = {name: getattr(args, name) for name in HF_ONLY
-                 if getattr(args, name) is not None}
+                 if getattr(args, name) is not None and name != "num_beams"}
+        if args.num_beams is not None:
+            given["generation"] = {"num_beams": args.num_beams}
         contrast = read_contrast(args)
         return from_hf(args.hf, args.data, device=args.device, dtype=args.dtype,
                        contrast=contrast, **given)

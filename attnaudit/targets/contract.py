@@ -7,7 +7,10 @@ audited without changing its code:
   and whatever else the model needs in ``inputs``; ``inputs["offsets"]``, when given,
   is ``(B, n, 2)`` character offsets of the source tokens, which word-level tables use);
 - ``greedy(batch)`` returns the emitted ids ``(B, T)`` (the decoder start token excluded,
-  end-of-sequence included, anything after it is padding);
+  end-of-sequence included, anything after it is padding): the output the audit explains,
+  a hand-written target's greedy decoding, or for a Hugging Face target the hypothesis its
+  :class:`~attnaudit.targets.decoding.Decoding` returns (by default the model's own
+  generation settings: beams included);
 - ``teacher_forced(batch, emitted)`` returns logits ``(B, T, V)`` where position ``t``
   predicts ``emitted[:, t]`` from ``emitted[:, :t]`` and the source, i.e. the model's own
   greedy output fed back — the default seq2seq protocol of docs/metrics.md;
@@ -39,6 +42,7 @@ import torch
 from torch import nn
 
 from attnaudit.capturing.sites import SiteSelection
+from attnaudit.targets.decoding import Decoding
 
 
 @dataclass
@@ -113,7 +117,8 @@ class Seq2SeqTarget:
         name: short label used in reports.
         model: the unmodified model.
         batches: () -> iterable of :class:`Batch`, the audit data.
-        greedy: batch -> emitted ids (B, T) long.
+        greedy: batch -> emitted ids (B, T) long: the audited output (the name is the
+            protocol's historical one; see ``decoding``).
         teacher_forced: (batch, emitted (B, T)) -> logits (B, T, V).
         source_embedding: module whose first call per forward embeds the source.
         target_embedding: optional, the module embedding the decoder's input tokens (its
@@ -144,6 +149,8 @@ class Seq2SeqTarget:
             ``decode(batch, encoded, emitted)[:, t]``. Used only with ``decode_states``.
         device: where the model runs; batches are moved there (None: as yielded).
         truncation: one sentence on how sources were truncated, for the report.
+        decoding: the decoding settings ``greedy`` runs with, for the manifest and the
+            report (None: the target's own greedy function).
     """
 
     name: str
@@ -170,6 +177,7 @@ class Seq2SeqTarget:
     target_embedding: nn.Module | None = None
     first_prefix_input: int = 0
     unk_id: int | None = None
+    decoding: Decoding | None = None
 
     def step_mask(self, emitted: torch.Tensor) -> torch.Tensor:
         """Bool (B, T): steps up to and including the first ``eos_id``."""

@@ -32,6 +32,7 @@ from attnaudit.runtime.measurement import PERFORMANCE_COLUMNS
 from attnaudit.runtime.progress import advance, display, phase
 from attnaudit.targets.checks import call_target, checked_target
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
+from attnaudit.targets.decoding import describe_decoding
 from attnaudit.validity.analysers import (
     DEFAULT_MAX_MASKED_MASS,
     DEFAULT_ROW_SUM_TOLERANCE,
@@ -126,6 +127,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         performance=pd.DataFrame(state.performance, columns=PERFORMANCE_COLUMNS),
         example=state.example,
         truncation=target.truncation,
+        decoding=describe_decoding(target.decoding),
         degenerate=state.degenerate,
         max_masked_mass=max_masked_mass,
         row_sum_tolerance=row_sum_tolerance,

@@ -39,6 +39,7 @@ class ValidityAudit:
         performance: one row per batch (see :mod:`attnaudit.validity.timing`).
         example: the first example's attention maps, when kept.
         truncation: how the target truncated its sources ("" when it does not say).
+        decoding: one sentence on how the audited outputs were decoded ("" when unknown).
         degenerate: rows per degenerate reason (:mod:`attnaudit.analysis.degenerate`).
         max_masked_mass, row_sum_tolerance: the tolerances rows were counted at; a
             row_sum_tolerance of None means each site's dtype rule (the sites table's
@@ -55,6 +56,7 @@ class ValidityAudit:
     performance: pd.DataFrame
     example: ExampleMaps | None
     truncation: str = ""
+    decoding: str = ""
     degenerate: DegenerateCounter = field(default_factory=DegenerateCounter)
     max_masked_mass: float = DEFAULT_MAX_MASKED_MASS
     row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE

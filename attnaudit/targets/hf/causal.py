@@ -7,8 +7,9 @@ config is not an encoder-decoder. The mapping:
 
 - the *source* is the prompt, left-padded as Hugging Face batches it: ``source_ids`` (B, P),
   ``source_mask`` True on real tokens; prompts longer than the limit keep their last tokens;
-- the *output* is the greedy continuation of at most ``max_new_tokens`` tokens, ending at
-  the first end-of-sequence token; ``teacher_forced`` runs prompt + continuation once, and
+- the *output* is the continuation the target's decoding returns (greedy, or the best beam
+  of the model's generation settings: :mod:`attnaudit.targets.decoding`), ending at the
+  first end-of-sequence token; ``teacher_forced`` runs prompt + continuation once, and
   the row at position ``P-1 + t`` gives the logits of continuation token ``t``;
 - the model's self-attention is presented to capture as two views per layer
   (:mod:`attnaudit.capturing.views`): ``:cross``, the continuation rows over the prompt
@@ -41,6 +42,7 @@ from attnaudit.capturing.views import prompt_views
 from attnaudit.errors import TargetError
 from attnaudit.targets.contract import Seq2SeqTarget
 from attnaudit.targets.data import AuditData
+from attnaudit.targets.decoding import Decoding
 from attnaudit.targets.hf.cache import cache_argument, cache_prefix, cache_tensors
 from attnaudit.targets.hf.tokenizer import source_limit, special_token_ids
 
@@ -72,13 +74,13 @@ class CausalLM:
     """How a causal LM runs prompt -> continuation: what the target's callables call.
 
     eos_id: ends a continuation (None: neither tokenizer nor config names one). pad_id:
-    pads prompts on the left (the tokenizer's or config's pad, else ``eos_id``). limit:
-    prompt tokens kept (the last ones), or None.
+    pads prompts on the left (the tokenizer's or config's pad, else ``eos_id``). decoding:
+    how continuations are decoded. limit: prompt tokens kept (the last ones), or None.
     """
 
     model: nn.Module
     tokenizer: Any
-    max_new_tokens: int
+    decoding: Decoding
     limit: int | None = None
 
     @property
@@ -130,12 +132,11 @@ class CausalLM:
             out[at, : len(row)] = torch.tensor(row, dtype=torch.long)
         return out
 
-    @torch.no_grad()
     def greedy(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The greedy continuation (B, T) of prompts ``ids`` (B, P), ``mask`` bool."""
-        out = self.model.generate(input_ids=ids, attention_mask=mask.long(), do_sample=False,
-                                  num_beams=1, max_new_tokens=self.max_new_tokens,
-                                  pad_token_id=self.pad_id, eos_token_id=self.eos_id)
+        """The continuation (B, T) of prompts ``ids`` (B, P), ``mask`` bool, that
+        :attr:`decoding` returns (greedy, or the best beam)."""
+        out = self.decoding.generate(self.model, input_ids=ids, attention_mask=mask.long(),
+                                     pad_token_id=self.pad_id, eos_token_id=self.eos_id)
         return out[:, ids.shape[1]:]
 
     def teacher_forced(self, ids: torch.Tensor, mask: torch.Tensor,
@@ -189,8 +190,8 @@ class CausalLM:
 
     def description(self, origin: str, n_prompts: int) -> str:
         return (f"{type(self.model).__name__} (decoder-only) from "
-                f"{origin or 'a loaded model'}: {n_prompts} prompts, greedy continuations of "
-                f"at most {self.max_new_tokens} tokens; cross-attention is the "
+                f"{origin or 'a loaded model'}: {n_prompts} prompts, continuations by "
+                f"{self.decoding.search}{self.decoding.limit_text}; cross-attention is the "
                 "continuation's attention over the prompt, renormalised over the prompt")
 
     def target(self, data: AuditData, *, batch_size: int, max_source_tokens: int | None,
@@ -202,7 +203,8 @@ class CausalLM:
             raise TargetError(f"{label}: a causal LM target needs an end-of-sequence id "
                               "(tokenizer.eos_token_id or config.eos_token_id)")
         self.limit, truncation = source_limit(self.tokenizer, self.model.config, data.sources,
-                                              max_source_tokens, reserved=self.max_new_tokens)
+                                              max_source_tokens,
+                                              reserved=self.decoding.max_new_tokens or 0)
         if self.limit is not None:
             truncation += " (a cut prompt keeps its last tokens)"
         where = next(self.model.parameters()).device
@@ -226,4 +228,4 @@ class CausalLM:
             eos_id=self.eos_id, special_ids=self.special_ids,
             description=self.description(origin, len(data.sources)), device=where,
             truncation=truncation, target_embedding=self.model.get_input_embeddings(),
-            first_prefix_input=1)
+            first_prefix_input=1, decoding=self.decoding)

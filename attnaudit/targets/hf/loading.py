@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from attnaudit.capturing.hf import check_backends
 from attnaudit.errors import CaptureError, TargetError
 from attnaudit.targets.contract import Seq2SeqTarget
 from attnaudit.targets.data import AuditData, audit_data
+from attnaudit.targets.decoding import resolve_decoding
 from attnaudit.targets.hf.causal import CausalLM, is_causal_lm
 from attnaudit.targets.hf.seq2seq import Seq2SeqLM
 from attnaudit.targets.hf.tokenizer import check_tokenization, check_tokenizer_files
@@ -26,15 +27,20 @@ from attnaudit.targets.placement import resolve_device, resolve_dtype
 
 
 def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any = None,
-            batch_size: int = 100, max_new_tokens: int = 64,
+            batch_size: int = 100, max_new_tokens: int | None = None,
             max_source_tokens: int | None = None, device: str | torch.device | None = None,
             dtype: str | torch.dtype | None = None, name: str | None = None,
-            contrast: Sequence[str] | None = None) -> Seq2SeqTarget:
+            contrast: Sequence[str] | None = None, decoding: str = "model",
+            generation: Mapping[str, Any] | None = None,
+            seed: int | None = None) -> Seq2SeqTarget:
     """A target from a Hugging Face model and its tokenizer: loaded, or a local folder.
 
     A seq2seq model (``config.is_encoder_decoder``) audits source -> output; a decoder-only
-    model (GPT-2, Llama ...) audits prompt -> greedy continuation, the prompts being the
-    sources (see :mod:`attnaudit.targets.hf.causal`).
+    model (GPT-2, Llama ...) audits prompt -> continuation, the prompts being the sources
+    (see :mod:`attnaudit.targets.hf.causal`). Outputs are decoded as the model decodes them:
+    with its ``generation_config`` (beams, length penalty, length limits, forced BOS/EOS,
+    no-repeat n-grams, bad words ...), and the one hypothesis ``generate`` returns (the best
+    beam) is what every protocol teacher-forces (see :mod:`attnaudit.targets.decoding`).
 
     Args:
         model_or_dir: a loaded ``PreTrainedModel`` (give ``tokenizer``), or a directory with
@@ -45,7 +51,8 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         tokenizer: the model's tokenizer; required with a loaded model, read from the folder
             otherwise.
         batch_size: examples per batch.
-        max_new_tokens: generation limit for greedy decoding.
+        max_new_tokens: the decoding's limit on new tokens (default: the model's generation
+            config's ``max_new_tokens`` or ``max_length`` when it sets one, else 64).
         max_source_tokens: truncate longer sources (default: the model's position limit,
             ``max_position_embeddings``, when its config has one). Truncation warns with the
             number of sources cut and is recorded in ``target.truncation``.
@@ -57,6 +64,13 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         contrast: optional, one contrast output string per source, for contrastive
             attribution; tokenized as targets into ``batch.inputs["contrast_ids"]`` (for a
             decoder-only model: as a continuation, without special tokens).
+        decoding: ``"model"``: the model's generation settings with ``generation`` on top;
+            ``"greedy"``: one hypothesis, the argmax at every step, whatever the config
+            says about beams or sampling.
+        generation: ``generate`` keyword arguments overriding the model's generation config,
+            e.g. ``{"num_beams": 2, "length_penalty": 1.0}``.
+        seed: seeds sampled decoding (refused without one: an audit must explain one
+            reproducible output); each decoding call draws from a fresh state so seeded.
 
     A loaded model is left exactly as it is — mode, dtype, device, attention backend: the
     target runs it in place. When ``device`` or ``dtype`` would change it, a copy is moved
@@ -89,8 +103,10 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
         model, tokenizer = _load_folder(auto, model_dir, tokenizer, device, dtype)
         origin = label = model_dir.as_posix()
     _check_model(label, model, tokenizer, examples)
+    how = resolve_decoding(model, mode=decoding, generation=generation, seed=seed,
+                           max_new_tokens=max_new_tokens)
     adapter = CausalLM if is_causal_lm(getattr(model, "config", None)) else Seq2SeqLM
-    return adapter(model, tokenizer, max_new_tokens).target(
+    return adapter(model, tokenizer, how).target(
         examples, batch_size=batch_size, max_source_tokens=max_source_tokens, label=label,
         origin=origin, name=name)
 

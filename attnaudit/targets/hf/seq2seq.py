@@ -1,5 +1,5 @@
 """Hugging Face encoder-decoder models (BART, Marian, T5, FSMT ...) as audit targets:
-source -> greedy output.
+source -> the output the model's decoding returns (:mod:`attnaudit.targets.decoding`).
 
 :class:`Seq2SeqLM` runs the model and its tokenizer as the callables of a
 :class:`~attnaudit.targets.contract.Seq2SeqTarget`;
@@ -24,6 +24,7 @@ from torch import nn
 from attnaudit.errors import TargetError
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from attnaudit.targets.data import AuditData
+from attnaudit.targets.decoding import Decoding
 from attnaudit.targets.hf.cache import cache_argument, cache_prefix, cache_tensors
 from attnaudit.targets.hf.tokenizer import source_limit, special_token_ids
 
@@ -37,12 +38,13 @@ class Seq2SeqLM:
 
     start_id, pad_id, eos_id: the decoder's start token, the padding and the end of the
     output (the tokenizer's pad and eos, else the config's); None when neither names one.
-    limit: source tokens kept (the first ones), or None.
+    decoding: how outputs are decoded (beams, limits ...). limit: source tokens kept (the
+    first ones), or None.
     """
 
     model: nn.Module
     tokenizer: Any
-    max_new_tokens: int
+    decoding: Decoding
     limit: int | None = None
     _cache_arg: str = field(init=False, repr=False)
 
@@ -83,12 +85,11 @@ class Seq2SeqLM:
         foil = self.tokenizer(text_target=list(texts), padding=True, return_tensors="pt")
         return foil["input_ids"].masked_fill(foil["attention_mask"] == 0, self.eos_id)
 
-    @torch.no_grad()
     def greedy(self, batch: Batch) -> torch.Tensor:
-        """The greedy output (B, T), the decoder start token left out."""
-        out = self.model.generate(
-            input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
-            do_sample=False, num_beams=1, max_new_tokens=self.max_new_tokens,
+        """The output (B, T) of :attr:`decoding` (greedy, or the best beam), the decoder
+        start token left out."""
+        out = self.decoding.generate(
+            self.model, input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
             decoder_start_token_id=self.start_id, pad_token_id=self.pad_id,
             eos_token_id=self.eos_id)
         return out[:, 1:]
@@ -167,7 +168,7 @@ class Seq2SeqLM:
             encode=self.encode, decode=self.decode, decode_states=self.decode_states,
             decode_step=self.decode_step, device=where, truncation=truncation,
             target_embedding=_decoder_embedding(self.model),
-            unk_id=self.tokenizer.unk_token_id)
+            unk_id=self.tokenizer.unk_token_id, decoding=self.decoding)
 
 
 def _source_embedding(model: nn.Module) -> nn.Module:
