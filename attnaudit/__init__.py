@@ -12,7 +12,7 @@ edits), ``validity`` (the validity pipeline, findings and the CI gate), ``attrib
 
 from typing import Any
 
-from attnaudit.capturing import Capture, Edit, capture, tap
+from attnaudit.capturing import Capture, Edit, beam_path, beam_records, capture, tap
 from attnaudit.errors import (
     AttnauditError,
     CaptureError,
@@ -43,6 +43,8 @@ __all__ = [
     "SiteNotFound",
     "TargetError",
     "audit",
+    "beam_path",
+    "beam_records",
     "capture",
     "from_hf",
     "load_target",

@@ -15,6 +15,7 @@ PUBLIC = {
                          "SiteNotFound", "TargetError"),
     "attnaudit.capturing.recorder": ("Capture", "Edit", "capture"),
     "attnaudit.capturing.tap": ("tap",),
+    "attnaudit.capturing.beams": ("beam_path", "beam_records"),
     "attnaudit.auditing.orchestration": ("audit",),
     "attnaudit.auditing.result": ("Audit",),
     "attnaudit.targets.contract": ("Batch", "Expectation", "Seq2SeqTarget"),
