@@ -1,12 +1,15 @@
 """The whole intervention and attribution suite on one target, as tidy tables.
 
-Variant reported (docs/metrics.md): the seq2seq protocol — teacher-force the model's own greedy
-output and intervene at one target step at a time, at every cross-attention site at once
-(``sites=`` narrows it); keys are source positions; special source tokens and padding are
-not eligible and keep their weight in place. "Attention" as one key-level distribution is
-the mean over the edited sites and heads. Permutation, uniform, single zeroing and value
-replacement run on every row; the cumulative removal test and the adversarial search run
-on seeded subsets of examples (stated in ``InterventionSuite.metadata``).
+Variant reported (docs/metrics.md): the seq2seq protocol — teacher-force the model's own
+output (greedy, or the hypothesis the target's decoding returns) and intervene at one target
+step at a time, at every cross-attention site at once (``sites=`` narrows it); keys are
+source positions; special source tokens and padding are not eligible and keep their weight
+in place. "Attention" as one key-level distribution is the mean over the edited sites and
+heads. Permutation, uniform, single zeroing and value replacement run on every row; the
+cumulative removal test and the adversarial search run on seeded subsets of examples
+(stated in ``InterventionSuite.metadata``). With ``sequence_effects``, the uniform, zeroing
+and median permutation edits are also held while the sources are decoded again
+(:mod:`attnaudit.interventions.sequence`).
 """
 
 from __future__ import annotations
@@ -42,11 +45,13 @@ from attnaudit.interventions.permutation import (
     permutation_test,
 )
 from attnaudit.interventions.reference_run import Reference, RowIndex, reference
+from attnaudit.interventions.sequence import SEQUENCE_PROTOCOLS, sequence_effects
 from attnaudit.interventions.values import value_replacement
 from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
 from attnaudit.runtime.progress import advance, display, phase, settle, split
 from attnaudit.targets.checks import checked_target
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
+from attnaudit.targets.decoding import describe_decoding
 
 CUMULATIVE_EXAMPLES = 50
 QUICK_PERMUTATIONS = 20
@@ -56,7 +61,7 @@ ROW_KEYS = ["example", "step", "n_valid", "max_attention"]
 # table name -> its frames, one per batch (or per part of a batch)
 _BatchParts = dict[str, list[pd.DataFrame]]
 # What the metadata says of the variant run (docs/metrics.md).
-_PROTOCOL_NOTE = ("teacher-forced greedy output; one target step edited at a time; all listed "
+_PROTOCOL_NOTE = ("teacher-forced decoded output; one target step edited at a time; all listed "
                   "sites edited together; special and padding keys in place")
 _ATTENTION_NOTE = "mean over the edited sites and heads (max_attention, top key, orders)"
 
@@ -103,7 +108,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
               cumulative_examples: int = CUMULATIVE_EXAMPLES,
               adversarial_examples: int = ADVERSARIAL_EXAMPLES,
               max_memory: int | str | None = None, shard: Shard = SINGLE,
-              attribution: AttributionOptions | None = None) -> InterventionSuite:
+              attribution: AttributionOptions | None = None,
+              sequence_effects: bool = False) -> InterventionSuite:
     """Run every intervention, attribution and agreement statistic on ``target``'s data.
 
     quick skips the adversarial search and integrated gradients and draws
@@ -118,6 +124,9 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     shard: this process's part of a distributed suite (:mod:`attnaudit.runtime.distributed`): it
     runs its own batches and every rank returns the whole suite, its tables gathered in
     batch order (the same tables as one process).
+    sequence_effects: also decode each source again with the uniform, zeroing and median
+    permutation edits held at every step, and table whether the returned text changed
+    (``sequence_effects``; :mod:`attnaudit.interventions.sequence`).
     """
     attribution = attribution or AttributionOptions()
     if n_permutations is None:
@@ -149,7 +158,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
                             first_example=starts[index], max_memory=max_memory)
             local.append((index, {}))
             variants = _run_batch(target, ref, batch, local[-1][1], methods, n_permutations,
-                                  cumulative_set, adversarial_set, progress, attribution)
+                                  cumulative_set, adversarial_set, progress, attribution,
+                                  sequence_effects)
             settle()
     shared = (_reference_facts(ref), variants) if ref is not None else None
     parts, (facts, attribution_variants) = _gathered(shard, local, shared)
@@ -177,6 +187,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         "edited_items": facts["edited_items"],
         "max_memory_bytes": facts["max_memory_bytes"],
         "degenerate_rows": reason_counts(tables["degenerate"]),
+        "decoding": describe_decoding(target.decoding),
+        "sequence_effects": sequence_effects,
     })
 
 
@@ -227,18 +239,19 @@ def _reference_facts(ref: Reference) -> dict[str, Any]:
 def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
                parts: _BatchParts, methods: tuple[str, ...],
                n_permutations: int, cumulative_set: set[int], adversarial_set: set[int],
-               progress: bool, attribution: AttributionOptions) -> dict[str, str]:
+               progress: bool, attribution: AttributionOptions,
+               sequence_effects: bool = False) -> dict[str, str]:
     """Run everything on one batch; returns each attribution method's variant in words."""
     _per_batch(parts, "degenerate", degenerate_table(ref.reasons, ref.eligible,
                                                      ref.first_example))
     rows = ref.rows()
     # the batch's progress counters: the row protocols (when it has rows), attribution, and
     # leave-one-out; the cumulative and adversarial subsets are counted when drawn at all
-    row_protocols = 4 + bool(cumulative_set) + bool(adversarial_set)
+    row_protocols = 4 + bool(cumulative_set) + bool(adversarial_set) + sequence_effects
     split(len(batch), 2 + (row_protocols if len(rows) else 0))
     if len(rows):
         _run_row_protocols(target, ref, rows, parts, n_permutations, cumulative_set,
-                           adversarial_set, progress)
+                           adversarial_set, progress, sequence_effects)
     found = attribute(target, batch, ref.emitted, methods, progress=progress,
                       output=attribution.output, reduction=attribution.reduction,
                       baseline=attribution.baseline, target_side=attribution.target_side,
@@ -269,16 +282,21 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
 def _run_row_protocols(target: Seq2SeqTarget, ref: Reference, rows: RowIndex,
                        parts: _BatchParts, n_permutations: int,
                        cumulative_set: set[int], adversarial_set: set[int],
-                       progress: bool) -> None:
+                       progress: bool, sequence: bool = False) -> None:
     """The per-row protocols on a batch's counted (not degenerate) rows."""
     run: dict[str, Callable[[], pd.DataFrame]] = {
         "permutation": lambda: permutation_test(target, ref, rows, n_permutations=n_permutations,
-                                                progress=progress),
+                                                progress=progress, median_draw=sequence),
         "uniform": lambda: uniform_test(target, ref, rows, progress=progress),
         "zeroing": lambda: zeroing_test(target, ref, rows, progress=progress),
     }
     for name, fn in run.items():
         _per_batch(parts, name, fn())
+    if sequence:
+        draws = parts["permutation"][-1]["perm_median_draw"].to_numpy()
+        _per_batch(parts, "sequence_effects", sequence_effects(
+            target, ref, rows, perm_median_draw=draws, n_permutations=n_permutations,
+            progress=progress))
     values, controls = value_replacement(target, ref, rows, progress=progress)
     _per_batch(parts, "values", values)
     _per_batch(parts, "value_controls", controls)
@@ -344,6 +362,8 @@ def _summary(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                     "mean over steps, then over examples"))
         out.append((f"{prefix}_flip", part[f"{prefix}_flip"].astype(bool).mean(), len(part),
                     "token flip rate"))
+    if "sequence_effects" in tables:
+        out.extend(_sequence_summary(tables["sequence_effects"]))
     if "adversarial" in tables:
         adv = tables["adversarial"]
         out.append(("eps_max_jsd", adv["eps_max_jsd"].mean(), len(adv),
@@ -353,3 +373,18 @@ def _summary(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
         out.append(("convergence_delta_abs", delta.mean(), len(delta),
                     "integrated gradients, mean |delta| in probability units"))
     return pd.DataFrame(out, columns=["metric", "value", "n", "variant"])
+
+
+def _sequence_summary(table: pd.DataFrame) -> list[tuple[str, float, int, str]]:
+    """Per sequence protocol: the exact-match share and the mean token edit distance."""
+    out = []
+    for protocol in SEQUENCE_PROTOCOLS:
+        part = table[table["protocol"] == protocol]
+        if part.empty:
+            continue
+        held = "re-decoded with the edit held at every step"
+        out.append((f"seq_{protocol}_exact_match", part["exact_match"].astype(bool).mean(),
+                    len(part), f"share of outputs unchanged, {held}"))
+        out.append((f"seq_{protocol}_edit_distance", part["edit_distance"].mean(), len(part),
+                    f"mean token edit distance to the unedited output, {held}"))
+    return out

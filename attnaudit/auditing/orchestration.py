@@ -42,14 +42,15 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
           row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
           progress: bool = True, command_line: Sequence[str] | str | None = None,
           process_group: Any = None, attribution: AttributionOptions | None = None,
-          **hf_options: Any) -> Audit:
+          sequence_effects: bool = False, **hf_options: Any) -> Audit:
     """Audit the attention of a seq2seq model: validity, interventions, checklist.
 
     Args:
         target_or_model: a :class:`~attnaudit.targets.contract.Seq2SeqTarget`; or a loaded Hugging
             Face seq2seq model (with ``tokenizer``) or its folder, with ``data``: both go
             through :func:`attnaudit.from_hf` (``hf_options``: its ``batch_size``,
-            ``max_new_tokens``, ``max_source_tokens``, ``name``).
+            ``max_new_tokens``, ``max_source_tokens``, ``name``, ``decoding``,
+            ``generation``, ``seed``).
         data: with a model or folder: the sources (see :func:`attnaudit.from_hf`).
         tokenizer: with a loaded model: its tokenizer.
         quick: skip the adversarial search and integrated gradients; 20 permutations per
@@ -80,6 +81,10 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             ``audit`` with the same arguments; only one should save the report.
         attribution: what the attribution methods attribute and their variant
             (:class:`~attnaudit.attribution.options.AttributionOptions`).
+        sequence_effects: also decode the sources again with the uniform, zeroing and
+            median permutation edits held at every step, and report whether the returned
+            text changed (:mod:`attnaudit.interventions.sequence`; off by default: one
+            decoding per edited row).
 
     Returns:
         The :class:`~attnaudit.auditing.result.Audit`. The model is left as it was.
@@ -96,7 +101,7 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
         with placed(target_or_model, device, dtype) as target:
             return _run(target, quick, limit, interventions, checks_only, max_memory,
                         max_masked_mass, row_sum_tolerance, progress, command_line, shard,
-                        attribution)
+                        attribution, sequence_effects)
     if data is None:
         raise TargetError("auditing a model needs data=: source strings, a TSV path, or a "
                           "pandas column")
@@ -104,14 +109,14 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
                      **hf_options)
     return _run(target, quick, limit, interventions, checks_only, max_memory,
                 max_masked_mass, row_sum_tolerance, progress, command_line, shard,
-                attribution)
+                attribution, sequence_effects)
 
 
 def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: bool,
          checks_only: bool, max_memory: int | str | None, max_masked_mass: float,
          row_sum_tolerance: float | None, progress: bool,
          command_line: Sequence[str] | str | None, shard: Shard,
-         attribution: AttributionOptions | None) -> Audit:
+         attribution: AttributionOptions | None, sequence_effects: bool = False) -> Audit:
     started = time.perf_counter()
     target = checked_target(target)  # its data's errors name the target, from here on
     texts = [text for batch in target.iter_batches(limit) for text in batch.texts]
@@ -126,7 +131,7 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
                                       row_sum_tolerance=row_sum_tolerance, shard=shard)
         if suite_runs:
             suite, reason = _run_suite(target, quick, limit, progress, max_memory, shard,
-                                           attribution)
+                                       attribution, sequence_effects)
         else:
             suite = None
             reason = ("the audit ran the gate's checks only" if checks_only else
@@ -138,7 +143,8 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
     manifest = build_manifest(target.model, target_name=target.name, texts=texts,
                               sites=list(validity.sites["site"]), seeds=seeds,
                               command_line=command_line,
-                              options={"quick": quick, "limit": limit},
+                              options={"quick": quick, "limit": limit,
+                                       "sequence_effects": sequence_effects},
                               hash_model=not checks_only)
     manifest["thresholds"] = {"max_masked_mass": validity.max_masked_mass,
                               "row_sum_tolerance": validity.row_sum_tolerance}
@@ -158,11 +164,12 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
 
 def _run_suite(target: Seq2SeqTarget, quick: bool, limit: int | None, progress: bool,
                max_memory: int | str | None, shard: Shard,
-               attribution: AttributionOptions | None
+               attribution: AttributionOptions | None, sequence_effects: bool
                ) -> tuple[InterventionSuite | None, str | None]:
     try:
         return run_suite(target, quick=quick, limit=limit, progress=progress,
-                         max_memory=max_memory, shard=shard, attribution=attribution), None
+                         max_memory=max_memory, shard=shard, attribution=attribution,
+                         sequence_effects=sequence_effects), None
     except AttnauditError as exc:
         if progress:
             print(f"audit {target.name}: interventions not recorded: {exc}", file=sys.stderr)

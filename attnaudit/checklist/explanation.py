@@ -50,7 +50,7 @@ def interventions_item(suite: SuiteTables) -> ItemResult:
     return ItemResult(
         ITEM_BY_KEY["interventions"], explanation_status(tables),
         "Weights, values and inputs were intervened on and the output distribution compared.",
-        measured=["Teacher-forced on the model's own greedy output; each intervention edits "
+        measured=["Teacher-forced on the model's own decoded output; each intervention edits "
                   "the attention inside the forward pass and compares the per-step output "
                   "distribution with the unedited one (TVD, JSD, argmax flips).",
                   *_suite_settings(suite.metadata)],
@@ -150,6 +150,13 @@ def intervention_lines(tables: Mapping[str, pd.DataFrame]) -> list[tuple[str, st
         lines.append(("Value replacement at the top-weighted key — " + "; ".join(parts)
                       + ". This tests whether that position's content mattered, not whether "
                       "the weight was right.", "larger_score"))
+    sequence = find_table(tables, ("protocol", "exact_match", "edit_distance"))
+    if sequence is not None:
+        parts = [f"{protocol}: {_rate(group['exact_match']):.0%} of {len(group)} unchanged, "
+                 f"mean edit distance {group['edit_distance'].mean():.3g} tokens"
+                 for protocol, group in sequence.groupby("protocol", sort=False)]
+        lines.append(("Decoded again with the edit held at every step, the returned text — "
+                      + "; ".join(parts) + ".", "causal_explanation"))
     adversarial = find_table(tables, ("eps_max_jsd",))
     if adversarial is not None:
         jsd = adversarial["eps_max_jsd"]

@@ -113,6 +113,13 @@ def _add_memory_argument(parser: argparse.ArgumentParser) -> None:
                              "512MB (default 1GiB)")
 
 
+def _add_sequence_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sequence-effects", action="store_true",
+                        help="also decode each source again with the uniform, zeroing and "
+                             "median permutation edits held at every step, and report whether "
+                             "the returned text changed (exact match, token edit distance)")
+
+
 def _add_attribution_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attribute", choices=list(OUTPUTS), default="prob",
                         help="what gradient attributions explain (default prob; entropy: "
@@ -185,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     intervene.add_argument("--head", action="append", type=int, metavar="N",
                            help="edit only this head at each edited site (repeatable)")
     _add_memory_argument(intervene)
+    _add_sequence_argument(intervene)
     _add_attribution_arguments(intervene)
     intervene.set_defaults(run=intervene_command)
 
@@ -193,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output_arguments(report, required=True)
     report.add_argument("--quick", action="store_true", help=QUICK_HELP)
     _add_memory_argument(report)
+    _add_sequence_argument(report)
     _add_attribution_arguments(report)
     report.set_defaults(run=report_command)
     return parser

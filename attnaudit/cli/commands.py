@@ -70,7 +70,8 @@ def report_command(args: argparse.Namespace) -> int:
     target = load_cli_target(args)
     result = audit(target, quick=args.quick, limit=args.limit, progress=not quiet(args),
                    max_memory=max_memory, command_line=report_command_line(args),
-                   attribution=attribution_option(args))
+                   attribution=attribution_option(args),
+                   sequence_effects=args.sequence_effects)
     shard = current_shard()
     with shard.together("writing the report"):
         if shard.is_main:  # rank 0 alone writes; the others wait for it to finish
@@ -101,7 +102,8 @@ def report_command_line(args: argparse.Namespace) -> list[str]:
         words += ["--methods", ",".join(args.methods)]
     words += ["--out", str(args.out)]
     words += [flag for flag, given in (("--quick", args.quick), ("--force", args.force),
-                                       ("--target-side", args.target_side)) if given]
+                                       ("--target-side", args.target_side),
+                                       ("--sequence-effects", args.sequence_effects)) if given]
     return words
 
 
@@ -114,7 +116,8 @@ def intervene_command(args: argparse.Namespace) -> int:
     target = load_cli_target(args)
     suite = run_suite(target, quick=args.quick, limit=args.limit, progress=not quiet(args),
                       sites=args.site, heads=args.head, max_memory=max_memory, shard=shard,
-                      attribution=attribution_option(args))
+                      attribution=attribution_option(args),
+                      sequence_effects=args.sequence_effects)
     print_suite(suite)
     with shard.together("writing the tables"):
         if folder is not None and shard.is_main:

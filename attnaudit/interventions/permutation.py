@@ -73,12 +73,15 @@ class _PermutationEdit:
 
 def permutation_test(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | None = None, *,
                      n_permutations: int = N_PERMUTATIONS, chunk_size: int | None = None,
-                     progress: bool = False) -> pd.DataFrame:
+                     progress: bool = False, median_draw: bool = False) -> pd.DataFrame:
     """Per row: ``perm_median_tvd``, ``perm_median_jsd``, ``perm_flip_rate``, ``max_attention``.
 
     Returns one DataFrame row per (example, step): columns example (global index), step,
     n_valid, max_attention (largest eligible weight of the site-and-head mean), and the
-    three permutation metrics. ``target`` is the :class:`Seq2SeqTarget` ``ref`` came from.
+    three permutation metrics; with ``median_draw``, also ``perm_median_draw``: the draw
+    whose TVD is the row's median (the lower middle one of an even count), which
+    :mod:`~attnaudit.interventions.sequence` re-decodes with. ``target`` is the
+    :class:`Seq2SeqTarget` ``ref`` came from.
     """
     if n_permutations < 1:
         raise ValueError(f"n_permutations must be positive, got {n_permutations}")
@@ -93,12 +96,16 @@ def permutation_test(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | Non
         change = run_items(target, ref, example, step, edit, chunk_size=chunk_size,
                            progress=bar)
     per_row = (n_rows, n_permutations)
-    return pd.DataFrame({
+    table = pd.DataFrame({
         **row_columns(ref, rows),
         "perm_median_tvd": median(change.tvd.reshape(per_row)).numpy(),
         "perm_median_jsd": median(change.jsd.reshape(per_row)).numpy(),
         "perm_flip_rate": change.flip.reshape(per_row).float().mean(-1).numpy(),
     })
+    if median_draw:
+        order = torch.argsort(change.tvd.reshape(per_row), dim=-1, stable=True)
+        table["perm_median_draw"] = order[:, (n_permutations - 1) // 2].numpy()
+    return table
 
 
 def permutation_summary(per_row: pd.DataFrame) -> pd.DataFrame:
