@@ -204,3 +204,56 @@ def _check_median_draw(by_hand: ByHand, e: int, t: int, order: torch.Tensor,
         return torch.softmax(logits[0, t].float(), -1)
 
     assert float(tvd(probs(None), probs(at_step))) == pytest.approx(median_tvd, abs=1e-5)
+
+
+def test_a_causal_lm_with_beams_redecodes_as_by_hand(tmp_path):
+    """GPT-2 with 2 beams from its generation config, left-padded prompts: the uniform
+    edit of the ``:cross`` view held while decoding equals, by hand, the continuation rows'
+    eligible prompt weight spread evenly over the eligible prompt keys in every call."""
+    transformers = pytest.importorskip("transformers")
+    from tests.helpers.tiny_hf import VOCAB, save_checkpoint
+
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2,
+                                     n_head=4, initializer_range=0.3, bos_token_id=1,
+                                     eos_token_id=2, pad_token_id=0)
+    save_checkpoint(transformers.GPT2LMHeadModel, config, tmp_path, eos_after=False)
+    transformers.GenerationConfig(num_beams=2, max_new_tokens=4, bos_token_id=1,
+                                  eos_token_id=2, pad_token_id=0).save_pretrained(tmp_path)
+    target = attnaudit.from_hf(tmp_path, ["w5 w6 w7 w8 w9", "w10 w11", "w12 w13 w14"])
+    batch = next(target.iter_batches())
+    ref = reference(target, batch)
+    table = sequence_effects(target, ref, ref.rows())
+    got = table[table["protocol"] == "uniform"]
+    assert set(table["protocol"]) == {"uniform", "zero_top", "zero_random"}
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    prompt = batch.source_ids.shape[1]
+    eligible = batch.source_mask  # no special token in these prompts
+
+    def generate(e: int, edit=None) -> list[int]:
+        context = attnaudit.capture(model, edit=edit) if edit else torch.no_grad()
+        with torch.no_grad(), context:
+            out = model.generate(input_ids=batch.source_ids[e:e + 1],
+                                 attention_mask=batch.source_mask[e:e + 1].long(),
+                                 num_beams=2, max_new_tokens=4, pad_token_id=0,
+                                 eos_token_id=2)[0, prompt:].tolist()
+        return out[: out.index(2) + 1] if 2 in out else out
+
+    def uniform_prompt(e: int):
+        def edit(site, w, mask):
+            queries, keys = w.shape[2], w.shape[3]
+            first = max(prompt - 1 - (keys - queries), 0)  # rows of continuation steps
+            keep = eligible[e].clone()
+            new = w.clone()
+            block = new[:, :, first:, :prompt]
+            block[..., keep] = block[..., keep].sum(-1, keepdim=True) / int(keep.sum())
+            new[:, :, first:, :prompt] = block
+            return new
+        return edit
+
+    for row in got.itertuples(index=False):
+        before, after = generate(row.example), generate(row.example, uniform_prompt(row.example))
+        assert row.exact_match == (before == after)
+        assert row.edit_distance == levenshtein(before, after)
+        assert before == ref.emitted[row.example][ref.steps[row.example]].tolist()
+    assert not got["exact_match"].all()

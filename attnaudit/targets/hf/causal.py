@@ -134,9 +134,12 @@ class CausalLM:
 
     def greedy(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The continuation (B, T) of prompts ``ids`` (B, P), ``mask`` bool, that
-        :attr:`decoding` returns (greedy, or the best beam)."""
-        out = self.decoding.generate(self.model, input_ids=ids, attention_mask=mask.long(),
-                                     pad_token_id=self.pad_id, eos_token_id=self.eos_id)
+        :attr:`decoding` returns (greedy, or the best beam); under prompt views, so that a
+        capture of the decoding (an edit held while decoding) sees the ``:cross`` and
+        ``:self`` sites the protocols edit."""
+        with prompt_views(ids.shape[1]):
+            out = self.decoding.generate(self.model, input_ids=ids, attention_mask=mask.long(),
+                                         pad_token_id=self.pad_id, eos_token_id=self.eos_id)
         return out[:, ids.shape[1]:]
 
     def teacher_forced(self, ids: torch.Tensor, mask: torch.Tensor,
