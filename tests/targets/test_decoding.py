@@ -163,3 +163,15 @@ def test_the_date_bart_still_decodes_greedily():
     decoding = make_target().decoding
     assert decoding.search == "greedy"
     assert decoding.settings == {"do_sample": False, "max_new_tokens": 12, "num_beams": 1}
+
+
+def test_the_report_command_line_keeps_the_decoding_options():
+    from attnaudit.cli.commands import report_command_line
+
+    argv = ["report", "--hf", "m", "--data", "d.tsv", "--decoding", "greedy", "--num-beams",
+            "1", "--seed", "4", "--sequence-effects", "--out", "o"]
+    args = build_parser().parse_args(argv)
+    again = build_parser().parse_args(report_command_line(args)[1:])
+    assert vars(again) | {"run": None} == vars(args) | {"run": None}
+    assert (args.decoding, args.num_beams, args.seed, args.sequence_effects) == \
+        ("greedy", 1, 4, True)
