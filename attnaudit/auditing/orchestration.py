@@ -144,7 +144,8 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
                               sites=list(validity.sites["site"]), seeds=seeds,
                               command_line=command_line,
                               options={"quick": quick, "limit": limit,
-                                       "sequence_effects": sequence_effects},
+                                       **({"sequence_effects": True} if sequence_effects
+                                          else {})},
                               hash_model=not checks_only)
     manifest["thresholds"] = {"max_masked_mass": validity.max_masked_mass,
                               "row_sum_tolerance": validity.row_sum_tolerance}
