@@ -49,8 +49,16 @@ def one_thread():
 
 @pytest.fixture(scope="module", params=[*SEQ2SEQ, "gpt2"])
 def checkpoint(request, tmp_path_factory) -> tuple[str, Path]:
-    name = request.param
-    folder = tmp_path_factory.mktemp(name)
+    return _saved(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module")
+def bart(tmp_path_factory) -> tuple[str, Path]:
+    """BART alone: what is checked with it does not depend on the architecture."""
+    return _saved("bart", tmp_path_factory.mktemp("bart_alone"))
+
+
+def _saved(name: str, folder: Path) -> tuple[str, Path]:
     if name == "gpt2":
         config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32,
                                          n_layer=2, n_head=4, initializer_range=0.3,
@@ -129,11 +137,11 @@ def test_aligned_rows_equal_teacher_forcing_and_eager_attentions(checkpoint):
     assert list(aligned) == list(cap.records)
 
     tf = _teacher_forced(name, model, inputs, out.sequences)
-    steps = path.shape[1]
+    steps, decoder_sites = path.shape[1], _decoder_sites(cap)
     for site, record in aligned.items():
         reference = tf[site].weights
-        if record.weights.shape[0] == path.shape[0] and len(record.calls) == steps \
-                and site in _decoder_sites(name, cap):
+        if site in decoder_sites:
+            assert len(record.calls) == steps
             reference = reference[:, :, _steps(name, inputs)][:, :, :steps]
             got = record.weights.masked_fill(~live[:, None, :, None], 0)
             want = reference.masked_fill(~live[:, None, :, None], 0)
@@ -154,7 +162,7 @@ def test_aligned_rows_equal_teacher_forcing_and_eager_attentions(checkpoint):
         _close(aligned[site].weights.masked_fill(~live[:, None, :, None], 0), want)
 
 
-def _decoder_sites(name: str, cap) -> list[str]:
+def _decoder_sites(cap) -> list[str]:
     """Step sites in capture order: every site of GPT-2, the decoder's of a seq2seq."""
     slots = BEAMS * len(SOURCES)
     return [site for site, r in cap.records.items() if r.calls[0].weights.shape[0] == slots]
@@ -163,7 +171,7 @@ def _decoder_sites(name: str, cap) -> list[str]:
 def _eager_by_site(name: str, cap, truth) -> dict[str, list[torch.Tensor]]:
     """Site name -> the eager attentions of each step (slots, H, Q, K), matched by kind and
     order of first call."""
-    sites = _decoder_sites(name, cap)
+    sites = _decoder_sites(cap)
     if name == "gpt2":
         return {site: [step[layer] for step in truth.attentions]
                 for layer, site in enumerate(sites)}
@@ -175,13 +183,11 @@ def _eager_by_site(name: str, cap, truth) -> dict[str, list[torch.Tensor]]:
     return out
 
 
-def test_a_custom_loops_parent_pointers_give_the_same_records(checkpoint):
+def test_a_custom_loops_parent_pointers_give_the_same_records(bart):
     """beam_path turns parent pointers into the path; a tensor path aligns as the output
     does. The parents are rebuilt from HF's own paths (two returned sequences per
     example, so paths share prefixes)."""
-    name, folder = checkpoint
-    if name != "bart":
-        pytest.skip("the path arithmetic does not depend on the architecture")
+    name, folder = bart
     model = _load(name, folder, "sdpa")
     inputs = _inputs(name, folder)
     with attnaudit.capture(model) as cap:
@@ -206,10 +212,8 @@ def test_a_custom_loops_parent_pointers_give_the_same_records(checkpoint):
                                    atol=0, rtol=0)
 
 
-def test_pointers_that_do_not_fit_are_clear_errors(checkpoint):
-    name, folder = checkpoint
-    if name != "bart":
-        pytest.skip("the checks do not depend on the architecture")
+def test_pointers_that_do_not_fit_are_clear_errors(bart):
+    name, folder = bart
     model = _load(name, folder, "sdpa")
     inputs = _inputs(name, folder)
     with attnaudit.capture(model) as cap:

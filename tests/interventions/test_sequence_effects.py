@@ -68,6 +68,7 @@ class ByHand:
                     "pad_token_id": config.pad_token_id, "eos_token_id": config.eos_token_id}
         special = torch.tensor(target.special_ids)
         self.eligible = batch.source_mask & ~torch.isin(batch.source_ids, special)  # (B, n)
+        self.sites: list[str] = []
         self.unedited = self.decode(list(range(len(batch))), None)
         decoder_inputs = torch.cat([torch.full((len(batch), 1), config.decoder_start_token_id),
                                     self.generated()[:, :-1]], dim=1)
@@ -95,7 +96,7 @@ class ByHand:
             def edit(site, weights, mask, e=e):
                 return rows(self.sites.index(site.name), weights, e)
 
-            context = attnaudit.capture(self.model, sites=getattr(self, "sites", None),
+            context = attnaudit.capture(self.model, sites=self.sites,
                                         edit=edit) if rows else torch.no_grad()
             with torch.no_grad(), context:
                 out = self.model.generate(input_ids=self.batch.source_ids[e:e + 1],
