@@ -175,3 +175,12 @@ def test_the_report_command_line_keeps_the_decoding_options():
     assert vars(again) | {"run": None} == vars(args) | {"run": None}
     assert (args.decoding, args.num_beams, args.seed, args.sequence_effects) == \
         ("greedy", 1, 4, True)
+
+
+def test_a_hand_written_target_says_it_decodes_its_own_way():
+    from attnaudit_examples.date.target import make_target
+
+    result = attnaudit.audit(make_target(), checks_only=True, limit=2, progress=False)
+    assert result.manifest["decoding"]["mode"] == "target"
+    positions = next(i for i in result.checklist.items if i.item.key == "positions")
+    assert "Decoding: the target's own greedy function" in " ".join(positions.observations)
