@@ -117,7 +117,9 @@ def built(request, tmp_path_factory) -> Built:
     except ImportError as exc:
         skip(arch, f"needs a package that is not installed: {exc}")
     sources = [" ".join(words[3 * i : 3 * i + n]) for i, n in enumerate(SOURCE_LENGTHS)]
-    target = attnaudit.from_hf(folder, sources, max_new_tokens=NEW_TOKENS)
+    # greedy: generate() is compared step by step with eager greedy decoding (some configs,
+    # e.g. FSMT's, say beams; beams are tests/capturing/test_beam_records.py's)
+    target = attnaudit.from_hf(folder, sources, max_new_tokens=NEW_TOKENS, decoding="greedy")
     truth_model = AutoModelForSeq2SeqLM.from_pretrained(folder, local_files_only=True,
                                                         attn_implementation="eager").eval()
     batch = next(target.iter_batches())
