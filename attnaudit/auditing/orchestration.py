@@ -21,6 +21,7 @@ from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
 from attnaudit.auditing.result import Audit
 from attnaudit.checklist import build_checklist
 from attnaudit.errors import AttnauditError, TargetError
+from attnaudit.report.explorer import DEFAULT_EXAMPLES as DEFAULT_EXPLORER_EXAMPLES
 from attnaudit.report.manifest import build_manifest
 from attnaudit.runtime.distributed import Shard, current_shard
 from attnaudit.runtime.progress import display
@@ -41,7 +42,7 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
           row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
           progress: bool = True, command_line: Sequence[str] | str | None = None,
           process_group: Any = None, attribution: AttributionOptions | None = None,
-          **hf_options: Any) -> Audit:
+          explorer_examples: int = DEFAULT_EXPLORER_EXAMPLES, **hf_options: Any) -> Audit:
     """Audit the attention of a seq2seq model: validity, interventions, checklist.
 
     Args:
@@ -79,6 +80,8 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             ``audit`` with the same arguments; only one should save the report.
         attribution: what the attribution methods attribute and their variant
             (:class:`~attnaudit.attribution.options.AttributionOptions`).
+        explorer_examples: the first examples whose attention maps are kept for the
+            report's attention explorer (>= 1; memory grows with it, not with the data).
 
     Returns:
         The :class:`~attnaudit.auditing.result.Audit`. The model is left as it was.
@@ -95,7 +98,7 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
         with placed(target_or_model, device, dtype) as target:
             return _run(target, quick, limit, interventions, checks_only, max_memory,
                         max_masked_mass, row_sum_tolerance, progress, command_line, shard,
-                        attribution)
+                        attribution, explorer_examples)
     if data is None:
         raise TargetError("auditing a model needs data=: source strings, a TSV path, or a "
                           "pandas column")
@@ -103,14 +106,14 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
                      **hf_options)
     return _run(target, quick, limit, interventions, checks_only, max_memory,
                 max_masked_mass, row_sum_tolerance, progress, command_line, shard,
-                attribution)
+                attribution, explorer_examples)
 
 
 def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: bool,
          checks_only: bool, max_memory: int | str | None, max_masked_mass: float,
          row_sum_tolerance: float | None, progress: bool,
          command_line: Sequence[str] | str | None, shard: Shard,
-         attribution: AttributionOptions | None) -> Audit:
+         attribution: AttributionOptions | None, explorer_examples: int) -> Audit:
     started = time.perf_counter()
     target = checked_target(target)  # its data's errors name the target, from here on
     texts = [text for batch in target.iter_batches(limit) for text in batch.texts]
@@ -122,7 +125,8 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
                                       keep_example=not checks_only, regions=not checks_only,
                                       timing=not checks_only, checks_only=checks_only,
                                       max_masked_mass=max_masked_mass,
-                                      row_sum_tolerance=row_sum_tolerance, shard=shard)
+                                      row_sum_tolerance=row_sum_tolerance, shard=shard,
+                                      keep_examples=explorer_examples)
         if suite_runs:
             suite, reason = _run_suite(target, quick, limit, progress, max_memory, shard,
                                            attribution)
@@ -137,7 +141,8 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
     manifest = build_manifest(target.model, target_name=target.name, texts=texts,
                               sites=list(validity.sites["site"]), seeds=seeds,
                               command_line=command_line,
-                              options={"quick": quick, "limit": limit},
+                              options={"quick": quick, "limit": limit,
+                                       "explorer_examples": explorer_examples},
                               hash_model=not checks_only)
     manifest["thresholds"] = {"max_masked_mass": validity.max_masked_mass,
                               "row_sum_tolerance": validity.row_sum_tolerance}

@@ -48,7 +48,7 @@ from attnaudit.validity.timing import forward_passes, greedy_timed, performance_
 class _AuditState:
     """What one rank's audit has gathered so far, batch after batch: the analysers (and
     one region analyser per expectation), the site facts, the performance rows, the
-    degenerate rows, the first example's maps and the number of examples."""
+    degenerate rows, the first examples' maps and the number of examples."""
 
     analysers: ValidityAnalysers
     regions: dict[str, RegionAnalyser]
@@ -57,6 +57,7 @@ class _AuditState:
     degenerate: DegenerateCounter = field(default_factory=DegenerateCounter)
     example: ExampleMaps | None = None
     examples: int = 0
+    kept: list[ExampleMaps] = field(default_factory=list)
 
 
 def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
@@ -64,7 +65,8 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                        regions: bool = True, timing: bool = True,
                        max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
                        row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
-                       checks_only: bool = False, shard: Shard = SINGLE) -> ValidityAudit:
+                       checks_only: bool = False, shard: Shard = SINGLE,
+                       keep_examples: int = 1) -> ValidityAudit:
     """Audit every attention site of ``target`` over its data (see the module docstring).
 
     Args:
@@ -72,6 +74,9 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         limit: audit only the first ``limit`` examples (>= 1).
         progress: a progress display on stderr (:mod:`attnaudit.runtime.progress`).
         keep_example: keep the first example's attention maps.
+        keep_examples: with ``keep_example``, keep the maps of the first ``keep_examples``
+            examples (>= 1; the report's explorer draws them), batch after batch until there
+            are that many: memory does not grow with the data.
         regions: measure the target's expectations (region_mass, top_weight_hit).
         timing: time greedy decoding and the forward without and with capture, repeated,
             and measure peak memory (:mod:`attnaudit.validity.timing`); without it no time
@@ -93,6 +98,10 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or limit < 1):
         raise ValueError(f"limit must be a positive number of examples, got {limit!r}")
+    if isinstance(keep_examples, bool) or not isinstance(keep_examples, int) \
+            or keep_examples < 1:
+        raise ValueError(f"keep_examples must be a positive number of examples, got "
+                         f"{keep_examples!r}")
     target = checked_target(target)
     state = _AuditState(ValidityAnalysers(max_masked_mass, row_sum_tolerance,
                                           checks_only=checks_only),
@@ -106,7 +115,8 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
             data.update(batch.texts)
             if shard.owns(index):
                 _audit_batch(target, batch, index, state, timing=timing,
-                             checks_only=checks_only, keep_example=keep_example)
+                             checks_only=checks_only,
+                             keep=keep_examples if keep_example else 0)
             # else another rank's batch, audited at the same time
             advance(len(batch))
     if shard.is_distributed:
@@ -125,6 +135,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         site_summary=summarise_sites(metrics, list(state.sites)),
         performance=pd.DataFrame(state.performance, columns=PERFORMANCE_COLUMNS),
         example=state.example,
+        kept_examples=state.kept,
         truncation=target.truncation,
         degenerate=state.degenerate,
         max_masked_mass=max_masked_mass,
@@ -133,10 +144,10 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
 
 
 def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditState, *,
-                 timing: bool, checks_only: bool, keep_example: bool) -> None:
+                 timing: bool, checks_only: bool, keep: int) -> None:
     """Audit the target's batch number ``index`` into ``state``: greedy decoding, the
     teacher-forced passes, every captured site under its declared rule, the performance
-    row and, for the first batch seen with ``keep_example``, the first example's maps."""
+    row and, while fewer than ``keep`` are kept, its examples' maps."""
     emitted, greedy_times = greedy_timed(target, batch, timing)
     step_mask = target.step_mask(emitted)
     state.degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
@@ -151,8 +162,10 @@ def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditS
         if roles[name] == "cross" and state.regions:
             _update_regions(target, state.regions, declared_rows(record, declared), batch,
                             emitted, step_mask)
-    if keep_example and state.example is None:
-        state.example = _first_example(target, cap.records, roles, batch, emitted, step_mask)
+    for row in range(min(keep - len(state.kept), len(batch))):
+        state.kept.append(_kept_example(target, cap.records, roles, batch, emitted, step_mask,
+                                        row, state.examples + row))
+        state.example = state.kept[0]
     state.performance.append(performance_row(index, batch, step_mask, greedy_times, passes,
                                              cap.records))
     state.examples += len(batch)
@@ -211,14 +224,17 @@ def _regions_frame(analysers: dict[str, RegionAnalyser]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _first_example(target: Seq2SeqTarget, records: dict[str, AttentionRecord],
-                   roles: dict[str, str], batch: Batch, emitted: torch.Tensor,
-                   step_mask: torch.Tensor) -> ExampleMaps:
-    """Example 0's maps at every site, labelled with the target's own token names."""
-    source_tokens = call_target(target.name, "source_tokens", target.source_tokens,
-                                batch.select([0]))[0]
+def _kept_example(target: Seq2SeqTarget, records: dict[str, AttentionRecord],
+                  roles: dict[str, str], batch: Batch, emitted: torch.Tensor,
+                  step_mask: torch.Tensor, row: int, index: int) -> ExampleMaps:
+    """The maps of the batch's example ``row`` (``index`` in the data) at every site,
+    labelled with the target's own token names, with each site's declared key rule."""
+    one = batch.select([row])
+    source_tokens = call_target(target.name, "source_tokens", target.source_tokens, one)[0]
     target_tokens = call_target(target.name, "target_tokens", target.target_tokens,
-                                emitted[:1])[0]
-    words, rule = source_words(target, batch.select([0]))
-    return example_maps(records, roles, batch.texts[0], source_tokens, target_tokens,
-                        batch.source_mask[0], step_mask[0], words[0], rule)
+                                emitted[row:row + 1])[0]
+    words, rule = source_words(target, one)
+    declared = {name: declared_rule(roles[name], batch, step_mask)[0] for name in records}
+    return example_maps(records, roles, batch.texts[row], source_tokens, target_tokens,
+                        batch.source_mask[row], step_mask[row], words[0], rule, example=row,
+                        declared=declared, index=index)
