@@ -52,9 +52,10 @@ U8_LEVELS = 254
 class View:
     """One role of attention in one example, its sites stacked as layers.
 
-    measures: name -> float32 (layers, heads or 1, queries, keys); NaN where a site lacks
-    the measure. eligible: bool (layers, heads, queries, keys) or None (not known).
-    row_sum, masked_mass: float64 (layers, heads, queries) or None.
+    query_labels, key_labels: the tokens as the target names them (the page draws their
+    spaces visible). measures: name -> float32 (layers, heads or 1, queries, keys); NaN
+    where a site lacks the measure. eligible: bool (layers, heads, queries, keys) or None
+    (not known). row_sum, masked_mass: float64 (layers, heads, queries) or None.
     """
 
     name: str
@@ -117,8 +118,8 @@ def _view(example: ExampleMaps, name: str, role: str, sites: list[str],
                           first.weights.shape) for n in names}
     title = (DECODER_ONLY_TITLES if decoder_only else ROLE_TITLES).get(role, role)
     known = all(m.eligible is not None for m in maps)
-    return View(name, role, title, sites, [visible_token(t) for t in first.query_labels],
-                [visible_token(t) for t in first.key_labels], measures,
+    return View(name, role, title, sites, list(first.query_labels), list(first.key_labels),
+                measures,
                 np.stack([m.eligible for m in maps]) if known else None,
                 np.stack([m.row_sum for m in maps]) if known else None,
                 np.stack([m.masked_mass for m in maps]) if known else None)
@@ -196,7 +197,8 @@ def _view_payload(view: View, encoding: str, max_masked_mass: float | None,
     weights = view.measures[WEIGHTS]
     out: dict[str, Any] = {
         "name": view.name, "role": view.role, "title": view.title, "sites": view.sites,
-        "queries": view.query_labels, "keys": view.key_labels,
+        "queries": [visible_token(t) for t in view.query_labels],
+        "keys": [visible_token(t) for t in view.key_labels],
         "shape": list(weights.shape),
         "measures": {n: encode(a, encoding) for n, a in view.measures.items()},
         "ineligible": None, "masked_cells": [], "failing_rows": []}
