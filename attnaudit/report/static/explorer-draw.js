@@ -193,8 +193,12 @@
     return scene;
   }
 
+  /* The scene of the current view, in whole CSS pixels (its PNG is that size). */
   function layout(ex, width) {
-    return ex.state.mode === "model" ? modelLayout(ex, width) : headLayout(ex, width);
+    const scene = ex.state.mode === "model" ? modelLayout(ex, width) : headLayout(ex, width);
+    scene.width = Math.ceil(scene.width);
+    scene.height = Math.ceil(scene.height);
+    return scene;
   }
 
   function paint(ctx, scene, ratio) {
