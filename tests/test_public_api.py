@@ -17,6 +17,7 @@ PUBLIC = {
     "attnaudit.capturing.tap": ("tap",),
     "attnaudit.auditing.orchestration": ("audit",),
     "attnaudit.auditing.result": ("Audit",),
+    "attnaudit.report.capture_view": ("show",),
     "attnaudit.targets.contract": ("Batch", "Expectation", "Seq2SeqTarget"),
     "attnaudit.targets.hf.loading": ("from_hf",),
     "attnaudit.targets.loading": ("load_target",),

@@ -6,8 +6,6 @@ capture is shown through :func:`attnaudit.show`."""
 from __future__ import annotations
 
 import base64
-import json
-import re
 
 import numpy as np
 import pandas as pd
@@ -21,17 +19,9 @@ from attnaudit.report.explorer import DEFAULT_EXAMPLES, decode, encode
 from attnaudit.report.figures import visible_token
 from attnaudit.validity.pipeline import run_validity_audit
 from tests.conftest import BART_LIMIT
+from tests.helpers.report_page import page_data
 
 PAGE_BUDGET = 3_000_000
-DATA = re.compile(r'<script type="application/json" class="ax-data">(.*?)</script>', re.S)
-
-
-def page_data(html: str) -> dict:
-    """The explorer's JSON as the page holds it."""
-    found = DATA.findall(html)
-    assert len(found) == 1
-    return json.loads(found[0])
-
 
 def f32(measure: dict, shape: list[int]) -> np.ndarray:
     """A measure read back by hand: base64 of little-endian float32 in C order."""
