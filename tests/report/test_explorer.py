@@ -211,3 +211,31 @@ def test_the_notebook_view_of_an_audit_holds_the_explorer():
     assert "<iframe" not in checks._repr_html_()
     with pytest.raises(attnaudit.AttnauditError, match="kept no example maps"):
         checks.show()
+
+
+def test_a_decoder_only_model_shows_its_prompt_and_continuation(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from attnaudit.report.explorer import explorer_views, maps_frame
+    from tests.helpers.tiny_hf import VOCAB, save_checkpoint
+
+    config = transformers.GPT2Config(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2,
+                                     pad_token_id=0, n_positions=32, n_embd=32, n_layer=2,
+                                     n_head=4, initializer_range=0.3)
+    save_checkpoint(transformers.GPT2LMHeadModel, config, tmp_path, eos_after=False)
+    prompts = ["w5 w6 w7 w8 w9", "w10 w11"]
+    target = attnaudit.from_hf(tmp_path, prompts, max_new_tokens=4)
+    audit = run_validity_audit(target, progress=False, timing=False, regions=False,
+                               keep_examples=2)
+    examples = explorer_views(audit.kept_examples)
+    for example, prompt in zip(examples, prompts, strict=True):
+        titles = {v.name: v.title for v in example.views}
+        assert titles == {"decoder_self": "continuation over itself",
+                          "cross": "continuation over the prompt"}
+        cross = next(v for v in example.views if v.name == "cross")
+        assert cross.measures["weights"].shape[:2] == (2, 4)
+        assert len(cross.key_labels) == len(prompt.split())  # the prompt's real tokens
+        np.testing.assert_allclose(cross.measures["weights"].sum(-1), 1.0, atol=1e-5)
+    frame = maps_frame(examples)
+    assert set(frame["view"]) == {"decoder_self", "cross"}
+    assert len(frame) == sum(a.size for e in examples for v in e.views
+                             for a in v.measures.values())
