@@ -288,6 +288,20 @@ def test_a_long_capture_in_chromium_is_windowed_and_every_measure_shows(browser,
     assert _readout(browser)["value"] == format(
         (float(norms[0, 299, 299]) + float(norms[1, 299, 299])) / 2, ".4g")
     _check_exports(browser)
+    # the page decodes both encodings as Python does (8 bits: approximate, a scale per map)
+    from attnaudit.report.explorer import decode, encode
+
+    array = np.random.default_rng(2).normal(size=(2, 3, 4, 5)).astype(np.float32)
+    array[1, 0, 2, 3] = np.nan
+    for encoding in ("f32", "u8"):
+        measure = encode(array, encoding)
+        got = browser.execute_script(
+            "return Array.from(window.AttnauditExplorer.decodeMeasure(arguments[0], "
+            "arguments[1]).values);", measure, list(array.shape))
+        expected = decode(measure, array.shape).ravel()
+        assert got[int(np.flatnonzero(np.isnan(expected))[0])] is None  # NaN comes back null
+        np.testing.assert_allclose(np.array(got, dtype=float), expected, rtol=1e-12,
+                                   equal_nan=True)
     # numbers as Python prints them with ".4g", ties rounded half to even
     values = [0.015625, 0.125, 0.5, 1.0, 0.0, 1e-05, 1.23456e-05, 0.00012345, 12345.678,
               9.99951, 0.99995, 0.099995, 2.5e-07, -0.03125, 1234.5, 123.45, 0.0001,

@@ -62,7 +62,8 @@
     const stepField = el("label", {class: "ax-field ax-step-field"}, [this.stepLabel, c.step, c.stepText]);
     const modes = el("div", {class: "ax-modes", role: "group", "aria-label": "View"}, [c.model, c.headMode]);
     const exports = el("div", {class: "ax-exports", role: "group", "aria-label": "Export"}, [c.png, c.svg]);
-    this.canvas = el("canvas", {class: "ax-canvas", tabindex: "0", role: "img"});
+    this.canvas = el("canvas", {class: "ax-canvas", tabindex: "0", role: "application",
+      "aria-roledescription": "attention map"});
     this.readout = el("output", {class: "ax-readout", id: id + "-readout", "aria-live": "polite"});
     this.canvas.setAttribute("aria-describedby", id + "-readout");
     this.tooltip = el("div", {class: "ax-tooltip", "aria-hidden": "true", hidden: ""});
