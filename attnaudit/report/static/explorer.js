@@ -104,16 +104,22 @@
     return this.data.examples[this.state.example].views[this.state.view];
   };
 
-  /* The decoded measure of the current view (decoded once, on first use). */
+  /* The decoded measure of the current view (decoded once, on first use, and kept with
+   * the view). */
   Explorer.prototype.measure = function (name) {
-    const key = this.state.example + "/" + this.state.view + "/" + name;
-    if (!this.cache.has(key)) {
-      const view = this.view();
+    const view = this.view();
+    const decoded = this.decoded(view);
+    if (!decoded.measures[name]) {
       const m = X.decodeMeasure(view.measures[name], view.shape);
       m.scale = X.scaleFor(name, m.values);
-      this.cache.set(key, m);
+      decoded.measures[name] = m;
     }
-    return this.cache.get(key);
+    return decoded.measures[name];
+  };
+
+  Explorer.prototype.decoded = function (view) {
+    if (!this.cache.has(view)) this.cache.set(view, {measures: {}, ineligible: null});
+    return this.cache.get(view);
   };
 
   Explorer.prototype.select = function (change) {
@@ -127,8 +133,8 @@
     options(c.measure, names.map((n) => [n, n]), s.measure);
     const [layers, heads, queries, keys] = view.shape;
     const mheads = this.measure(s.measure).heads;
-    if (s.layer !== MEAN) s.layer = Math.min(s.layer, layers - 1);
-    if (s.head !== MEAN) s.head = Math.min(s.head, mheads - 1);
+    s.layer = s.layer === MEAN && layers > 1 ? MEAN : Math.min(s.layer === MEAN ? 0 : s.layer, layers - 1);
+    s.head = s.head === MEAN && mheads > 1 ? MEAN : Math.min(s.head === MEAN ? 0 : s.head, mheads - 1);
     options(c.layer, [...view.sites.map((site, i) => [i, i + ": " + site]),
       ...(layers > 1 ? [[MEAN, "mean over layers"]] : [])], s.layer);
     options(c.head, [...Array.from({length: mheads}, (_, i) => [i, String(i)]),
@@ -198,11 +204,11 @@
   };
 
   Explorer.prototype.ineligible = function (layer, head, q, k) {
-    const bits = this.view().ineligible;
-    if (!bits || layer === MEAN || head === MEAN) return false;
-    const key = this.state.example + "/" + this.state.view + "/ineligible";
-    if (!this.cache.has(key)) this.cache.set(key, X.decodeBits(bits));
-    const b = this.cache.get(key);
+    const view = this.view();
+    if (!view.ineligible || layer === MEAN || head === MEAN) return false;
+    const decoded = this.decoded(view);
+    decoded.ineligible = decoded.ineligible || X.decodeBits(view.ineligible);
+    const b = decoded.ineligible;
     const [, heads, queries, keys] = b.shape;
     return b.values[((layer * heads + head) * queries + q) * keys + k] === 1;
   };
