@@ -28,7 +28,7 @@ def examples_page(examples: Sequence[ExampleMaps], *, title: str,
     """The explorer page of an audit's kept examples; ``sites``: the audit's sites table,
     whose ``row_sum_tolerance`` column sets each site's row-sum check."""
     data = payload(explorer_views(examples), max_masked_mass=max_masked_mass,
-                   row_sum_tolerance=site_tolerances(sites))
+                   row_sum_tolerance=site_tolerances(sites), csv=None)
     return ExplorerPage(standalone_page(data, title))
 
 
@@ -75,7 +75,7 @@ def show(capture_or_record: Any, tokens: Sequence[object] | None = None, *,
     tolerances = {name: row_sum_tolerance(r.weights.dtype, int(r.weights.shape[-1]))
                   for name, r in records.items()}
     data = payload(explorer_views([maps]), max_masked_mass=DEFAULT_MAX_MASKED_MASS,
-                   row_sum_tolerance=tolerances)
+                   row_sum_tolerance=tolerances, csv=None)
     return ExplorerPage(standalone_page(data, title))
 
 

@@ -176,15 +176,16 @@ def site_tolerances(sites: pd.DataFrame | None) -> dict[str, float]:
 
 
 def payload(examples: Sequence[ExampleViews], *, max_masked_mass: float | None,
-            row_sum_tolerance: Mapping[str, float], budget: int = PAYLOAD_BUDGET
-            ) -> dict[str, Any]:
+            row_sum_tolerance: Mapping[str, float], budget: int = PAYLOAD_BUDGET,
+            csv: str | None = CSV_NAME) -> dict[str, Any]:
     """The page's data (JSON-ready): every example's views, each measure encoded as
     ``f32`` when the whole fits ``budget`` base64 bytes, else ``u8``; the rows that fail
     the masked-mass or row-sum check (at ``max_masked_mass`` and each site's
-    ``row_sum_tolerance``) and the cells of ineligible keys that received weight."""
+    ``row_sum_tolerance``) and the cells of ineligible keys that received weight; ``csv``:
+    the file holding the same values, which the page names (None: there is none)."""
     cells = sum(a.size for e in examples for v in e.views for a in v.measures.values())
     encoding = "f32" if math.ceil(cells * 4 / 3) <= budget else "u8"
-    return {"version": 1, "encoding": encoding, "csv": CSV_NAME,
+    return {"version": 1, "encoding": encoding, "csv": csv,
             "max_masked_mass": max_masked_mass,
             "examples": [{"index": e.index, "source": e.source,
                           "views": [_view_payload(v, encoding, max_masked_mass,

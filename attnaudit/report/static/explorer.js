@@ -223,7 +223,8 @@
     const mheads = this.measure(s.measure).heads;
     const where = (cell.layer === MEAN ? "mean over layers" : "layer " + cell.layer + " (" + view.sites[cell.layer] + ")") +
       ", " + (mheads === 1 ? "one map per layer" : cell.head === MEAN ? "mean over heads" : "head " + cell.head);
-    const text = s.measure + " " + X.formatValue(v) + (cell.layer === MEAN || cell.head === MEAN ? " (mean computed here)" : "") +
+    const approximate = this.measure(s.measure).encoding === "u8" ? "\u2248" : "";
+    const text = s.measure + " " + approximate + X.formatValue(v) + (cell.layer === MEAN || cell.head === MEAN ? " (mean computed here)" : "") +
       "; query " + cell.q + " " + this.tokenText(view.queries, cell.q) + " \u2192 key " + cell.k + " " +
       this.tokenText(view.keys, cell.k) + "; " + where + "; " + view.title + ", example #" +
       this.data.examples[s.example].index + ".";
@@ -300,7 +301,8 @@
     this.legend.textContent = "Colour: " + this.state.measure + " from " + range +
       (m.encoding === "u8" ? " (stored with 8 bits per map: values are approximate)" : "") +
       ". Grey cells: keys the row may not attend; a red outline: an ineligible key that received weight; " +
-      "a red bar left of a row: the row fails the row-sum or masked-mass check. Values: " + this.data.csv + ".";
+      "a red bar left of a row: the row fails the row-sum or masked-mass check." +
+      (this.data.csv ? " Every value: " + this.data.csv + "." : "");
   };
 
   /* The current view as PNG (data URL) or SVG (text), at its layout size. */
