@@ -75,8 +75,8 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             (default: the initialised default group, if any; see
             :mod:`attnaudit.runtime.distributed`). Each rank audits its share of the batches on
             its own device (``cuda:LOCAL_RANK`` for ``"cuda"``, or for no device under
-            nccl) and every rank returns the merged audit (the first example's maps on
-            rank 0 only); progress is printed by rank 0 only. Every rank must call
+            nccl) and every rank returns the merged audit (the kept examples' maps
+            gathered from every rank); progress is printed by rank 0 only. Every rank must call
             ``audit`` with the same arguments; only one should save the report.
         attribution: what the attribution methods attribute and their variant
             (:class:`~attnaudit.attribution.options.AttributionOptions`).

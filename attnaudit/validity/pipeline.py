@@ -89,7 +89,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
             audit costs little more than the greedy decode and one teacher-forced pass.
         shard: this process's part of a distributed audit (:mod:`attnaudit.runtime.distributed`):
             it audits its own batches, and every rank returns the merged audit (the first
-            example's maps, from batch 0, on rank 0 only).
+            examples' maps gathered from the ranks that kept them).
 
     Raises:
         TargetError: the target's callables fail or return the wrong shapes, or there is
@@ -111,17 +111,19 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     with display(None, enabled=progress, name=f"audit {target.name}"), \
             shard.together("the validity audit"):
         phase("validity")
+        keep, seen = keep_examples if keep_example else 0, 0
         for index, batch in enumerate(_batches(target, limit)):
             data.update(batch.texts)
             if shard.owns(index):
                 _audit_batch(target, batch, index, state, timing=timing,
-                             checks_only=checks_only,
-                             keep=keep_examples if keep_example else 0)
+                             checks_only=checks_only, keep=keep, first=seen)
             # else another rank's batch, audited at the same time
+            seen += len(batch)
             advance(len(batch))
     if shard.is_distributed:
         shard.agree("data", data.hexdigest())
         _merge_shards(shard, state)
+        _merge_kept(shard, state, keep)
     if state.examples == 0:
         raise TargetError(f"target {target.name!r} yielded no examples to audit")
     metrics = state.analysers.metrics()
@@ -144,10 +146,11 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
 
 
 def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditState, *,
-                 timing: bool, checks_only: bool, keep: int) -> None:
+                 timing: bool, checks_only: bool, keep: int, first: int) -> None:
     """Audit the target's batch number ``index`` into ``state``: greedy decoding, the
     teacher-forced passes, every captured site under its declared rule, the performance
-    row and, while fewer than ``keep`` are kept, its examples' maps."""
+    row and, while fewer than ``keep`` are kept, its examples' maps (``first``: the
+    position of its first example in the data)."""
     emitted, greedy_times = greedy_timed(target, batch, timing)
     step_mask = target.step_mask(emitted)
     state.degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
@@ -164,7 +167,7 @@ def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditS
                             emitted, step_mask)
     for row in range(min(keep - len(state.kept), len(batch))):
         state.kept.append(_kept_example(target, cap.records, roles, batch, emitted, step_mask,
-                                        row, state.examples + row))
+                                        row, first + row))
         state.example = state.kept[0]
     state.performance.append(performance_row(index, batch, step_mask, greedy_times, passes,
                                              cap.records))
@@ -175,7 +178,7 @@ def _merge_shards(shard: Shard, state: _AuditState) -> None:
     """Every rank's validity state merged into ``state``, on every rank: analysers through
     :func:`~attnaudit.analysis.merging.merge_analyser`; sites in the order a single process
     meets them; the performance rows in batch order; degenerate rows and examples summed.
-    The first example's maps stay where they are (rank 0 audits batch 0)."""
+    The kept examples' maps are merged by :func:`_merge_kept`."""
     for analyser in (*state.analysers.all, *state.regions.values()):
         merge_analyser(analyser, shard)
     gathered = shard.all_gather((state.sites, state.analysers.site_row_sum_tolerance,
@@ -192,6 +195,14 @@ def _merge_shards(shard: Shard, state: _AuditState) -> None:
     state.performance = sorted((row for _, _, rank_rows, *_ in gathered for row in rank_rows),
                                key=lambda row: row["batch"])
     state.examples = sum(part[-1] for part in gathered)
+
+
+def _merge_kept(shard: Shard, state: _AuditState, keep: int) -> None:
+    """The first ``keep`` examples' maps over every rank (each rank kept at most ``keep``
+    of its own), on every rank."""
+    kept = [example for part in shard.all_gather(state.kept) for example in part]
+    state.kept = sorted(kept, key=lambda example: example.index)[:keep]
+    state.example = state.kept[0] if state.kept else None
 
 
 def _batches(target: Seq2SeqTarget, limit: int | None) -> Iterator[Batch]:
