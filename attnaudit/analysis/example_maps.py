@@ -13,13 +13,17 @@ import torch
 from attnaudit.analysis.base import as_4d
 from attnaudit.record import AttentionRecord
 
+START_LABEL = "<start>"  # the decoder's first input (a decoder-only model: the prompt's end)
+
 
 @dataclass
 class AttentionMap:
     """One site's weights for one example, trimmed to real tokens.
 
-    weights: (heads, queries, keys) float32. Query and key labels name the tokens
-    (target steps for decoder queries, source tokens for encoder positions).
+    weights: (heads, queries, keys) float32. Query and key labels name the tokens: a
+    decoder query by the token its step emits, a decoder self-attention key by the input it
+    holds (:data:`START_LABEL`, then the tokens emitted before), a source position by its
+    token.
     eligible: bool (heads, queries, keys), the keys each row may attend (the declared rule
         AND the key mask capture saw), or None when not known.
     row_sum, masked_mass: float64 (heads, queries): each kept row's weight sum and its
@@ -88,9 +92,11 @@ def example_maps(records: Mapping[str, AttentionRecord], roles: Mapping[str, str
     tgt = torch.nonzero(step_mask).squeeze(1)
     src_labels = [str(source_tokens[i]) for i in src.tolist()]
     tgt_labels = [str(target_tokens[i]) for i in tgt.tolist()]
+    # a decoder's step t reads its inputs: the start token, then the tokens emitted before t
+    inputs = [START_LABEL, *tgt_labels[:-1]] if tgt_labels else []
     axes = {"cross": (tgt, tgt_labels, src, src_labels),
             "encoder_self": (src, src_labels, src, src_labels),
-            "decoder_self": (tgt, tgt_labels, tgt, tgt_labels)}
+            "decoder_self": (tgt, tgt_labels, tgt, inputs)}
     maps = {}
     for name, record in records.items():
         weights = record.weights[example]  # (H, Q, K)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import attnaudit
+from attnaudit.analysis.example_maps import START_LABEL
 from attnaudit.errors import ExplorerError
 from attnaudit.record import AttentionCall, AttentionRecord, Site
 from attnaudit.report.explorer import DEFAULT_EXAMPLES, decode, encode
@@ -101,6 +102,12 @@ def test_the_csv_maps_are_the_models_own_attention(bart_report):
             np.testing.assert_allclose(got, expected, atol=2e-5, err_msg=f"{index} {view}")
         keys = mine[mine["view"] == "cross"].drop_duplicates("key")["key_token"].tolist()
         assert keys == tokenizer.convert_ids_to_tokens(ids[0])
+        # a step is labelled by the token it emits; a decoder key by the input it holds
+        decoder = mine[mine["view"] == "decoder_self"]
+        emitted = tokenizer.convert_ids_to_tokens(out[0, 1:steps + 1])
+        assert decoder.drop_duplicates("query")["query_token"].tolist() == emitted
+        assert decoder.drop_duplicates("key")["key_token"].tolist() == [
+            START_LABEL, *emitted[:-1]]
 
 
 def test_only_the_first_examples_are_kept_across_batches():
