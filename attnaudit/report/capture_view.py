@@ -60,10 +60,12 @@ def show(capture_or_record: Any, tokens: Sequence[object] | None = None, *,
             or not 0 <= example < min(batch):
         raise ExplorerError(f"example {example!r} is not a row of the captured batch of "
                             f"{min(batch)}")
-    roles = {name: KIND_ROLES.get(r.kind or "", "captured") for name, r in records.items()}
-    maps = example_maps(records, roles, "", [], [], torch.zeros(0, dtype=torch.bool),
-                        torch.zeros(0, dtype=torch.bool), example=example, declared={})
+    # every query and key kept (no source or steps to trim to), then named by kind
+    maps = example_maps(records, dict.fromkeys(records, "captured"), "", [], [],
+                        torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.bool),
+                        example=example, declared={})
     for name, amap in maps.maps.items():
+        amap.role = KIND_ROLES.get(records[name].kind or "", "captured")
         queries, keys = amap.weights.shape[1:]
         amap.key_labels = _labels(tokens, keys, amap.key_labels)
         amap.query_labels = _labels(query_tokens if amap.role == "cross" else tokens,

@@ -180,6 +180,13 @@ def test_a_bare_capture_with_an_extra_measure():
     extra = f32(view["measures"]["value_norm"], view["shape"])
     assert extra.shape == (1, 1, 5, 5)
     np.testing.assert_array_equal(extra[0], norms[cap.sites[0]])
+    # cross-attention: keys by the tokens, queries by query_tokens
+    with torch.no_grad(), attnaudit.capture(module) as crossed:
+        module(x[:, :3], x, x)
+    (view,) = page_data(attnaudit.show(crossed, tokens, query_tokens=list("xyz")).html
+                        )["examples"][0]["views"]
+    assert (view["name"], view["title"]) == ("cross", "cross-attention")
+    assert view["queries"] == list("xyz") and view["shape"] == [1, 2, 3, 5]
     with pytest.raises(ExplorerError, match="example 3"):
         attnaudit.show(cap, example=3)
     with pytest.raises(ExplorerError, match="value_norm"):
