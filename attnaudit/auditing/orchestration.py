@@ -89,6 +89,10 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or limit < 1):
         raise TargetError(f"limit must be a positive number of examples, got {limit!r}")
+    if isinstance(explorer_examples, bool) or not isinstance(explorer_examples, int) \
+            or explorer_examples < 1:
+        raise TargetError(f"explorer_examples must be a positive number of examples, got "
+                          f"{explorer_examples!r}")
     shard = current_shard(process_group)
     device, progress = shard.device(device), progress and shard.is_main
     if isinstance(target_or_model, Seq2SeqTarget):

@@ -221,6 +221,8 @@ def test_the_notebook_view_of_an_audit_holds_the_explorer():
     assert html.count('<iframe class="attnaudit-explorer"') == 1
     data = page_data(audit.show().html)
     assert [e["index"] for e in data["examples"]] == [0, 1]
+    with pytest.raises(attnaudit.TargetError, match="explorer_examples"):
+        attnaudit.audit(load_target(None), limit=2, explorer_examples=0, progress=False)
     checks = attnaudit.audit(load_target(None), limit=2, checks_only=True, progress=False)
     assert "<iframe" not in checks._repr_html_()
     with pytest.raises(attnaudit.AttnauditError, match="kept no example maps"):
