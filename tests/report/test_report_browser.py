@@ -288,6 +288,24 @@ def test_a_long_capture_in_chromium_is_windowed_and_every_measure_shows(browser,
     assert _readout(browser)["value"] == format(
         (float(norms[0, 299, 299]) + float(norms[1, 299, 299])) / 2, ".4g")
     _check_exports(browser)
+    # findings on the map: an ineligible key that received weight, a row whose sum is off
+    from attnaudit.record import AttentionCall, AttentionRecord, Site
+
+    leaky = torch.full((1, 2, 3, 4), 1 / 3)
+    leaky[..., 3] = 0.0
+    leaky[0, 1, 2] = torch.tensor([0.3, 0.3, 0.2, 0.2])  # 0.2 on the masked key 3
+    record = AttentionRecord(Site("attn:self", "self", "softmax", "attn"))
+    record.append(AttentionCall(leaky, mask_source=lambda: torch.tensor([1, 1, 1, 0]).bool()))
+    browser.get(attnaudit.show(record, list("abcd")).save(tmp_path / "leaky.html").as_uri())
+    canvas = browser.find_element(By.CSS_SELECTOR, ".ax-explorer .ax-canvas")
+    _select(browser, "ax-head", 1)
+    _press(browser, canvas, Keys.PAGE_DOWN, Keys.END)
+    got = _readout(browser)
+    assert (got["query"], got["key"], got["value"], got["flags"]) == ("2", "3", "0.2", "2")
+    text = browser.find_element(By.CSS_SELECTOR, ".ax-explorer .ax-readout").text
+    assert "ineligible key received weight" in text and "masked mass check" in text
+    _press(browser, canvas, Keys.ARROW_UP)
+    assert _readout(browser)["flags"] == "0"
     # the page decodes both encodings as Python does (8 bits: approximate, a scale per map)
     from attnaudit.report.explorer import decode, encode
 
