@@ -84,6 +84,41 @@
     return y + 26;
   }
 
+  /* BertViz-style lines at (lx, ly): the window's query tokens on the left, its keys on
+   * the right, a line from the current step to every key as dark as its value; returns
+   * the bottom of the panel. */
+  function lines(ex, scene, w, lx, ly, labelW, height) {
+    const s = ex.state, view = ex.view();
+    const qLabels = view.queries.slice(w.q0, w.q0 + w.nq), kLabels = view.keys.slice(w.k0, w.k0 + w.nk);
+    const rows = Math.max(w.nq, w.nk);
+    const rh = clamp(Math.floor(height / rows), 3, 16);
+    const m = ex.measure(s.measure);
+    const top = Math.max(Math.abs(m.scale.lo), Math.abs(m.scale.hi));
+    const rEvery = every(rh);
+    qLabels.forEach((t, i) => {
+      if (i % rEvery === 0 || w.q0 + i === s.step) {
+        scene.items.push({t: "text", x: lx + labelW, y: ly + (i + 0.5) * rh + 4, text: shorten(t, labelW - 4), anchor: "end",
+          weight: w.q0 + i === s.step ? "700" : "400"});
+      }
+    });
+    kLabels.forEach((t, i) => {
+      if (i % rEvery === 0) {
+        scene.items.push({t: "text", x: lx + labelW + 110, y: ly + (i + 0.5) * rh + 4, text: shorten(t, labelW - 4), anchor: "start"});
+      }
+    });
+    if (s.step >= w.q0 && s.step < w.q0 + w.nq) {
+      const yq = ly + (s.step - w.q0 + 0.5) * rh;
+      kLabels.forEach((_, i) => {
+        const v = ex.value(s.layer, s.head, s.step, w.k0 + i);
+        if (Number.isFinite(v) && v !== 0) {
+          scene.items.push({t: "line", x1: lx + labelW + 4, y1: yq, x2: lx + labelW + 106, y2: ly + (i + 0.5) * rh,
+            stroke: v < 0 ? "#b2182b" : "#24527a", alpha: clamp(Math.abs(v) / top, 0.04, 1), lw: 2});
+        }
+      });
+    }
+    return ly + rows * rh;
+  }
+
   function headLayout(ex, width) {
     const s = ex.state, view = ex.view(), w = windowOf(ex);
     const scene = {width: width, items: [], hits: []};
@@ -124,36 +159,9 @@
       }
     }
     let bottom = colourBar(ex, scene, x0, y0 + w.nq * ch + 10, Math.min(200, Math.max(80, w.nk * cw)));
-    /* BertViz-style lines: the current step's query on the left, every key on the right. */
     const lx = beside ? x0 + w.nk * cw + 24 : 0;
     const ly = beside ? y0 : bottom + 10;
-    const rows = Math.max(w.nq, w.nk);
-    const rh = clamp(Math.floor(Math.max(w.nq * ch, 200) / rows), 3, 16);
-    const m = ex.measure(s.measure);
-    const top = Math.max(Math.abs(m.scale.lo), Math.abs(m.scale.hi));
-    const rEvery = every(rh);
-    qLabels.forEach((t, i) => {
-      if (i % rEvery === 0 || w.q0 + i === s.step) {
-        scene.items.push({t: "text", x: lx + labelW, y: ly + (i + 0.5) * rh + 4, text: shorten(t, labelW - 4), anchor: "end",
-          weight: w.q0 + i === s.step ? "700" : "400"});
-      }
-    });
-    kLabels.forEach((t, i) => {
-      if (i % rEvery === 0) {
-        scene.items.push({t: "text", x: lx + labelW + 110, y: ly + (i + 0.5) * rh + 4, text: shorten(t, labelW - 4), anchor: "start"});
-      }
-    });
-    if (s.step >= w.q0 && s.step < w.q0 + w.nq) {
-      const yq = ly + (s.step - w.q0 + 0.5) * rh;
-      kLabels.forEach((_, i) => {
-        const v = ex.value(s.layer, s.head, s.step, w.k0 + i);
-        if (Number.isFinite(v) && v !== 0) {
-          scene.items.push({t: "line", x1: lx + labelW + 4, y1: yq, x2: lx + labelW + 106, y2: ly + (i + 0.5) * rh,
-            stroke: v < 0 ? "#b2182b" : "#24527a", alpha: clamp(Math.abs(v) / top, 0.04, 1), lw: 2});
-        }
-      });
-    }
-    bottom = Math.max(bottom, ly + rows * rh);
+    bottom = Math.max(bottom, lines(ex, scene, w, lx, ly, labelW, Math.max(w.nq * ch, 200)));
     scene.width = Math.max(beside ? lx + linesW : x0 + w.nk * cw, 200);
     scene.height = bottom + 8;
     return scene;

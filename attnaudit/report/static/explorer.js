@@ -126,7 +126,8 @@
     const s = Object.assign(this.state, change);
     const c = this.controls;
     const views = this.data.examples[s.example].views;
-    options(c.view, views.map((v, i) => [i, v.title]), s.view = Math.min(s.view, views.length - 1));
+    s.view = Math.min(s.view, views.length - 1);
+    options(c.view, views.map((v, i) => [i, v.title]), s.view);
     const view = this.view();
     const names = Object.keys(view.measures);
     if (!names.includes(s.measure)) s.measure = names[0];
