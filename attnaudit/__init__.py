@@ -25,6 +25,7 @@ from attnaudit.record import AttentionCall, AttentionRecord, Site
 from attnaudit.targets import Batch, Expectation, Seq2SeqTarget, from_hf, load_target
 
 __version__ = "0.1.0"
+_LAZY = ("audit", "Audit", "show")  # imported on first use: see __getattr__
 
 __all__ = [
     "AttentionCall",
@@ -48,19 +49,21 @@ __all__ = [
     "capture",
     "from_hf",
     "load_target",
+    "show",
     "tap",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    # audit and Audit bring in the interventions, report and plotting libraries (the extras
+    # audit, Audit and show bring in the interventions, report and plotting libraries (the extras
     # of attnaudit[all]); they are imported on first use so that ``import attnaudit``
     # (capture) stays light and works without them.
-    if name not in ("audit", "Audit"):
+    if name not in _LAZY:
         raise AttributeError(f"module 'attnaudit' has no attribute {name!r}")
     try:
         from attnaudit.auditing.orchestration import audit
         from attnaudit.auditing.result import Audit
+        from attnaudit.report.capture_view import show
     except ModuleNotFoundError as exc:
         from attnaudit.cli.extras import missing_extra
 
@@ -68,8 +71,8 @@ def __getattr__(name: str) -> Any:
         if message is None:
             raise
         raise ModuleNotFoundError(message, name=exc.name) from None
-    return audit if name == "audit" else Audit
+    return {"audit": audit, "Audit": Audit, "show": show}[name]
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "audit", "Audit"})
+    return sorted({*globals(), *_LAZY})

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import tomllib
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -83,7 +84,7 @@ def test_the_command_line_without_an_extra_says_what_to_install_in_one_line(pack
     assert result.stdout == ""
 
 
-@pytest.mark.parametrize("name", ["audit", "Audit"])
+@pytest.mark.parametrize("name", ["audit", "Audit", "show"])
 def test_audit_without_an_extra_says_what_to_install(name):
     code = _blocking("captum") + f"import attnaudit\nattnaudit.{name}\n"
     result = _python(code)
@@ -100,3 +101,14 @@ def test_a_missing_module_of_attnaudit_itself_is_not_blamed_on_an_extra():
     assert result.returncode == 1
     assert "attnaudit[all]" not in result.stderr
     assert "attnaudit.auditing.orchestration" in result.stderr.strip().splitlines()[-1]
+
+
+def test_the_reports_templates_and_explorer_files_are_package_data():
+    """The page's template and the attention explorer's script and style are read from the
+    installed package: each file must match a package-data pattern to be in the wheel."""
+    patterns = PYPROJECT["tool"]["setuptools"]["package-data"]["attnaudit.report"]
+    folder = ROOT / "attnaudit" / "report"
+    files = [path.relative_to(folder).as_posix() for sub in ("templates", "static")
+             for path in sorted((folder / sub).iterdir())]
+    assert any(f.endswith(".js") for f in files) and any(f.endswith(".css") for f in files)
+    assert [f for f in files if not any(fnmatch(f, p) for p in patterns)] == []

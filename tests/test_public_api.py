@@ -18,6 +18,7 @@ PUBLIC = {
     "attnaudit.capturing.beams": ("beam_path", "beam_records"),
     "attnaudit.auditing.orchestration": ("audit",),
     "attnaudit.auditing.result": ("Audit",),
+    "attnaudit.report.capture_view": ("show",),
     "attnaudit.targets.contract": ("Batch", "Expectation", "Seq2SeqTarget"),
     "attnaudit.targets.hf.loading": ("from_hf",),
     "attnaudit.targets.loading": ("load_target",),

@@ -21,6 +21,7 @@ from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
 from attnaudit.auditing.result import Audit
 from attnaudit.checklist import build_checklist
 from attnaudit.errors import AttnauditError, TargetError
+from attnaudit.report.explorer import DEFAULT_EXAMPLES as DEFAULT_EXPLORER_EXAMPLES
 from attnaudit.report.manifest import build_manifest
 from attnaudit.runtime.distributed import Shard, current_shard
 from attnaudit.runtime.progress import display
@@ -42,7 +43,8 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
           row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
           progress: bool = True, command_line: Sequence[str] | str | None = None,
           process_group: Any = None, attribution: AttributionOptions | None = None,
-          sequence_effects: bool = False, **hf_options: Any) -> Audit:
+          sequence_effects: bool = False,
+          explorer_examples: int = DEFAULT_EXPLORER_EXAMPLES, **hf_options: Any) -> Audit:
     """Audit the attention of a seq2seq model: validity, interventions, checklist.
 
     Args:
@@ -76,8 +78,8 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             (default: the initialised default group, if any; see
             :mod:`attnaudit.runtime.distributed`). Each rank audits its share of the batches on
             its own device (``cuda:LOCAL_RANK`` for ``"cuda"``, or for no device under
-            nccl) and every rank returns the merged audit (the first example's maps on
-            rank 0 only); progress is printed by rank 0 only. Every rank must call
+            nccl) and every rank returns the merged audit (the kept examples' maps
+            gathered from every rank); progress is printed by rank 0 only. Every rank must call
             ``audit`` with the same arguments; only one should save the report.
         attribution: what the attribution methods attribute and their variant
             (:class:`~attnaudit.attribution.options.AttributionOptions`).
@@ -85,6 +87,8 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             median permutation edits held at every step, and report whether the returned
             text changed (:mod:`attnaudit.interventions.sequence`; off by default: one
             decoding per edited row).
+        explorer_examples: the first examples whose attention maps are kept for the
+            report's attention explorer (>= 1; memory grows with it, not with the data).
 
     Returns:
         The :class:`~attnaudit.auditing.result.Audit`. The model is left as it was.
@@ -92,6 +96,10 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or limit < 1):
         raise TargetError(f"limit must be a positive number of examples, got {limit!r}")
+    if isinstance(explorer_examples, bool) or not isinstance(explorer_examples, int) \
+            or explorer_examples < 1:
+        raise TargetError(f"explorer_examples must be a positive number of examples, got "
+                          f"{explorer_examples!r}")
     shard = current_shard(process_group)
     device, progress = shard.device(device), progress and shard.is_main
     if isinstance(target_or_model, Seq2SeqTarget):
@@ -101,7 +109,7 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
         with placed(target_or_model, device, dtype) as target:
             return _run(target, quick, limit, interventions, checks_only, max_memory,
                         max_masked_mass, row_sum_tolerance, progress, command_line, shard,
-                        attribution, sequence_effects)
+                        attribution, sequence_effects, explorer_examples)
     if data is None:
         raise TargetError("auditing a model needs data=: source strings, a TSV path, or a "
                           "pandas column")
@@ -109,14 +117,15 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
                      **hf_options)
     return _run(target, quick, limit, interventions, checks_only, max_memory,
                 max_masked_mass, row_sum_tolerance, progress, command_line, shard,
-                attribution, sequence_effects)
+                attribution, sequence_effects, explorer_examples)
 
 
 def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: bool,
          checks_only: bool, max_memory: int | str | None, max_masked_mass: float,
          row_sum_tolerance: float | None, progress: bool,
          command_line: Sequence[str] | str | None, shard: Shard,
-         attribution: AttributionOptions | None, sequence_effects: bool = False) -> Audit:
+         attribution: AttributionOptions | None, sequence_effects: bool,
+         explorer_examples: int) -> Audit:
     started = time.perf_counter()
     target = checked_target(target)  # its data's errors name the target, from here on
     texts = [text for batch in target.iter_batches(limit) for text in batch.texts]
@@ -128,7 +137,8 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
                                       keep_example=not checks_only, regions=not checks_only,
                                       timing=not checks_only, checks_only=checks_only,
                                       max_masked_mass=max_masked_mass,
-                                      row_sum_tolerance=row_sum_tolerance, shard=shard)
+                                      row_sum_tolerance=row_sum_tolerance, shard=shard,
+                                      keep_examples=explorer_examples)
         if suite_runs:
             suite, reason = _run_suite(target, quick, limit, progress, max_memory, shard,
                                        attribution, sequence_effects)
@@ -144,6 +154,7 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
                               sites=list(validity.sites["site"]), seeds=seeds,
                               command_line=command_line,
                               options={"quick": quick, "limit": limit,
+                                       "explorer_examples": explorer_examples,
                                        **({"sequence_effects": True} if sequence_effects
                                           else {})},
                               hash_model=not checks_only)

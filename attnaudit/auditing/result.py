@@ -8,7 +8,8 @@ run) and the checklist. The views only present what is there:
 - :meth:`Audit.save` / :meth:`Audit.to_html`: the report (``index.html``, CSVs, manifest);
 - :meth:`Audit.gate`: the CI gate's judgement (:class:`attnaudit.validity.gate.GateResult`);
 - :meth:`Audit.figure`: the report's figures as matplotlib figures;
-- ``_repr_html_``: a compact summary in notebooks;
+- ``_repr_html_``: a compact summary in notebooks, and the attention explorer of the kept
+  examples (:meth:`Audit.show`) for an audit run in this process;
 - :meth:`Audit.load`: a saved report's tables and manifest, to compare audits without
   re-running them. A loaded audit has tables, verdicts and statuses, no live model.
 """
@@ -29,6 +30,8 @@ from attnaudit.auditing.intervention_suite import InterventionSuite
 from attnaudit.checklist import Checklist
 from attnaudit.errors import AuditError
 from attnaudit.report import summary_html, write_report
+from attnaudit.report.capture_view import examples_page
+from attnaudit.report.explorer_page import ExplorerPage
 from attnaudit.report.figures import Figure
 from attnaudit.report.item_figures import item_figures
 from attnaudit.report.tables import read_csvs
@@ -95,7 +98,20 @@ class Audit:
                             manifest=self.manifest,
                             example=None if self.validity is None else self.validity.example,
                             max_masked_mass=self.thresholds["max_masked_mass"],
-                            description=self.description, force=force)
+                            description=self.description, force=force,
+                            examples=[] if self.validity is None
+                            else self.validity.kept_examples)
+
+    def show(self) -> ExplorerPage:
+        """The report's attention explorer alone, for a notebook (it renders inline, in an
+        iframe: no server, no widget extension) or to save as one HTML file."""
+        validity = self._live("show", self.validity)
+        if not validity.kept_examples:
+            raise AuditError("this audit kept no example maps (a checks-only audit); run "
+                             "attnaudit.audit without checks_only to explore its attention")
+        return examples_page(validity.kept_examples, title=f"Attention: {self.target}",
+                             max_masked_mass=self.thresholds["max_masked_mass"],
+                             sites=self.tables.get("sites"))
 
     def to_html(self, out_dir: str | Path, *, force: bool = False) -> Path:
         """The report, as :meth:`save` writes it (the page links its CSVs beside it)."""
@@ -155,7 +171,10 @@ class Audit:
                 for f in group}
 
     def _repr_html_(self) -> str:
-        return summary_html(self.tables, self.manifest)
+        summary = summary_html(self.tables, self.manifest)
+        if self.validity is None or not self.validity.kept_examples:
+            return summary
+        return summary + self.show()._repr_html_()
 
     @classmethod
     def load(cls, out_dir: str | Path) -> Audit:

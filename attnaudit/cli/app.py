@@ -24,6 +24,7 @@ from attnaudit.cli.commands import check_command, demo_command, intervene_comman
 from attnaudit.cli.exits import INTERRUPTED, USAGE_ERROR
 from attnaudit.errors import AttnauditError, Terminated
 from attnaudit.interventions.permutation import N_PERMUTATIONS
+from attnaudit.report.explorer import DEFAULT_EXAMPLES
 from attnaudit.runtime.distributed import launched_by_torchrun, main_rank_output, torchrun_session
 from attnaudit.targets.decoding import DECODING_MODES
 from attnaudit.validity.analysers import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
@@ -200,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_arguments(report)
     _add_output_arguments(report, required=True)
     report.add_argument("--quick", action="store_true", help=QUICK_HELP)
+    report.add_argument("--explorer-examples", type=positive_int, metavar="N",
+                        default=DEFAULT_EXAMPLES,
+                        help="the attention explorer shows the first N examples' maps "
+                             "(default %(default)s)")
     _add_memory_argument(report)
     _add_sequence_argument(report)
     _add_attribution_arguments(report)

@@ -15,6 +15,7 @@ from attnaudit.auditing.orchestration import audit
 from attnaudit.cli.display import print_suite
 from attnaudit.cli.loading import attribution_option, load_cli_target, memory_option, quiet
 from attnaudit.errors import GateError
+from attnaudit.report.explorer import DEFAULT_EXAMPLES
 from attnaudit.report.manifest import library_versions
 from attnaudit.runtime.distributed import Shard, current_shard
 from attnaudit.runtime.output_folder import OutputFolder, check_output_file
@@ -71,7 +72,8 @@ def report_command(args: argparse.Namespace) -> int:
     result = audit(target, quick=args.quick, limit=args.limit, progress=not quiet(args),
                    max_memory=max_memory, command_line=report_command_line(args),
                    attribution=attribution_option(args),
-                   sequence_effects=args.sequence_effects)
+                   sequence_effects=args.sequence_effects,
+                   explorer_examples=args.explorer_examples)
     shard = current_shard()
     with shard.together("writing the report"):
         if shard.is_main:  # rank 0 alone writes; the others wait for it to finish
@@ -94,6 +96,8 @@ def report_command_line(args: argparse.Namespace) -> list[str]:
                         ("--max-memory", args.max_memory), ("--contrast", args.contrast)):
         if value is not None:
             words += [flag, str(value)]
+    if args.explorer_examples != DEFAULT_EXAMPLES:
+        words += ["--explorer-examples", str(args.explorer_examples)]
     if args.attribute != "prob":
         words += ["--attribute", args.attribute]
     if args.attribution_variant != "attnaudit":

@@ -2,8 +2,10 @@
 
 :func:`write_report` writes
 
-- ``DIR/index.html``: one file, inline CSS, figures as PNG data URIs, no scripts and no
-  network access; every user-provided string is escaped;
+- ``DIR/index.html``: one file, inline CSS, figures as PNG data URIs and the attention
+  explorer (:mod:`attnaudit.report.explorer`: inline script and data), no network access;
+  every user-provided string is escaped;
+- ``DIR/attention_maps.csv``: every value the explorer shows (the kept examples' maps);
 - ``DIR/<table>.csv``: every table the page shows, whole and tidy;
 - ``DIR/manifest.json``: model class, parameter count and content hash, library versions,
   seeds, data digest, sites, command line (see :mod:`attnaudit.report.manifest`), and the
@@ -16,7 +18,7 @@ the compact notebook view.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,14 @@ import pandas as pd
 from attnaudit.analysis.example_maps import ExampleMaps
 from attnaudit.checklist import Checklist
 from attnaudit.report.definitions import definition_blocks
+from attnaudit.report.explorer import (
+    CSV_NAME,
+    explorer_views,
+    maps_frame,
+    payload,
+    site_tolerances,
+)
+from attnaudit.report.explorer_page import explorer_block
 from attnaudit.report.html import render_summary, write_html
 from attnaudit.report.item_figures import item_figures
 from attnaudit.report.manifest import write_manifest
@@ -39,7 +49,8 @@ SUMMARY_TABLES = ("verdicts", "checklist", "misconceptions")
 def write_report(out_dir: str | Path, *, checklist: Checklist,
                  tables: Mapping[str, pd.DataFrame], manifest: Mapping[str, Any],
                  example: ExampleMaps | None, max_masked_mass: float | None,
-                 description: str = "", force: bool = False) -> Path:
+                 description: str = "", force: bool = False,
+                 examples: Sequence[ExampleMaps] = ()) -> Path:
     """Write the report of one audit to ``out_dir``; return the path of index.html.
 
     Args:
@@ -53,6 +64,8 @@ def write_report(out_dir: str | Path, *, checklist: Checklist,
         max_masked_mass: the masked-mass tolerance drawn on its figure.
         description: one paragraph on the target.
         force: replace ``out_dir`` even when it holds files that are not an attnaudit output.
+        examples: the kept examples' maps, drawn by the attention explorer and written to
+            ``attention_maps.csv`` (none: no explorer).
     """
     folder = OutputFolder.check(out_dir, force=force)
     views = {item.key: [view(ev.name, ev.title, ev.caption, ev.frame) for ev in item.evidence]
@@ -73,9 +86,18 @@ def write_report(out_dir: str | Path, *, checklist: Checklist,
         "all_tables": [v for item_views in views.values() for v in item_views],
         "summary_csvs": [csv_name(name) for name in SUMMARY_TABLES],
         "definitions": definition_blocks(),
+        "explorer": None,
     }
+    views = explorer_views(examples)
+    if views:
+        data = payload(views, max_masked_mass=max_masked_mass,
+                       row_sum_tolerance=site_tolerances(tables.get("sites")))
+        context["explorer"] = {"csv": CSV_NAME, "examples": len(views),
+                               "block": explorer_block(data)}
     with folder.assembling() as out:
         write_csvs(tables, out)
+        if views:
+            maps_frame(views).to_csv(out / CSV_NAME, index=False)
         write_manifest({**manifest, "tables": table_schema(tables)}, out)
         page = write_html(context, out).name
     return folder.path / page

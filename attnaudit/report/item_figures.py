@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from attnaudit.analysis.example_maps import ExampleMaps
+from attnaudit.analysis.example_maps import START_LABEL, ExampleMaps
 from attnaudit.attribution.agreement import ATTENTION, GRADIENT, JAIN_WALLACE_REFERENCE
 from attnaudit.checklist import find_table
 from attnaudit.interventions.permutation import BIN_LABELS, SMALL_TVD, max_attention_bins
@@ -117,9 +117,6 @@ def _intervention_figures(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figur
                     f"{high:g} over their five datasets (a different task; "
                     "docs/metrics.md)."))
     return out
-
-
-START_LABEL = "<start>"
 
 
 def _attribution_sides(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figure]:

@@ -49,7 +49,7 @@ from attnaudit.validity.timing import forward_passes, greedy_timed, performance_
 class _AuditState:
     """What one rank's audit has gathered so far, batch after batch: the analysers (and
     one region analyser per expectation), the site facts, the performance rows, the
-    degenerate rows, the first example's maps and the number of examples."""
+    degenerate rows, the first examples' maps and the number of examples."""
 
     analysers: ValidityAnalysers
     regions: dict[str, RegionAnalyser]
@@ -58,6 +58,7 @@ class _AuditState:
     degenerate: DegenerateCounter = field(default_factory=DegenerateCounter)
     example: ExampleMaps | None = None
     examples: int = 0
+    kept: list[ExampleMaps] = field(default_factory=list)
 
 
 def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
@@ -65,7 +66,8 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                        regions: bool = True, timing: bool = True,
                        max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
                        row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
-                       checks_only: bool = False, shard: Shard = SINGLE) -> ValidityAudit:
+                       checks_only: bool = False, shard: Shard = SINGLE,
+                       keep_examples: int = 1) -> ValidityAudit:
     """Audit every attention site of ``target`` over its data (see the module docstring).
 
     Args:
@@ -73,6 +75,9 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         limit: audit only the first ``limit`` examples (>= 1).
         progress: a progress display on stderr (:mod:`attnaudit.runtime.progress`).
         keep_example: keep the first example's attention maps.
+        keep_examples: with ``keep_example``, keep the maps of the first ``keep_examples``
+            examples (>= 1; the report's explorer draws them), batch after batch until there
+            are that many: memory does not grow with the data.
         regions: measure the target's expectations (region_mass, top_weight_hit).
         timing: time greedy decoding and the forward without and with capture, repeated,
             and measure peak memory (:mod:`attnaudit.validity.timing`); without it no time
@@ -85,7 +90,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
             audit costs little more than the greedy decode and one teacher-forced pass.
         shard: this process's part of a distributed audit (:mod:`attnaudit.runtime.distributed`):
             it audits its own batches, and every rank returns the merged audit (the first
-            example's maps, from batch 0, on rank 0 only).
+            examples' maps gathered from the ranks that kept them).
 
     Raises:
         TargetError: the target's callables fail or return the wrong shapes, or there is
@@ -94,6 +99,10 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or limit < 1):
         raise ValueError(f"limit must be a positive number of examples, got {limit!r}")
+    if isinstance(keep_examples, bool) or not isinstance(keep_examples, int) \
+            or keep_examples < 1:
+        raise ValueError(f"keep_examples must be a positive number of examples, got "
+                         f"{keep_examples!r}")
     target = checked_target(target)
     state = _AuditState(ValidityAnalysers(max_masked_mass, row_sum_tolerance,
                                           checks_only=checks_only),
@@ -103,16 +112,19 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     with display(None, enabled=progress, name=f"audit {target.name}"), \
             shard.together("the validity audit"):
         phase("validity")
+        keep, seen = keep_examples if keep_example else 0, 0
         for index, batch in enumerate(_batches(target, limit)):
             data.update(batch.texts)
             if shard.owns(index):
                 _audit_batch(target, batch, index, state, timing=timing,
-                             checks_only=checks_only, keep_example=keep_example)
+                             checks_only=checks_only, keep=keep, first=seen)
             # else another rank's batch, audited at the same time
+            seen += len(batch)
             advance(len(batch))
     if shard.is_distributed:
         shard.agree("data", data.hexdigest())
         _merge_shards(shard, state)
+        _merge_kept(shard, state, keep)
     if state.examples == 0:
         raise TargetError(f"target {target.name!r} yielded no examples to audit")
     metrics = state.analysers.metrics()
@@ -126,6 +138,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         site_summary=summarise_sites(metrics, list(state.sites)),
         performance=pd.DataFrame(state.performance, columns=PERFORMANCE_COLUMNS),
         example=state.example,
+        kept_examples=state.kept,
         truncation=target.truncation,
         decoding=describe_decoding(target.decoding),
         degenerate=state.degenerate,
@@ -135,10 +148,11 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
 
 
 def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditState, *,
-                 timing: bool, checks_only: bool, keep_example: bool) -> None:
+                 timing: bool, checks_only: bool, keep: int, first: int) -> None:
     """Audit the target's batch number ``index`` into ``state``: greedy decoding, the
     teacher-forced passes, every captured site under its declared rule, the performance
-    row and, for the first batch seen with ``keep_example``, the first example's maps."""
+    row and, while fewer than ``keep`` are kept, its examples' maps (``first``: the
+    position of its first example in the data)."""
     emitted, greedy_times = greedy_timed(target, batch, timing)
     step_mask = target.step_mask(emitted)
     state.degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
@@ -153,8 +167,10 @@ def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditS
         if roles[name] == "cross" and state.regions:
             _update_regions(target, state.regions, declared_rows(record, declared), batch,
                             emitted, step_mask)
-    if keep_example and state.example is None:
-        state.example = _first_example(target, cap.records, roles, batch, emitted, step_mask)
+    for row in range(min(keep - len(state.kept), len(batch))):
+        state.kept.append(_kept_example(target, cap.records, roles, batch, emitted, step_mask,
+                                        row, first + row))
+        state.example = state.kept[0]
     state.performance.append(performance_row(index, batch, step_mask, greedy_times, passes,
                                              cap.records))
     state.examples += len(batch)
@@ -164,7 +180,7 @@ def _merge_shards(shard: Shard, state: _AuditState) -> None:
     """Every rank's validity state merged into ``state``, on every rank: analysers through
     :func:`~attnaudit.analysis.merging.merge_analyser`; sites in the order a single process
     meets them; the performance rows in batch order; degenerate rows and examples summed.
-    The first example's maps stay where they are (rank 0 audits batch 0)."""
+    The kept examples' maps are merged by :func:`_merge_kept`."""
     for analyser in (*state.analysers.all, *state.regions.values()):
         merge_analyser(analyser, shard)
     gathered = shard.all_gather((state.sites, state.analysers.site_row_sum_tolerance,
@@ -181,6 +197,14 @@ def _merge_shards(shard: Shard, state: _AuditState) -> None:
     state.performance = sorted((row for _, _, rank_rows, *_ in gathered for row in rank_rows),
                                key=lambda row: row["batch"])
     state.examples = sum(part[-1] for part in gathered)
+
+
+def _merge_kept(shard: Shard, state: _AuditState, keep: int) -> None:
+    """The first ``keep`` examples' maps over every rank (each rank kept at most ``keep``
+    of its own), on every rank."""
+    kept = [example for part in shard.all_gather(state.kept) for example in part]
+    state.kept = sorted(kept, key=lambda example: example.index)[:keep]
+    state.example = state.kept[0] if state.kept else None
 
 
 def _batches(target: Seq2SeqTarget, limit: int | None) -> Iterator[Batch]:
@@ -213,14 +237,17 @@ def _regions_frame(analysers: dict[str, RegionAnalyser]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _first_example(target: Seq2SeqTarget, records: dict[str, AttentionRecord],
-                   roles: dict[str, str], batch: Batch, emitted: torch.Tensor,
-                   step_mask: torch.Tensor) -> ExampleMaps:
-    """Example 0's maps at every site, labelled with the target's own token names."""
-    source_tokens = call_target(target.name, "source_tokens", target.source_tokens,
-                                batch.select([0]))[0]
+def _kept_example(target: Seq2SeqTarget, records: dict[str, AttentionRecord],
+                  roles: dict[str, str], batch: Batch, emitted: torch.Tensor,
+                  step_mask: torch.Tensor, row: int, index: int) -> ExampleMaps:
+    """The maps of the batch's example ``row`` (``index`` in the data) at every site,
+    labelled with the target's own token names, with each site's declared key rule."""
+    one = batch.select([row])
+    source_tokens = call_target(target.name, "source_tokens", target.source_tokens, one)[0]
     target_tokens = call_target(target.name, "target_tokens", target.target_tokens,
-                                emitted[:1])[0]
-    words, rule = source_words(target, batch.select([0]))
-    return example_maps(records, roles, batch.texts[0], source_tokens, target_tokens,
-                        batch.source_mask[0], step_mask[0], words[0], rule)
+                                emitted[row:row + 1])[0]
+    words, rule = source_words(target, one)
+    declared = {name: declared_rule(roles[name], batch, step_mask)[0] for name in records}
+    return example_maps(records, roles, batch.texts[row], source_tokens, target_tokens,
+                        batch.source_mask[row], step_mask[row], words[0], rule, example=row,
+                        declared=declared, index=index)

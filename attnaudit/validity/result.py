@@ -38,6 +38,8 @@ class ValidityAudit:
             :func:`~attnaudit.validity.findings.summarise_sites`).
         performance: one row per batch (see :mod:`attnaudit.validity.timing`).
         example: the first example's attention maps, when kept.
+        kept_examples: the maps of the first examples kept (``keep_examples``), in data
+            order; ``example`` is the first of them.
         truncation: how the target truncated its sources ("" when it does not say).
         decoding: one sentence on how the audited outputs were decoded ("" when unknown).
         degenerate: rows per degenerate reason (:mod:`attnaudit.analysis.degenerate`).
@@ -55,6 +57,7 @@ class ValidityAudit:
     site_summary: pd.DataFrame
     performance: pd.DataFrame
     example: ExampleMaps | None
+    kept_examples: list[ExampleMaps] = field(default_factory=list)
     truncation: str = ""
     decoding: str = ""
     degenerate: DegenerateCounter = field(default_factory=DegenerateCounter)

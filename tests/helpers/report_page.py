@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -24,6 +26,7 @@ class ReportPage(HTMLParser):
         self.tables: list[PageTable] = []
         self.images: list[dict[str, str]] = []
         self.scripts = 0
+        self.inline_scripts = 0  # scripts without a src: nothing loaded from elsewhere
         self._cell: list[str] | None = None
         self._row: list[str] | None = None
         self._in_head = False
@@ -32,6 +35,7 @@ class ReportPage(HTMLParser):
         a = {k: v or "" for k, v in attrs}
         if tag == "script":
             self.scripts += 1
+            self.inline_scripts += "src" not in a
         if tag == "section" and "data-item" in a:
             self.sections[a["data-item"]] = a["data-status"]
         if tag == "div" and a.get("id", "").startswith("verdict-"):
@@ -72,3 +76,14 @@ def read_page(path: Path) -> ReportPage:
     page = ReportPage()
     page.feed(path.read_text(encoding="utf-8"))
     return page
+
+
+EXPLORER_DATA = re.compile(r'<script type="application/json" class="ax-data">(.*?)</script>',
+                           re.S)
+
+
+def page_data(html: str) -> dict:
+    """The attention explorer's JSON as a page holds it (exactly one explorer)."""
+    found = EXPLORER_DATA.findall(html)
+    assert len(found) == 1, len(found)
+    return json.loads(found[0])

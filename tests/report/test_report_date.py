@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnaudit.checklist import ITEM_KEYS, STATUSES
+from attnaudit.report.explorer import DEFAULT_EXAMPLES
 from attnaudit_examples.date.data import (
     BOS,
     YEAR_CHARS,
@@ -41,7 +42,7 @@ def test_every_checklist_section_has_a_status(date_report):
     assert set(page.verdicts) == {"verdict-validity", "verdict-explanation"}
     # The date model's attention is a healthy masked softmax: the validity verdict passes.
     assert page.verdicts["verdict-validity"] == "pass"
-    assert page.scripts == 0
+    assert page.scripts == page.inline_scripts > 0  # the attention explorer, inline
     assert all(img["src"].startswith("data:image/png;base64,") for img in page.images)
     assert page.images, "the report has no figure"
 
@@ -65,7 +66,7 @@ def test_csvs_parse_and_match_the_page_tables(date_report):
             for cell, value in zip(shown, row, strict=True):
                 assert _same(cell, value), (table.csv, cell, value)
     listed = {t.csv for t in page.tables} | {"verdicts.csv", "checklist.csv",
-                                              "misconceptions.csv"}
+                                              "misconceptions.csv", "attention_maps.csv"}
     assert {p.name for p in date_report.glob("*.csv")} == listed
 
 
@@ -104,7 +105,8 @@ def test_manifest_fields_and_hashes(date_report):
     for library in ("python", "torch", "attnaudit", "captum", "transformers"):
         assert manifest["libraries"][library], library
     assert manifest["timestamp"]
-    assert manifest["options"] == {"quick": True, "limit": LIMIT}
+    assert manifest["options"] == {"quick": True, "limit": LIMIT,
+                                   "explorer_examples": DEFAULT_EXAMPLES}
 
 
 

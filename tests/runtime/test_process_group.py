@@ -46,6 +46,12 @@ def test_audit_through_the_collectives_equals_the_plain_audit(group_of_one):
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     assert_same_untimed_tables(merged.tables, plain.tables)
     assert merged.validity.example is not None  # rank 0 audited batch 0
+    # the explorer's examples came through the collectives: the same examples, the same maps
+    assert [e.index for e in merged.validity.kept_examples] == [
+        e.index for e in plain.validity.kept_examples] == [0, 1, 2, 3, 4]
+    for mine, theirs in zip(merged.validity.kept_examples, plain.validity.kept_examples,
+                            strict=True):
+        assert mine.source == theirs.source and list(mine.maps) == list(theirs.maps)
     assert merged.gate().status == plain.gate().status == 0
 
 

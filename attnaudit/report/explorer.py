@@ -1,0 +1,264 @@
+"""The attention explorer's data: kept examples' maps grouped into views, written once as a
+CSV and once, compactly, as the page's payload.
+
+A *view* is one role of attention in one example (encoder self-attention, decoder
+self-attention, cross-attention; a decoder-only model's continuation over its prompt and
+over itself) with its sites stacked as layers, in site order. Each view holds every
+*measure* the audit computed, each a ``(layers, heads or 1, queries, keys)`` float32 array:
+``weights`` always, and every array in :attr:`AttentionMap.measures
+<attnaudit.analysis.example_maps.AttentionMap.measures>` under its own name (value-norm
+contributions, attributions...), which the page shows without any change to its script.
+
+:func:`explorer_views` builds the views; :func:`maps_frame` (``attention_maps.csv``) and
+:func:`payload` (the page) both read them, so the page and the CSV hold the same numbers.
+The payload encodes each measure as base64 little-endian float32 (``f32``) while the
+page's data stays within :data:`PAYLOAD_BUDGET`, else as 8 bits per cell with a scale per
+(layer, head) map (``u8``: ``lo + q * step``, q = 255 for a missing value). The page draws
+at most 256 queries by 256 keys at once; longer sequences are shown through a moving
+window, never cut.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from attnaudit.analysis.example_maps import ExampleMaps
+from attnaudit.report.figures import visible_token
+
+DEFAULT_EXAMPLES = 5  # the report's ``--explorer-examples``
+PAYLOAD_BUDGET = 2_500_000  # base64 bytes of map data in one page: the page stays <= 3 MB
+CSV_NAME = "attention_maps.csv"
+WEIGHTS = "weights"
+ROLE_ORDER = ("encoder_self", "decoder_self", "self", "cross", "captured")
+ROLE_TITLES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",
+               "self": "self-attention", "cross": "cross-attention",
+               "captured": "other attention"}
+DECODER_ONLY_TITLES = {"cross": "continuation over the prompt",
+                       "decoder_self": "continuation over itself"}
+MAP_COLUMNS = ["example", "view", "measure", "site", "layer", "head", "query", "key",
+               "query_token", "key_token", "eligible", "value"]
+U8_MISSING = 255
+U8_LEVELS = 254
+
+
+@dataclass
+class View:
+    """One role of attention in one example, its sites stacked as layers.
+
+    query_labels, key_labels: the tokens as the target names them (the page draws their
+    spaces visible). measures: name -> float32 (layers, heads or 1, queries, keys); NaN
+    where a site lacks the measure. eligible: bool (layers, heads, queries, keys) or None
+    (not known). row_sum, masked_mass: float64 (layers, heads, queries) or None.
+    """
+
+    name: str
+    role: str
+    title: str
+    sites: list[str]
+    query_labels: list[str]
+    key_labels: list[str]
+    measures: dict[str, np.ndarray]
+    eligible: np.ndarray | None = None
+    row_sum: np.ndarray | None = None
+    masked_mass: np.ndarray | None = None
+
+
+@dataclass
+class ExampleViews:
+    """One kept example: its position in the data, its source text and its views."""
+
+    index: int
+    source: str
+    views: list[View] = field(default_factory=list)
+
+
+def explorer_views(examples: Sequence[ExampleMaps]) -> list[ExampleViews]:
+    """Each example's maps grouped into views (module docstring). Sites of one role with
+    different head counts or shapes go to separate views (``cross``, ``cross 2``...);
+    empty maps (no real token) are left out."""
+    decoder_only = any(_is_decoder_only(e) for e in examples)
+    out = []
+    for example in examples:
+        groups: dict[tuple[str, int, int, int], list[str]] = {}
+        for site, amap in example.maps.items():
+            if 0 not in amap.weights.shape:
+                groups.setdefault((amap.role, *amap.weights.shape), []).append(site)
+        views, seen = [], dict.fromkeys(ROLE_ORDER, 0)
+        for key in sorted(groups, key=lambda k: ROLE_ORDER.index(k[0])
+                          if k[0] in ROLE_ORDER else len(ROLE_ORDER)):
+            role = key[0]
+            seen[role] = seen.get(role, 0) + 1
+            name = role if seen[role] == 1 else f"{role} {seen[role]}"
+            views.append(_view(example, name, role, groups[key], decoder_only))
+        out.append(ExampleViews(example.index, example.source, views))
+    return out
+
+
+def _is_decoder_only(example: ExampleMaps) -> bool:
+    """A decoder-only model's prompt views: a cross site whose module also has a self
+    site (:mod:`attnaudit.capturing.views`)."""
+    bases = {site.split(":", 1)[0] for site, m in example.maps.items() if m.role == "cross"}
+    return any(m.role == "decoder_self" and site.split(":", 1)[0] in bases
+               for site, m in example.maps.items())
+
+
+def _view(example: ExampleMaps, name: str, role: str, sites: list[str],
+          decoder_only: bool) -> View:
+    maps = [example.maps[s] for s in sites]
+    first = maps[0]
+    names = [WEIGHTS, *dict.fromkeys(n for m in maps for n in m.measures)]
+    measures = {n: _stack([m.weights if n == WEIGHTS else m.measures.get(n) for m in maps],
+                          first.weights.shape) for n in names}
+    title = (DECODER_ONLY_TITLES if decoder_only else ROLE_TITLES).get(role, role)
+    known = all(m.eligible is not None for m in maps)
+    return View(name, role, title, sites, list(first.query_labels), list(first.key_labels),
+                measures,
+                np.stack([m.eligible for m in maps]) if known else None,
+                np.stack([m.row_sum for m in maps]) if known else None,
+                np.stack([m.masked_mass for m in maps]) if known else None)
+
+
+def _stack(arrays: list[np.ndarray | None], shape: tuple[int, ...]) -> np.ndarray:
+    """(layers, heads or 1, Q, K) float32; a missing layer is NaN. Single-head measures
+    stay single-head; a mix with per-head ones is broadcast to every head."""
+    heads = max((a.shape[0] for a in arrays if a is not None), default=1)
+    out = np.full((len(arrays), heads, *shape[1:]), np.nan, dtype=np.float32)
+    for layer, array in enumerate(arrays):
+        if array is not None:
+            if array.ndim != 3 or array.shape[1:] != shape[1:]:
+                raise ValueError(f"a measure of shape {array.shape} does not fit maps of "
+                                 f"shape {shape} (heads or 1, queries, keys)")
+            out[layer] = array
+    return out
+
+
+def maps_frame(examples: Sequence[ExampleViews]) -> pd.DataFrame:
+    """``attention_maps.csv``: one row per example, view, measure, layer, head, query and
+    key (columns :data:`MAP_COLUMNS`); ``value`` is the float32 number the page shows,
+    exactly (as float64), ``eligible`` empty where not known."""
+    frames = []
+    for example in examples:
+        for view in example.views:
+            for measure, array in view.measures.items():
+                frames.append(_measure_rows(example.index, view, measure, array))
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in MAP_COLUMNS})
+    return pd.concat(frames, ignore_index=True)[MAP_COLUMNS]
+
+
+def _measure_rows(example: int, view: View, measure: str, array: np.ndarray) -> pd.DataFrame:
+    heads = array.shape[1]
+    layer, head, query, key = (i.ravel() for i in np.indices(array.shape))
+    eligible: Any = pd.Series(pd.NA, index=range(array.size), dtype="boolean")
+    if view.eligible is not None:
+        eligible = np.broadcast_to(view.eligible[:, :heads], array.shape).ravel()
+    return pd.DataFrame({
+        "example": example, "view": view.name, "measure": measure,
+        "site": np.asarray(view.sites, dtype=object)[layer], "layer": layer, "head": head,
+        "query": query, "key": key,
+        "query_token": np.asarray(view.query_labels, dtype=object)[query],
+        "key_token": np.asarray(view.key_labels, dtype=object)[key],
+        "eligible": eligible, "value": array.ravel().astype(np.float64)})
+
+
+def site_tolerances(sites: pd.DataFrame | None) -> dict[str, float]:
+    """Each site's row-sum tolerance from an audit's sites table (empty without one)."""
+    if sites is None or "row_sum_tolerance" not in sites.columns:
+        return {}
+    return dict(zip(sites["site"], sites["row_sum_tolerance"], strict=True))
+
+
+def payload(examples: Sequence[ExampleViews], *, max_masked_mass: float | None,
+            row_sum_tolerance: Mapping[str, float], budget: int = PAYLOAD_BUDGET,
+            csv: str | None = CSV_NAME) -> dict[str, Any]:
+    """The page's data (JSON-ready): every example's views, each measure encoded as
+    ``f32`` when the whole fits ``budget`` base64 bytes, else ``u8``; the rows that fail
+    the masked-mass or row-sum check (at ``max_masked_mass`` and each site's
+    ``row_sum_tolerance``) and the cells of ineligible keys that received weight; ``csv``:
+    the file holding the same values, which the page names (None: there is none)."""
+    cells = sum(a.size for e in examples for v in e.views for a in v.measures.values())
+    encoding = "f32" if math.ceil(cells * 4 / 3) <= budget else "u8"
+    return {"version": 1, "encoding": encoding, "csv": csv,
+            "max_masked_mass": max_masked_mass,
+            "examples": [{"index": e.index, "source": e.source,
+                          "views": [_view_payload(v, encoding, max_masked_mass,
+                                                  row_sum_tolerance) for v in e.views]}
+                         for e in examples]}
+
+
+def _view_payload(view: View, encoding: str, max_masked_mass: float | None,
+                  row_sum_tolerance: Mapping[str, float]) -> dict[str, Any]:
+    weights = view.measures[WEIGHTS]
+    out: dict[str, Any] = {
+        "name": view.name, "role": view.role, "title": view.title, "sites": view.sites,
+        "queries": [visible_token(t) for t in view.query_labels],
+        "keys": [visible_token(t) for t in view.key_labels],
+        "shape": list(weights.shape),
+        "measures": {n: encode(a, encoding) for n, a in view.measures.items()},
+        "ineligible": None, "masked_cells": [], "failing_rows": []}
+    if view.eligible is None:
+        return out
+    out["ineligible"] = _bits(~view.eligible)
+    masked = np.argwhere(~view.eligible & (weights > 0))
+    out["masked_cells"] = masked.tolist()
+    tolerance = np.array([row_sum_tolerance.get(s, np.inf) for s in view.sites])[:, None, None]
+    sum_bad = ~(np.abs(view.row_sum - 1.0) <= tolerance)  # NaN sums fail too
+    mass_bad = (view.masked_mass > max_masked_mass if max_masked_mass is not None
+                else np.zeros_like(sum_bad))
+    for layer, head, query in np.argwhere(sum_bad | mass_bad):
+        out["failing_rows"].append({
+            "layer": int(layer), "head": int(head), "query": int(query),
+            "row_sum": _number(view.row_sum[layer, head, query]),
+            "masked_mass": _number(view.masked_mass[layer, head, query]),
+            "checks": [name for name, bad in (("row sum", sum_bad), ("masked mass", mass_bad))
+                       if bad[layer, head, query]]})
+    return out
+
+
+def _number(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def _bits(mask: np.ndarray) -> dict[str, Any]:
+    """A bool array as base64 of its C-order bits, most significant bit first."""
+    return {"shape": list(mask.shape),
+            "bits": base64.b64encode(np.packbits(mask.ravel()).tobytes()).decode("ascii")}
+
+
+def encode(array: np.ndarray, encoding: str) -> dict[str, Any]:
+    """One measure (layers, heads, Q, K) as the page reads it (module docstring)."""
+    layers, heads = array.shape[:2]
+    if encoding == "f32":
+        data = np.ascontiguousarray(array, dtype="<f4").tobytes()
+        return {"heads": heads, "encoding": "f32",
+                "data": base64.b64encode(data).decode("ascii")}
+    flat = array.reshape(layers * heads, -1).astype(np.float64)
+    finite = np.isfinite(flat)
+    lo = np.where(finite, flat, np.inf).min(1, initial=np.inf)
+    hi = np.where(finite, flat, -np.inf).max(1, initial=-np.inf)
+    lo, hi = np.where(np.isfinite(lo), lo, 0.0), np.where(np.isfinite(hi), hi, 0.0)
+    step = np.where(hi > lo, (hi - lo) / U8_LEVELS, 1.0)
+    levels = np.rint((np.where(finite, flat, lo[:, None]) - lo[:, None]) / step[:, None])
+    quantised = np.where(finite, levels, U8_MISSING).astype(np.uint8)
+    return {"heads": heads, "encoding": "u8", "lo": lo.tolist(), "step": step.tolist(),
+            "data": base64.b64encode(quantised.tobytes()).decode("ascii")}
+
+
+def decode(measure: Mapping[str, Any], shape: Sequence[int]) -> np.ndarray:
+    """The array :func:`encode` wrote, as the page reads it back: (layers, heads, Q, K)."""
+    layers, _, queries, keys = shape
+    raw = base64.b64decode(measure["data"])
+    full = (layers, measure["heads"], queries, keys)
+    if measure["encoding"] == "f32":
+        return np.frombuffer(raw, dtype="<f4").reshape(full)
+    levels = np.frombuffer(raw, dtype=np.uint8).reshape(layers * measure["heads"], -1)
+    values = (np.asarray(measure["lo"])[:, None]
+              + levels * np.asarray(measure["step"])[:, None])
+    return np.where(levels == U8_MISSING, np.nan, values).reshape(full)

@@ -1,0 +1,345 @@
+/* attnaudit attention explorer: the interactive view of a report's (or a notebook's)
+ * attention maps. Plain JavaScript, no dependencies, no network; reads the JSON in each
+ * .ax-explorer element (explorer-data.js decodes it) and draws a model view (layers x heads
+ * grid of small maps) or a head view (one map with token labels and the lines from the
+ * current step to every key). Keyboard: Tab through the controls; on the map, arrows move
+ * the step and key (head view) or the layer and head (model view, Enter opens the head),
+ * Page Up / Page Down move 10 steps, Home / End the first and last key. */
+(function (global) {
+  "use strict";
+  const X = global.AttnauditExplorer;
+  const WINDOW = 256;  // queries and keys drawn at once; longer sequences scroll
+  const MEAN = "mean";
+  let counter = 0;
+
+  function el(tag, attrs, children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "text") node.textContent = v; else node.setAttribute(k, v);
+    }
+    for (const c of children || []) node.appendChild(c);
+    return node;
+  }
+
+  function labelled(text, control) {
+    return el("label", {class: "ax-field"}, [el("span", {text: text}), control]);
+  }
+
+  function options(select, items, selected) {
+    select.replaceChildren(...items.map(([value, text]) => el("option", {value: value, text: text})));
+    select.value = String(selected);
+  }
+
+  function Explorer(root, data) {
+    this.root = root;
+    this.data = data;
+    this.cache = new Map();
+    this.state = {example: 0, view: 0, measure: "weights", mode: "head", layer: 0, head: 0,
+                  step: 0, key: 0, qStart: 0, kStart: 0};
+    this.hover = null;
+    this.build();
+    this.select({});
+  }
+
+  Explorer.prototype.build = function () {
+    const id = "ax" + (counter += 1);
+    const c = this.controls = {
+      example: el("select", {class: "ax-example"}), view: el("select", {class: "ax-view"}),
+      measure: el("select", {class: "ax-measure"}), layer: el("select", {class: "ax-layer"}),
+      head: el("select", {class: "ax-head"}),
+      step: el("input", {type: "range", class: "ax-step", min: "0", value: "0"}),
+      stepText: el("output", {class: "ax-step-text"}),
+      qStart: el("input", {type: "range", class: "ax-qstart", min: "0", value: "0"}),
+      kStart: el("input", {type: "range", class: "ax-kstart", min: "0", value: "0"}),
+      model: el("button", {type: "button", class: "ax-mode-model", text: "Model view"}),
+      headMode: el("button", {type: "button", class: "ax-mode-head", text: "Head view"}),
+      png: el("button", {type: "button", class: "ax-export-png", text: "Export PNG"}),
+      svg: el("button", {type: "button", class: "ax-export-svg", text: "Export SVG"})
+    };
+    this.stepLabel = el("span", {text: "Step"});
+    this.windowFields = el("div", {class: "ax-window", hidden: ""}, [
+      labelled("Queries from", c.qStart), labelled("Keys from", c.kStart)]);
+    const stepField = el("label", {class: "ax-field ax-step-field"}, [this.stepLabel, c.step, c.stepText]);
+    const modes = el("div", {class: "ax-modes", role: "group", "aria-label": "View"}, [c.model, c.headMode]);
+    const exports = el("div", {class: "ax-exports", role: "group", "aria-label": "Export"}, [c.png, c.svg]);
+    this.canvas = el("canvas", {class: "ax-canvas", tabindex: "0", role: "application",
+      "aria-roledescription": "attention map"});
+    this.readout = el("output", {class: "ax-readout", id: id + "-readout", "aria-live": "polite"});
+    this.canvas.setAttribute("aria-describedby", id + "-readout");
+    this.tooltip = el("div", {class: "ax-tooltip", "aria-hidden": "true", hidden: ""});
+    this.legend = el("p", {class: "ax-legend"});
+    this.root.append(
+      el("div", {class: "ax-controls"}, [labelled("Example", c.example), labelled("Attention", c.view),
+        labelled("Measure", c.measure), modes, labelled("Layer", c.layer), labelled("Head", c.head),
+        stepField, this.windowFields, exports]),
+      this.figure = el("div", {class: "ax-figure"}, [this.canvas, this.tooltip]), this.readout, this.legend);
+    options(c.example, this.data.examples.map((e, i) => [i, "#" + e.index + ": " + e.source]), 0);
+    c.example.addEventListener("change", () => this.select({example: +c.example.value, view: 0}));
+    c.view.addEventListener("change", () => this.select({view: +c.view.value}));
+    c.measure.addEventListener("change", () => this.select({measure: c.measure.value}));
+    c.layer.addEventListener("change", () => this.select({layer: this.pick(c.layer.value)}));
+    c.head.addEventListener("change", () => this.select({head: this.pick(c.head.value)}));
+    c.step.addEventListener("input", () => this.select({step: +c.step.value}));
+    c.qStart.addEventListener("input", () => this.select({qStart: +c.qStart.value}));
+    c.kStart.addEventListener("input", () => this.select({kStart: +c.kStart.value}));
+    c.model.addEventListener("click", () => this.select({mode: "model"}));
+    c.headMode.addEventListener("click", () => this.select({mode: "head"}));
+    c.png.addEventListener("click", () => this.download("png"));
+    c.svg.addEventListener("click", () => this.download("svg"));
+    this.canvas.addEventListener("keydown", (e) => this.key(e));
+    this.canvas.addEventListener("mousemove", (e) => this.pointer(e));
+    this.canvas.addEventListener("mouseleave", () => { this.hover = null; this.tooltip.hidden = true; this.describe(); });
+    this.canvas.addEventListener("click", (e) => this.pointer(e, true));
+    if (global.ResizeObserver) {
+      let width = 0;
+      new global.ResizeObserver(() => {
+        if (this.root.clientWidth !== width) { width = this.root.clientWidth; this.draw(); }
+      }).observe(this.root);
+    }
+  };
+
+  Explorer.prototype.pick = function (value) { return value === MEAN ? MEAN : +value; };
+
+  Explorer.prototype.view = function () {
+    return this.data.examples[this.state.example].views[this.state.view];
+  };
+
+  /* The decoded measure of the current view (decoded once, on first use, and kept with
+   * the view). */
+  Explorer.prototype.measure = function (name) {
+    const view = this.view();
+    const decoded = this.decoded(view);
+    if (!decoded.measures[name]) {
+      const m = X.decodeMeasure(view.measures[name], view.shape);
+      m.scale = X.scaleFor(name, m.values);
+      decoded.measures[name] = m;
+    }
+    return decoded.measures[name];
+  };
+
+  Explorer.prototype.decoded = function (view) {
+    if (!this.cache.has(view)) this.cache.set(view, {measures: {}, ineligible: null});
+    return this.cache.get(view);
+  };
+
+  Explorer.prototype.select = function (change) {
+    const s = Object.assign(this.state, change);
+    const c = this.controls;
+    const views = this.data.examples[s.example].views;
+    s.view = Math.min(s.view, views.length - 1);
+    options(c.view, views.map((v, i) => [i, v.title]), s.view);
+    const view = this.view();
+    const names = Object.keys(view.measures);
+    if (!names.includes(s.measure)) s.measure = names[0];
+    options(c.measure, names.map((n) => [n, n]), s.measure);
+    const [layers, heads, queries, keys] = view.shape;
+    const mheads = this.measure(s.measure).heads;
+    s.layer = s.layer === MEAN && layers > 1 ? MEAN : Math.min(s.layer === MEAN ? 0 : s.layer, layers - 1);
+    s.head = s.head === MEAN && mheads > 1 ? MEAN : Math.min(s.head === MEAN ? 0 : s.head, mheads - 1);
+    options(c.layer, [...view.sites.map((site, i) => [i, i + ": " + site]),
+      ...(layers > 1 ? [[MEAN, "mean over layers"]] : [])], s.layer);
+    options(c.head, [...Array.from({length: mheads}, (_, i) => [i, String(i)]),
+      ...(mheads > 1 ? [[MEAN, "mean over heads"]] : [])], s.head);
+    s.step = Math.min(s.step, queries - 1);
+    s.key = Math.min(s.key, keys - 1);
+    c.step.max = String(queries - 1);
+    c.step.value = String(s.step);
+    c.step.setAttribute("aria-valuetext", this.tokenText(view.queries, s.step));
+    this.stepLabel.textContent = view.role === "encoder_self" ? "Query token" : "Decoding step";
+    c.stepText.textContent = s.step + " / " + (queries - 1) + " " + this.tokenText(view.queries, s.step);
+    if (!("qStart" in change)) s.qStart = this.follow(s.qStart, s.step, queries);
+    if (!("kStart" in change)) s.kStart = this.follow(s.kStart, s.key, keys);
+    this.windowFields.hidden = queries <= WINDOW && keys <= WINDOW;
+    for (const [input, n, at] of [[c.qStart, queries, s.qStart], [c.kStart, keys, s.kStart]]) {
+      input.max = String(Math.max(0, n - WINDOW));
+      input.value = String(at);
+      input.disabled = n <= WINDOW;
+    }
+    c.model.setAttribute("aria-pressed", String(s.mode === "model"));
+    c.headMode.setAttribute("aria-pressed", String(s.mode === "head"));
+    this.draw();
+    this.describe();
+  };
+
+  /* A window start that keeps index i in view. */
+  Explorer.prototype.follow = function (start, i, n) {
+    if (n <= WINDOW) return 0;
+    if (i < start) return i;
+    if (i >= start + WINDOW) return i - WINDOW + 1;
+    return Math.min(start, n - WINDOW);
+  };
+
+  Explorer.prototype.tokenText = function (labels, i) { return "\u201c" + labels[i] + "\u201d"; };
+
+  /* The value of a cell of the current measure at a layer and head (or their means). */
+  Explorer.prototype.value = function (layer, head, q, k) {
+    const m = this.measure(this.state.measure);
+    const [layers, heads, queries, keys] = m.shape;
+    if (layer !== MEAN && head !== MEAN) {
+      return m.values[((layer * heads + Math.min(head, heads - 1)) * queries + q) * keys + k];
+    }
+    const ls = layer === MEAN ? [...Array(layers).keys()] : [layer];
+    const hs = head === MEAN ? [...Array(heads).keys()] : [Math.min(head, heads - 1)];
+    let sum = 0;
+    for (const l of ls) for (const h of hs) sum += m.values[((l * heads + h) * queries + q) * keys + k];
+    return sum / (ls.length * hs.length);
+  };
+
+  Explorer.prototype.flags = function (layer, head, q, k) {
+    const view = this.view();
+    const out = [];
+    const one = (l, h) => {
+      for (const cell of view.masked_cells) {
+        if (cell[0] === l && cell[1] === h && cell[2] === q && cell[3] === k) out.push("ineligible key received weight");
+      }
+      for (const row of view.failing_rows) {
+        if (row.layer === l && row.head === h && row.query === q) {
+          out.push("row fails the " + row.checks.join(" and ") + " check (sum " +
+            X.formatValue(row.row_sum === null ? NaN : row.row_sum) + ", masked mass " +
+            X.formatValue(row.masked_mass === null ? NaN : row.masked_mass) + ")");
+        }
+      }
+    };
+    if (layer !== MEAN && head !== MEAN) one(layer, head);
+    return [...new Set(out)];
+  };
+
+  Explorer.prototype.ineligible = function (layer, head, q, k) {
+    const view = this.view();
+    if (!view.ineligible || layer === MEAN || head === MEAN) return false;
+    const decoded = this.decoded(view);
+    decoded.ineligible = decoded.ineligible || X.decodeBits(view.ineligible);
+    const b = decoded.ineligible;
+    const [, heads, queries, keys] = b.shape;
+    return b.values[((layer * heads + head) * queries + q) * keys + k] === 1;
+  };
+
+  /* The readout (and its screen-reader announcement) for a cell: the hovered one, else
+   * the current step and key of the current layer and head. */
+  Explorer.prototype.describe = function () {
+    const s = this.state;
+    const view = this.view();
+    const cell = this.hover || {layer: s.layer, head: s.head, q: s.step, k: s.key};
+    const v = this.value(cell.layer, cell.head, cell.q, cell.k);
+    const mheads = this.measure(s.measure).heads;
+    const where = (cell.layer === MEAN ? "mean over layers" : "layer " + cell.layer + " (" + view.sites[cell.layer] + ")") +
+      ", " + (mheads === 1 ? "one map per layer" : cell.head === MEAN ? "mean over heads" : "head " + cell.head);
+    const approximate = this.measure(s.measure).encoding === "u8" ? "\u2248" : "";
+    const text = s.measure + " " + approximate + X.formatValue(v) + (cell.layer === MEAN || cell.head === MEAN ? " (mean computed here)" : "") +
+      "; query " + cell.q + " " + this.tokenText(view.queries, cell.q) + " \u2192 key " + cell.k + " " +
+      this.tokenText(view.keys, cell.k) + "; " + where + "; " + view.title + ", example #" +
+      this.data.examples[s.example].index + ".";
+    const flags = this.flags(cell.layer, cell.head, cell.q, cell.k);
+    this.readout.textContent = text + (flags.length ? " Finding: " + flags.join("; ") + "." : "");
+    Object.assign(this.readout.dataset, {value: X.formatValue(v), layer: cell.layer, head: cell.head,
+      query: cell.q, key: cell.k, measure: s.measure, view: view.name,
+      example: this.data.examples[s.example].index, flags: flags.length});
+    this.canvas.setAttribute("aria-label", (s.mode === "model" ? "Model view: " : "Head view: ") + view.title + ", " +
+      s.measure + ", " + view.shape[0] + " layers by " + view.shape[1] + " heads, " + view.shape[2] +
+      " queries by " + view.shape[3] + " keys. Arrow keys move the selection; the value is read out below.");
+    return text;
+  };
+
+  Explorer.prototype.key = function (event) {
+    const s = this.state;
+    const [layers, , queries, keys] = this.view().shape;
+    const heads = this.measure(s.measure).heads;
+    const change = {};
+    const k = event.key;
+    if (s.mode === "model") {
+      const l = s.layer === MEAN ? 0 : s.layer, h = s.head === MEAN ? 0 : s.head;
+      if (k === "ArrowUp") change.layer = Math.max(0, l - 1);
+      else if (k === "ArrowDown") change.layer = Math.min(layers - 1, l + 1);
+      else if (k === "ArrowLeft") change.head = Math.max(0, h - 1);
+      else if (k === "ArrowRight") change.head = Math.min(heads - 1, h + 1);
+      else if (k === "Enter" || k === " ") Object.assign(change, {mode: "head", layer: l, head: h});
+    } else if (k === "ArrowUp") change.step = Math.max(0, s.step - 1);
+    else if (k === "ArrowDown") change.step = Math.min(queries - 1, s.step + 1);
+    else if (k === "ArrowLeft") change.key = Math.max(0, s.key - 1);
+    else if (k === "ArrowRight") change.key = Math.min(keys - 1, s.key + 1);
+    else if (k === "PageUp") change.step = Math.max(0, s.step - 10);
+    else if (k === "PageDown") change.step = Math.min(queries - 1, s.step + 10);
+    else if (k === "Home") change.key = 0;
+    else if (k === "End") change.key = keys - 1;
+    if (!Object.keys(change).length) return;
+    event.preventDefault();
+    this.hover = null;
+    this.select(change);
+  };
+
+  Explorer.prototype.pointer = function (event, click) {
+    const box = this.canvas.getBoundingClientRect();
+    const x = event.clientX - box.left, y = event.clientY - box.top;
+    const hit = (this.scene ? this.scene.hits : []).find((r) => x >= r.x && x < r.x + r.w && y >= r.y && y < r.y + r.h);
+    if (!hit) { this.hover = null; this.tooltip.hidden = true; this.describe(); return; }
+    const q = hit.q0 + Math.floor((y - hit.y) / hit.ch), k = hit.k0 + Math.floor((x - hit.x) / hit.cw);
+    if (click) {
+      this.hover = null;
+      this.select(this.state.mode === "model" ? {mode: "head", layer: hit.layer, head: hit.head, step: q, key: k}
+        : {step: q, key: k});
+      return;
+    }
+    this.hover = {layer: hit.layer, head: hit.head, q: q, k: k};
+    this.tooltip.textContent = this.describe();
+    this.tooltip.hidden = false;
+    this.tooltip.style.left = Math.min(x + 14, this.canvas.clientWidth - 220) + "px";
+    this.tooltip.style.top = (y + 14) + "px";
+  };
+
+  Explorer.prototype.draw = function () {
+    const width = Math.max(200, this.figure.clientWidth || 640);
+    this.scene = global.AttnauditExplorer.layout(this, width);
+    const ratio = global.devicePixelRatio || 1;
+    this.canvas.width = Math.round(this.scene.width * ratio);
+    this.canvas.height = Math.round(this.scene.height * ratio);
+    this.canvas.style.width = this.scene.width + "px";
+    this.canvas.style.height = this.scene.height + "px";
+    this.canvas.dataset.width = this.scene.width;
+    this.canvas.dataset.height = this.scene.height;
+    global.AttnauditExplorer.paint(this.canvas.getContext("2d"), this.scene, ratio);
+    const m = this.measure(this.state.measure);
+    const range = X.formatValue(m.scale.lo) + " to " + X.formatValue(m.scale.hi);
+    this.legend.textContent = "Colour: " + this.state.measure + " from " + range +
+      (m.encoding === "u8" ? " (stored with 8 bits per map: values are approximate)" : "") +
+      ". Grey cells: keys the row may not attend; a red outline: an ineligible key that received weight; " +
+      "a red bar left of a row: the row fails the row-sum or masked-mass check." +
+      (this.data.csv ? " Every value: " + this.data.csv + "." : "");
+  };
+
+  /* The current view as PNG (data URL) or SVG (text), at its layout size. */
+  Explorer.prototype.exportImage = function (format) {
+    if (format === "svg") return global.AttnauditExplorer.svg(this.scene);
+    const canvas = document.createElement("canvas");
+    canvas.width = this.scene.width;
+    canvas.height = this.scene.height;
+    global.AttnauditExplorer.paint(canvas.getContext("2d"), this.scene, 1);
+    return canvas.toDataURL("image/png");
+  };
+
+  Explorer.prototype.download = function (format) {
+    const image = this.exportImage(format);
+    const href = format === "svg" ? URL.createObjectURL(new Blob([image], {type: "image/svg+xml"})) : image;
+    const s = this.state;
+    const link = el("a", {href: href, download: "attention-" + this.view().name.replace(/\W+/g, "_") + "-" +
+      s.measure + "-example" + this.data.examples[s.example].index + "." + format});
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
+    if (format === "svg") global.setTimeout(() => URL.revokeObjectURL(href), 0);
+  };
+
+  function start() {
+    global.attnauditExplorers = global.attnauditExplorers || [];
+    for (const root of document.querySelectorAll(".ax-explorer:not([data-ready])")) {
+      root.dataset.ready = "true";
+      const data = JSON.parse(root.querySelector("script.ax-data").textContent);
+      global.attnauditExplorers.push(new Explorer(root, data));
+    }
+  }
+
+  X.Explorer = Explorer;
+  X.WINDOW = WINDOW;
+  X.MEAN = MEAN;
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})(window);
