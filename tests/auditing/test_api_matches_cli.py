@@ -31,7 +31,11 @@ def test_python_audit_writes_the_command_lines_csvs(name, cli_reports, api_audit
     audit.save(tmp_path)
     written = {p.name for p in cli.iterdir()}
     assert written == {p.name for p in tmp_path.iterdir()}
-    assert written == {"index.html", "manifest.json"} | {f"{t}.csv" for t in audit.tables}
+    # attention_maps.csv holds the explorer's values: the kept examples' maps, not a table.
+    assert written == {"index.html", "manifest.json", "attention_maps.csv"} | \
+        {f"{t}.csv" for t in audit.tables}
+    assert (tmp_path / "attention_maps.csv").read_bytes() == \
+        (cli / "attention_maps.csv").read_bytes()
     assert {"rows.csv", "agreement_summary.csv", "regions.csv"} <= written
     for table in set(audit.tables) - TIMED - {"checklist"}:
         assert (tmp_path / f"{table}.csv").read_bytes() == (cli / f"{table}.csv").read_bytes(), \
