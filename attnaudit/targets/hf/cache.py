@@ -5,7 +5,7 @@
 a key/value ``DynamicCache``, a hybrid cache with linear-attention, state-space or
 convolution state, an ``EncoderDecoderCache`` — as a :func:`cache_state`, and ``decode_step``
 takes the rows and positions it needs through that object's own API
-(:func:`cache_before`: ``batch_select_indices`` and ``crop`` on a copy). A cache that cannot
+(:func:`cache_before`: ``reorder_cache`` and ``crop`` on a copy). A cache that cannot
 be taken back to an earlier position (a recurrent state holds only its last position) or a
 model that returns none raises :class:`~attnaudit.errors.TargetError`; the intervention
 runner then re-runs the prefix instead (:mod:`attnaudit.interventions.reference_run`).
@@ -36,8 +36,7 @@ def cache_state(cache: Any, batch_size: int, length: int, device: torch.device
     never modified), ``rows`` (B,) long (the batch rows a selection keeps; a dict, so that
     :func:`~attnaudit.targets.contract.select_state` selects them and passes the cache
     through) and ``length``, the positions the cache holds."""
-    if cache is None or not all(hasattr(cache, name) for name in ("crop",
-                                                                  "batch_select_indices")):
+    if cache is None or not all(hasattr(cache, name) for name in ("crop", "reorder_cache")):
         raise TargetError(f"the model returned no cache it can crop and select rows of "
                           f"(got {type(cache).__name__})")
     return {"cache": cache, "rows": torch.arange(batch_size, device=device), "length": length}
@@ -48,10 +47,10 @@ def cache_before(state: dict[str, Any], length: int) -> Any:
     positions, taken through the cache's own API; the state's cache is left as it was.
     A TargetError when the cache cannot go back to ``length`` positions."""
     cache = copy.deepcopy(state["cache"])
-    rows = state["rows"]
-    cache.batch_select_indices(rows)
     removed = state["length"] - length
     try:
+        # reorder_cache (beam search's) takes any rows, repeated or not, on every layer kind
+        cache.reorder_cache(state["rows"])
         if removed:
             cache.crop(-removed)
     except (RuntimeError, ValueError, NotImplementedError) as exc:
