@@ -25,9 +25,13 @@ _END = object()  # what next() returns when the target's batches run out
 
 
 def config_position_limit(config: Any) -> int | None:
-    """A config's ``max_position_embeddings`` when it is a limit: a positive integer
-    (a missing value, ``-1`` or 0 mean the model has none)."""
+    """A config's ``max_position_embeddings`` (its text config's, for a composite config
+    that keeps it there) when it is a limit: a positive integer (a missing value, ``-1``
+    or 0 mean the model has none)."""
     limit = getattr(config, "max_position_embeddings", None)
+    text = getattr(config, "get_text_config", None)
+    if limit is None and callable(text):
+        limit = getattr(text(), "max_position_embeddings", None)
     if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
         return limit
     return None

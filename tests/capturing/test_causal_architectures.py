@@ -37,7 +37,6 @@ import pytest
 import torch
 
 import attnaudit
-from attnaudit.errors import NoAttentionFound
 from attnaudit.interventions.ablation import uniform_test
 from attnaudit.interventions.reference_run import reference
 
@@ -54,6 +53,7 @@ from tests.helpers.tiny_hf import save_checkpoint  # noqa: E402
 TOL = 1e-5
 LOGIT_TOL = 1e-4
 NEW_TOKENS = 3
+ROWS = 4  # intervention rows per architecture: step 0 and later steps of the first prompts
 PROMPT_WORDS = (5, 2, 4)  # three lengths: two rows are left-padded
 ARCHITECTURES = dict(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 COVERED_FLOOR = 100  # raise as the xfail classes below are fixed
@@ -139,7 +139,9 @@ def skip(arch: str, reason: str) -> None:
 
 def _param(arch: str) -> Any:
     """An architecture, marked xfail with its class of break when that is known."""
-    marks = [pytest.mark.xfail(reason=XFAIL[arch], strict=False)] if arch in XFAIL else []
+    # a config that does not build is not built again every run (blt's takes 30 s)
+    marks = [pytest.mark.xfail(reason=XFAIL[arch], strict=False,
+                               run=XFAIL[arch] != BUILD)] if arch in XFAIL else []
     return pytest.param(arch, marks=marks, id=arch)
 
 
@@ -147,7 +149,7 @@ def _param(arch: str) -> Any:
 def built(request, tmp_path_factory) -> Built:
     arch = request.param
     _RAN.add(arch)
-    if arch in SKIP and SKIP[arch] != NO_ATTENTION:
+    if arch in SKIP:
         skip(arch, SKIP[arch])
     folder = tmp_path_factory.mktemp(arch)
     model_cls = getattr(transformers, ARCHITECTURES[arch])
@@ -155,11 +157,7 @@ def built(request, tmp_path_factory) -> Built:
         config = tiny_causal_config(CONFIG_MAPPING[arch], model_cls, arch)
         words = save_checkpoint(model_cls, config, folder, eos_after=False)
     except ImportError as exc:
-        skip(arch, f"needs a package that is not installed: {exc}".splitlines()[0])
-    except Exception:
-        if arch in SKIP:  # no attention and no tiny build either: nothing to verify
-            skip(arch, SKIP[arch])
-        raise
+        skip(arch, f"needs a package that is not installed: {exc}".strip().splitlines()[0])
     prompts = [" ".join(words[4 * i : 4 * i + n]) for i, n in enumerate(PROMPT_WORDS)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # transformers' notes on tiny random checkpoints
@@ -171,10 +169,6 @@ def built(request, tmp_path_factory) -> Built:
         truth_model = AutoModelForCausalLM.from_pretrained(
             folder, local_files_only=True, attn_implementation="eager").eval()
     batch = next(target.iter_batches())
-    if arch in SKIP:  # no attention: verify there is none, then skip
-        with pytest.raises(NoAttentionFound), attnaudit.capture(target.model):
-            target.greedy(batch)
-        skip(arch, SKIP[arch])
     assert not batch.source_mask[:, 0].all(), "some prompt must be left-padded"
     pad = int(batch.source_ids[~batch.source_mask][0])  # the id the target pads with
     with torch.no_grad(), warnings.catch_warnings():
@@ -268,6 +262,7 @@ def test_interventions_on_the_cached_step_or_the_rerun(built: Built) -> None:
     assert (ref.states is None) == (ref.cache_note is not None), ref.cache_note
     rows = ref.rows()
     assert len(rows) >= 1
+    rows = rows.select(torch.arange(min(len(rows), ROWS)))  # the first rows: every step kind
     got = uniform_test(target, ref, rows)
     if ref.states is not None:
         again = uniform_test(target, reference(target, batch, incremental=False), rows)
