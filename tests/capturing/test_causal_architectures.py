@@ -84,6 +84,8 @@ TWO_MAPS = ("capture: differential attention's two softmax maps per layer are tw
 LOGSUMEXP = "capture: attention as exp(scores - logsumexp(scores)) is not found"
 UNDERFLOW = ("capture: a view row whose mass underflows is divided by a floor (NaN / a row "
              "that does not sum to 1)")
+FOLDED = ("capture: a cached step of one sequence is laid out (1, 1, 2, n), not (1, H, 1, n), "
+          "so its edit hits the wrong rows (BART-style decoders run as causal LMs)")
 # Target-side (attnaudit/targets/hf/causal.py):
 IDS = ("target: the model needs input ids in its forward (no inputs_embeds, hash routing or "
        "per-layer inputs from ids); teacher forcing passes embeddings")
@@ -107,6 +109,7 @@ XFAIL: dict[str, str] = {
     **dict.fromkeys(["flint", "gpt_oss", "mimo_v2_flash", "hy_v4"], SINK),
     "hrm_text": TWICE, "prophetnet": STREAMS, "diffllama": TWO_MAPS, "reformer": LOGSUMEXP,
     "rembert": UNDERFLOW, "axk2": UNDERFLOW,
+    **dict.fromkeys(["mvp", "trocr", "xglm"], FOLDED),
     **dict.fromkeys(["cpmant", "deepseek_v4", "gemma4", "gemma4_unified"], IDS),
     **dict.fromkeys(["deepseek_v32", "glm_moe_dsa", "dots3_note_text"], INDEXER),
     "nemotron_h": SCAN, "zamba2": SCAN, "xlm": NOT_CAUSAL, "xlnet": NOT_CAUSAL,
@@ -275,7 +278,8 @@ def test_interventions_on_the_cached_step_or_the_rerun(built: Built) -> None:
 
 def test_summary_covered_architectures() -> None:
     """Runs last (pytest keeps file order): how many architectures were covered."""
-    missing = sorted(set(ARCHITECTURES) - _RAN)
+    unbuilt = {arch for arch, reason in XFAIL.items() if reason == BUILD}  # not run
+    missing = sorted(set(ARCHITECTURES) - _RAN - unbuilt)
     if missing:
         pytest.skip(f"not every architecture ran here (missing {len(missing)})")
     covered = sorted(a for a in ARCHITECTURES if OUTCOMES.get(a) == "covered")
