@@ -22,8 +22,11 @@ config is not an encoder-decoder. The mapping:
 
 Eligible prompt keys come from the attention mask (left padding is out) and the special
 tokens; causality holds by construction (every prompt key precedes every continuation row).
-An edited step runs one position from the key/value cache of the unedited pass
-(``decode_states`` / ``decode_step``); the prompt ids stand in for an encoder state.
+An edited step runs one position from a copy of the model's own cache after the unedited
+pass, cut back through the cache's API (``decode_states`` / ``decode_step``,
+:mod:`attnaudit.targets.hf.cache`); where that cannot be done the intervention runner
+re-runs the prefix. Position ids are the ones the model's ``generate()`` gives. The prompt
+ids stand in for an encoder state.
 """
 
 from __future__ import annotations
