@@ -69,6 +69,7 @@ EXTRA: dict[str, dict[str, Any]] = {
     # attention anyway; as a decoder it is built with it
     "big_bird": {"attention_type": "original_full"},
     "xmod": {"default_language": "en_XX"},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
 }
 
 # Layer types without attention, in the names hybrid configs give them.
