@@ -7,6 +7,8 @@ re-run, and the target-side config edges of decoder-only checkpoints.
 - a hybrid model whose cache holds linear-attention (recurrent) state cannot take one cached
   step: ``attnaudit report --quick`` still writes the interventions, by the prefix re-run,
   and the manifest says so and why;
+- a cached step that disagrees with the teacher-forced pass is not used: edited items
+  re-run the prefix, with the reason;
 - a report whose intervention suite cannot run exits 3 and says why (never a silent "not
   recorded");
 - a config without ``pad_token_id`` pads with the tokenizer's pad; ``max_position_embeddings
@@ -28,6 +30,8 @@ import attnaudit.cli
 from attnaudit.attribution.options import AttributionOptions
 from attnaudit.auditing.intervention_suite import run_suite
 from attnaudit.errors import InterventionError
+from attnaudit.interventions.ablation import uniform_test
+from attnaudit.interventions.reference_run import reference
 from attnaudit.targets.hf.cache import cache_before, cache_state
 
 transformers = pytest.importorskip("transformers")
@@ -124,3 +128,24 @@ def test_config_edges_pad_from_tokenizer_no_position_limit_and_inseq(tmp_path):
     suite = run_suite(target, quick=True, progress=False, n_permutations=2,
                       attribution=AttributionOptions.variant("inseq", methods=("saliency",)))
     assert suite.metadata["attribution_variants"]["saliency"]
+
+
+def test_a_cached_step_that_disagrees_with_teacher_forcing_falls_back_to_the_rerun(tmp_path):
+    folder = tmp_path / "llama"
+    save_checkpoint(transformers.LlamaForCausalLM, llama_config(), folder, eos_after=False)
+    target = attnaudit.from_hf(folder, PROMPTS, max_new_tokens=3)
+    batch = next(target.iter_batches())
+    assert reference(target, batch).states is not None  # the model's own cache serves
+
+    def shifted_step(batch, encoded, states, emitted, step):  # a cache off by one position
+        return target.decode_step(batch, encoded, states, emitted, max(step - 1, 0))
+
+    off = target.with_options(decode_step=shifted_step)
+    ref = reference(off, batch)
+    assert ref.states is None
+    assert ref.cache_note.startswith("one cached step disagreed with the teacher-forced pass "
+                                     "at step 2 (total variation ")
+    rerun = reference(target, batch, incremental=False)
+    rows = ref.rows()
+    got = uniform_test(off, ref, rows)["uniform_tvd"]
+    assert (got - uniform_test(target, rerun, rows)["uniform_tvd"]).abs().max() <= 1e-6
