@@ -231,9 +231,18 @@ def _check_rows_to_intervene_on(parts: _BatchParts, n_examples: int) -> None:
 def _reference_facts(ref: Reference) -> dict[str, Any]:
     """What the suite's metadata says of its references (the same for every batch)."""
     return {"sites": list(ref.sites), "heads": ref.heads,
-            "edited_items": "one cached decoder step" if ref.states is not None
-                            else "decoder prefix re-run",
+            "edited_items": _edited_items(ref),
             "max_memory_bytes": ref.budget.max_memory}
+
+
+def _edited_items(ref: Reference) -> str:
+    """How edited items ran, in words: one cached step, or the prefix re-run (and why, when
+    the target offered a cached step that could not be used)."""
+    if ref.states is not None:
+        return "one cached decoder step"
+    if ref.cache_note is not None:
+        return f"decoder prefix re-run ({ref.cache_note})"
+    return "decoder prefix re-run"
 
 
 def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,

@@ -165,6 +165,9 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
     manifest["distributed"] = shard.describe()
     manifest["input_rows"] = {"rows": validity.degenerate.rows,
                               "degenerate": dict(validity.degenerate.counts)}
+    manifest["interventions"] = (
+        {"ran": True, "edited_items": suite.metadata["edited_items"]} if suite is not None
+        else {"ran": False, "reason": reason})
     result = Audit(target=target.name, description=target.description,
                    tables=checklist.all_tables(), manifest=manifest, validity=validity,
                    suite=suite, suite_reason=reason, checklist=checklist)

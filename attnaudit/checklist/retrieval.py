@@ -27,6 +27,7 @@ from attnaudit.checklist.items import (
     Verdict,
     worst,
 )
+from attnaudit.targets.checks import config_position_limit
 from attnaudit.validity.findings import Finding, describe_tolerance, findings_frame
 from attnaudit.validity.result import ValidityAudit
 
@@ -221,9 +222,8 @@ def positions_item(model: nn.Module, audit: ValidityAudit) -> ItemResult:
     """Positions: not measured; the protocol, the lengths seen and any truncation."""
     observations = [f"{s.site}: up to {s.queries} query steps and {s.keys} keys per batch."
                     for s in audit.sites.itertuples(index=False)]
-    config = getattr(model, "config", None)
-    limit = getattr(config, "max_position_embeddings", None)
-    if isinstance(limit, int):
+    limit = config_position_limit(getattr(model, "config", None))
+    if limit is not None:
         longest = int(audit.sites["keys"].max())
         observations.append(f"The model's config allows {limit} positions; the longest "
                             f"captured key axis was {longest}.")

@@ -13,6 +13,7 @@ from pathlib import Path
 from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
 from attnaudit.auditing.orchestration import audit
 from attnaudit.cli.display import print_suite
+from attnaudit.cli.exits import INCOMPLETE
 from attnaudit.cli.loading import attribution_option, load_cli_target, memory_option, quiet
 from attnaudit.errors import GateError
 from attnaudit.report.explorer import DEFAULT_EXAMPLES
@@ -65,7 +66,8 @@ def _check_options(args: argparse.Namespace) -> None:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    """``attnaudit report``: the whole audit, written to ``--out``; prints the page's path."""
+    """``attnaudit report``: the whole audit, written to ``--out``; prints the page's path.
+    Exits :data:`INCOMPLETE` when the intervention suite could not run (the page says why)."""
     max_memory = memory_option(args)
     OutputFolder.check(args.out, force=args.force)  # before the target loads
     target = load_cli_target(args)
@@ -78,6 +80,9 @@ def report_command(args: argparse.Namespace) -> int:
     with shard.together("writing the report"):
         if shard.is_main:  # rank 0 alone writes; the others wait for it to finish
             print(f"attnaudit report: wrote {result.save(args.out, force=args.force)}")
+    if result.suite is None:
+        print(f"attnaudit report: incomplete: {result.suite_reason}", file=sys.stderr)
+        return INCOMPLETE
     return 0
 
 

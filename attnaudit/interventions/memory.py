@@ -80,14 +80,30 @@ def model_heads(model: nn.Module) -> int:
 
 
 def tensor_bytes(state: object) -> int:
-    """Bytes of every tensor in a tensor, or tuple/list/dict of them (nested)."""
+    """Bytes of every tensor in a tensor, or tuple/list/dict of them (nested), or in the
+    attributes of a cache object inside them (a Hugging Face ``Cache``, its layers), each
+    tensor counted once."""
+    return _tensor_bytes(state, set())
+
+
+def _tensor_bytes(state: object, seen: set[int]) -> int:
+    if id(state) in seen:
+        return 0
+    seen.add(id(state))
     if isinstance(state, torch.Tensor):
         return state.numel() * state.element_size()
     if isinstance(state, tuple | list):
-        return sum(tensor_bytes(part) for part in state)
+        return sum(_tensor_bytes(part, seen) for part in state)
     if isinstance(state, dict):
-        return sum(tensor_bytes(part) for part in state.values())
+        return sum(_tensor_bytes(part, seen) for part in state.values())
+    if _is_cache(state):
+        return sum(_tensor_bytes(part, seen) for part in vars(state).values())
     return 0
+
+
+def _is_cache(state: object) -> bool:
+    """A cache object or one of its layers: a transformers cache_utils class."""
+    return hasattr(state, "__dict__") and type(state).__module__.endswith("cache_utils")
 
 
 @dataclass(frozen=True)

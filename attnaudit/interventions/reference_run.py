@@ -21,7 +21,7 @@ from attnaudit.capturing.recorder import capture
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes, tensor_bytes
 from attnaudit.record import AttentionRecord
-from attnaudit.targets.contract import Batch, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Seq2SeqTarget, select_state
 
 
 @dataclass
@@ -41,7 +41,9 @@ class Reference:
     unedited decoder state before every step (``target.decode_states``) when edited items
     run one cached decoder step, else None. budget: sets how many edited sequences one
     forward pass folds. empty_output: bool (B,), the greedy output ends at step 0 (None:
-    no output is empty); see :mod:`attnaudit.analysis.degenerate`.
+    no output is empty); see :mod:`attnaudit.analysis.degenerate`. cache_note: why edited
+    items re-run the prefix although the target offers a cached step (None: they do not,
+    or it was not offered).
     """
 
     batch: Batch
@@ -58,6 +60,7 @@ class Reference:
     head_index: tuple[int, ...] | None = None
     states: Any = None
     empty_output: torch.Tensor | None = None
+    cache_note: str | None = None
 
     @property
     def heads(self) -> dict[str, int]:
@@ -168,10 +171,10 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
         names = select_sites(cap.records, sites, kind)
         if in_encoder.intersection(names):
             encoded = None  # an edit there changes the encoder output: re-encode every copy
-        states = None
+        states, cache_note = None, None
         if (incremental and encoded is not None and target.decode_states is not None
                 and target.decode_step is not None):
-            states = target.decode_states(batch, encoded, emitted)
+            states, cache_note = cached_states(target, batch, encoded, emitted, logits)
     n_examples, n_steps = emitted.shape
     n_keys = batch.source_ids.shape[1]
     weights = {}
@@ -205,8 +208,41 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
                      eligible=eligible.contiguous(), first_example=first_example,
                      seed=target.seed, budget=budget, encoded=encoded,
                      head_index=None if heads is None else tuple(heads), states=states,
+                     cache_note=cache_note,
                      empty_output=(emitted[:, 0] == target.eos_id).cpu() if n_steps
                      else torch.ones(n_examples, dtype=torch.bool))
+
+
+def cached_states(target: Seq2SeqTarget, batch: Batch, encoded: Any, emitted: torch.Tensor,
+                  logits: torch.Tensor) -> tuple[Any, str | None]:
+    """The unedited decoder states (``target.decode_states``) when one cached step from
+    them gives the teacher-forced output, else None and why: the target's own states or
+    step fail, or their first and last steps' output distributions differ from the
+    teacher-forced ``logits`` (B, T, V) by more than :func:`step_tolerance` in total
+    variation. Edited items then re-run the prefix, which needs no cache."""
+    n_steps = emitted.shape[1]
+    if n_steps == 0:
+        return None, None
+    try:
+        states = target.decode_states(batch, encoded, emitted)
+        every = torch.arange(len(emitted))
+        for step in sorted({0, n_steps - 1}):
+            stepped = target.decode_step(batch, encoded, select_state(states, every), emitted,
+                                         step)
+            expected = torch.softmax(logits[:, step].float(), -1)
+            gap = 0.5 * (torch.softmax(stepped.float(), -1) - expected).abs().sum(-1).max()
+            if not gap <= step_tolerance(logits.dtype):
+                return None, (f"one cached step disagreed with the teacher-forced pass at step "
+                              f"{step} (total variation {float(gap):.3g})")
+    except Exception as exc:  # any failure of the target's cache: re-run the prefix
+        return None, f"one cached step could not be taken: {type(exc).__name__}: {exc}"
+    return states, None
+
+
+def step_tolerance(dtype: torch.dtype) -> float:
+    """How far (total variation) a cached step's output may be from the teacher-forced one's
+    in ``dtype``: the same computation in another order."""
+    return 1e-3 if torch.finfo(dtype).bits >= 32 else 5e-2
 
 
 def _budget(target: Seq2SeqTarget, encoded: Any, states: Any, n_examples: int, n_keys: int,

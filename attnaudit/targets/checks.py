@@ -24,13 +24,25 @@ _CHECKED = "_attnaudit_checked"
 _END = object()  # what next() returns when the target's batches run out
 
 
+def config_position_limit(config: Any) -> int | None:
+    """A config's ``max_position_embeddings`` (its text config's, for a composite config
+    that keeps it there) when it is a limit: a positive integer (a missing value, ``-1``
+    or 0 mean the model has none)."""
+    limit = getattr(config, "max_position_embeddings", None)
+    text = getattr(config, "get_text_config", None)
+    if limit is None and callable(text):
+        limit = getattr(text(), "max_position_embeddings", None)
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+        return limit
+    return None
+
+
 def position_limit(model: nn.Module) -> tuple[int, str] | None:
     """The most source positions ``model`` can embed and where that number comes from:
     its config's ``max_position_embeddings``, else the smallest embedding table whose
     module name says "pos"; None when neither exists (recurrent, relative positions)."""
-    config = getattr(model, "config", None)
-    limit = getattr(config, "max_position_embeddings", None)
-    if isinstance(limit, int) and not isinstance(limit, bool):
+    limit = config_position_limit(getattr(model, "config", None))
+    if limit is not None:
         return limit, "config.max_position_embeddings"
     tables = [(m.num_embeddings, name) for name, m in model.named_modules()
               if isinstance(m, nn.Embedding) and "pos" in name.rsplit(".", 1)[-1].lower()]

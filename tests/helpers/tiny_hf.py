@@ -75,10 +75,11 @@ def _init_params(cls: type) -> set[str]:
     return set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
 
 
-def _tiny_kwargs(cls: type, default: Any, extra: dict[str, Any]) -> dict[str, Any]:
+def _tiny_kwargs(cls: type, default: Any, extra: dict[str, Any],
+                 sizes: dict[str, Any]) -> dict[str, Any]:
     params = _init_params(cls)
     kwargs: dict[str, Any] = {}
-    for name, value in TINY.items():
+    for name, value in sizes.items():
         if name not in params:
             continue
         current = getattr(default, name, None)
@@ -93,20 +94,24 @@ def _tiny_kwargs(cls: type, default: Any, extra: dict[str, Any]) -> dict[str, An
         if sub_default is None:
             continue
         sub_cls = type(sub_default) if sub_cls.__name__ == "AutoConfig" else sub_cls
-        kwargs[name] = tiny_sub_config(sub_cls, sub_default, extra.get(name, {}))
+        kwargs[name] = tiny_sub_config(sub_cls, sub_default, extra.get(name, {}), sizes)
     kwargs.update({k: v for k, v in extra.items() if not isinstance(v, dict)})
     return kwargs
 
 
-def tiny_sub_config(cls: type, default: Any, extra: dict[str, Any]) -> Any:
-    return cls(**_tiny_kwargs(cls, default, extra))
+def tiny_sub_config(cls: type, default: Any, extra: dict[str, Any],
+                    sizes: dict[str, Any] | None = None) -> Any:
+    return cls(**_tiny_kwargs(cls, default, extra, TINY if sizes is None else sizes))
 
 
-def tiny_config(config_cls: type, extra: dict[str, Any] | None = None) -> Any:
-    """A tiny instance of ``config_cls``; ``extra`` overrides (a dict value: a sub-config's)."""
+def tiny_config(config_cls: type, extra: dict[str, Any] | None = None,
+                sizes: dict[str, Any] | None = None) -> Any:
+    """A tiny instance of ``config_cls``; ``extra`` overrides (a dict value: a sub-config's);
+    ``sizes``: the attribute -> tiny value table (default :data:`TINY`)."""
     extra = dict(extra or {})
     default = config_cls()
-    config = config_cls(**_tiny_kwargs(config_cls, default, extra))
+    config = config_cls(**_tiny_kwargs(config_cls, default, extra,
+                                       TINY if sizes is None else sizes))
     _fix_special_ids(config)
     return config
 

@@ -1,13 +1,26 @@
-"""Hugging Face key/value caches as plain tensors, and back (nothing here imports
-transformers at module level)."""
+"""A Hugging Face model's own cache as the decoder state of one cached intervention step
+(nothing here imports transformers at module level).
+
+``decode_states`` keeps the cache object the model returned from one teacher-forced pass —
+a key/value ``DynamicCache``, a hybrid cache with linear-attention, state-space or
+convolution state, an ``EncoderDecoderCache`` — as a :func:`cache_state`, and ``decode_step``
+takes the rows and positions it needs through that object's own API
+(:func:`cache_before`: ``reorder_cache`` and ``crop`` on a copy). A cache that cannot
+be taken back to an earlier position (a recurrent state holds only its last position) or a
+model that returns none raises :class:`~attnaudit.errors.TargetError`; the intervention
+runner then re-runs the prefix instead (:mod:`attnaudit.interventions.reference_run`).
+"""
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
 import torch
 from torch import nn
+
+from attnaudit.errors import TargetError
 
 
 def cache_argument(model: nn.Module) -> str:
@@ -17,19 +30,30 @@ def cache_argument(model: nn.Module) -> str:
         "past_key_values"
 
 
-def cache_tensors(cache: Any) -> tuple[torch.Tensor, ...]:
-    """A Hugging Face DynamicCache as keys and values per layer: (k0, v0, k1, v1, ...)."""
-    if hasattr(cache, "layers"):
-        return tuple(t for layer in cache.layers for t in (layer.keys, layer.values))
-    return tuple(t for pair in zip(cache.key_cache, cache.value_cache, strict=True)
-                 for t in pair)
+def cache_state(cache: Any, batch_size: int, length: int, device: torch.device
+               ) -> dict[str, Any]:
+    """The decoder state of one teacher-forced pass: ``cache`` (the model's own object,
+    never modified), ``rows`` (B,) long (the batch rows a selection keeps; a dict, so that
+    :func:`~attnaudit.targets.contract.select_state` selects them and passes the cache
+    through) and ``length``, the positions the cache holds."""
+    if cache is None or not all(hasattr(cache, name) for name in ("crop", "reorder_cache")):
+        raise TargetError(f"the model returned no cache it can crop and select rows of "
+                          f"(got {type(cache).__name__})")
+    return {"cache": cache, "rows": torch.arange(batch_size, device=device), "length": length}
 
 
-def cache_prefix(tensors: tuple[torch.Tensor, ...], length: int) -> Any:
-    """A DynamicCache of the first ``length`` positions of ``tensors`` (as
-    :func:`cache_tensors` gives them, (B, H, L, d) each); an empty cache for 0."""
-    from transformers import DynamicCache
-
-    pairs = [(k[:, :, :length], v[:, :, :length])
-             for k, v in zip(tensors[::2], tensors[1::2], strict=True)]
-    return DynamicCache(pairs if length else None)
+def cache_before(state: dict[str, Any], length: int) -> Any:
+    """A copy of the state's cache holding its selected rows and their first ``length``
+    positions, taken through the cache's own API; the state's cache is left as it was.
+    A TargetError when the cache cannot go back to ``length`` positions."""
+    cache = copy.deepcopy(state["cache"])
+    removed = state["length"] - length
+    try:
+        # reorder_cache (beam search's) takes any rows, repeated or not, on every layer kind
+        cache.reorder_cache(state["rows"])
+        if removed:
+            cache.crop(-removed)
+    except (RuntimeError, ValueError, NotImplementedError) as exc:
+        raise TargetError(f"{type(state['cache']).__name__} cannot be taken back "
+                          f"{removed} position(s): {exc}") from exc
+    return cache

@@ -23,8 +23,11 @@ config is not an encoder-decoder. The mapping:
 
 Eligible prompt keys come from the attention mask (left padding is out) and the special
 tokens; causality holds by construction (every prompt key precedes every continuation row).
-An edited step runs one position from the key/value cache of the unedited pass
-(``decode_states`` / ``decode_step``); the prompt ids stand in for an encoder state.
+An edited step runs one position from a copy of the model's own cache after the unedited
+pass, cut back through the cache's API (``decode_states`` / ``decode_step``,
+:mod:`attnaudit.targets.hf.cache`); where that cannot be done the intervention runner
+re-runs the prefix. Position ids are the ones the model's ``generate()`` gives. The prompt
+ids stand in for an encoder state.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from attnaudit.errors import TargetError
 from attnaudit.targets.contract import Seq2SeqTarget
 from attnaudit.targets.data import AuditData
 from attnaudit.targets.decoding import Decoding
-from attnaudit.targets.hf.cache import cache_argument, cache_prefix, cache_tensors
+from attnaudit.targets.hf.cache import cache_argument, cache_before, cache_state
 from attnaudit.targets.hf.tokenizer import source_limit, special_token_ids
 
 
@@ -65,7 +68,8 @@ def left_padded(rows: list[list[Any]], fill: Any, limit: int | None) -> torch.Te
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids (B, L) counting real tokens only (padding at 0), as generate() sets them."""
+    """Position ids (B, L) counting real tokens only (padding at 0), as generate() sets them
+    for a model that does not set its own."""
     return (mask.cumsum(-1) - 1).clamp_min(0)
 
 
@@ -86,15 +90,16 @@ class CausalLM:
     @property
     def eos_id(self) -> int | None:
         eos = self.tokenizer.eos_token_id
-        eos = self.model.config.eos_token_id if eos is None else eos
+        eos = getattr(self.model.config, "eos_token_id", None) if eos is None else eos
         if isinstance(eos, list | tuple):
             return eos[0] if eos else None
         return eos
 
     @property
     def pad_id(self) -> int | None:
-        return next((i for i in (self.tokenizer.pad_token_id, self.model.config.pad_token_id)
-                     if i is not None), self.eos_id)
+        config_pad = getattr(self.model.config, "pad_token_id", None)
+        return next((i for i in (self.tokenizer.pad_token_id, config_pad) if i is not None),
+                    self.eos_id)
 
     @property
     def special_ids(self) -> tuple[int, ...]:
@@ -144,49 +149,72 @@ class CausalLM:
 
     def teacher_forced(self, ids: torch.Tensor, mask: torch.Tensor,
                        emitted: torch.Tensor) -> torch.Tensor:
-        """Logits (B, T, V): prompt + emitted[:, :-1] in one pass; position ids count real
-        tokens only, as generate() sets them. Two calls of the input embedding: the prompt
-        (B, P) first, then the steps' inputs (B, T) as a seq2seq decoder's (the prompt's
-        last token, then emitted[:, :-1]), whose first position is not used again (the
-        prompt's call holds it), so target-side attribution gives it no score."""
+        """Logits (B, T, V): prompt + emitted[:, :-1] in one pass; position ids as the
+        model's generate() sets them (:meth:`_position_ids`). Two calls of the input
+        embedding: the prompt (B, P) first, then the steps' inputs (B, T) as a seq2seq
+        decoder's (the prompt's last token, then emitted[:, :-1]), whose first position is
+        not used again (the prompt's call holds it), so target-side attribution gives it no
+        score."""
         embed = self.model.get_input_embeddings()
         prompt, prefix = ids.shape[1], emitted[:, :-1]
         embedded_prompt = embed(ids)  # first: the source embedding's call
         inputs = embed(torch.cat([ids[:, -1:], prefix], dim=1))
         embedded = torch.cat([embedded_prompt, inputs[:, 1:]], dim=1)
         full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
+        positions = self._position_ids(torch.cat([ids, prefix], dim=1), full_mask)
         with prompt_views(prompt):
             out = self.model(inputs_embeds=embedded, attention_mask=full_mask,
-                             position_ids=_positions(full_mask), use_cache=False,
+                             use_cache=False, **positions,
                              **self._logits_of(emitted.shape[1]))
         return out.logits[:, -emitted.shape[1]:]
 
     def states(self, ids: torch.Tensor, mask: torch.Tensor,
-               emitted: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The key/value cache of one teacher-forced pass (k0, v0, k1, v1, ...), each
-        (B, H, P + T - 1, d): position ``P-1 + t`` is the input of step ``t``."""
+               emitted: torch.Tensor) -> dict[str, Any]:
+        """The model's own cache after one teacher-forced pass over prompt +
+        ``emitted[:, :-1]`` (P + T - 1 positions; position ``P-1 + t`` is the input of step
+        ``t``), as :func:`~attnaudit.targets.hf.cache.cache_state` keeps it; a TargetError
+        when the model returns no cache that can be cut back."""
         embed = self.model.get_input_embeddings()
         prefix = emitted[:, :-1]
         full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
         out = self.model(inputs_embeds=torch.cat([embed(ids), embed(prefix)], dim=1),
-                         attention_mask=full_mask, position_ids=_positions(full_mask),
-                         use_cache=True, **self._logits_of(1))
-        return cache_tensors(getattr(out, cache_argument(self.model)))
+                         attention_mask=full_mask, use_cache=True,
+                         **self._position_ids(torch.cat([ids, prefix], dim=1), full_mask),
+                         **self._logits_of(1))
+        cache = getattr(out, "cache", None)
+        cache = getattr(out, "past_key_values", None) if cache is None else cache
+        return cache_state(cache, len(ids), full_mask.shape[1], ids.device)
 
-    def step(self, ids: torch.Tensor, mask: torch.Tensor, states: tuple[torch.Tensor, ...],
+    def step(self, ids: torch.Tensor, mask: torch.Tensor, states: dict[str, Any],
              emitted: torch.Tensor, step: int) -> torch.Tensor:
-        """Logits (B, V) of continuation step ``step``, one position run from the cached
-        ones before it (``states``), under prompt views."""
+        """Logits (B, V) of continuation step ``step``, one position run from a copy of the
+        cached ones before it (``states``, the rows selected), under prompt views."""
         prompt = ids.shape[1]
-        before = prompt - 1 + step  # cached positions
         token = ids[:, -1:] if step == 0 else emitted[:, step - 1 : step]
         full_mask = torch.cat([mask.long(), torch.ones_like(emitted[:, :step])], dim=1)
+        cache = cache_before(states, prompt - 1 + step)
+        positions = self._position_ids(torch.cat([ids, emitted[:, :step]], dim=1), full_mask)
         with prompt_views(prompt):
-            out = self.model(input_ids=token, attention_mask=full_mask,
-                             position_ids=full_mask.sum(-1, keepdim=True) - 1,
-                             use_cache=True,
-                             **{cache_argument(self.model): cache_prefix(states, before)})
+            out = self.model(input_ids=token, attention_mask=full_mask, use_cache=True,
+                             **{k: v[..., -1:] for k, v in positions.items()},
+                             **{cache_argument(self.model): cache})
         return out.logits[:, -1]
+
+    @cached_property
+    def _takes_positions(self) -> bool:
+        return "position_ids" in inspect.signature(self.model.forward).parameters
+
+    def _position_ids(self, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``position_ids`` (B, L) for the sequence ``ids`` (B, L) under ``mask``, as the
+        model's generate() sets them (its own ``_prepare_position_ids_for_generation``
+        where it has one); nothing for a model whose forward takes none (it counts
+        positions itself, as in its generate())."""
+        if not self._takes_positions:
+            return {}
+        own = getattr(self.model, "_prepare_position_ids_for_generation", None)
+        if own is None:
+            return {"position_ids": _positions(mask)}
+        return {"position_ids": own(ids, {"attention_mask": mask})}
 
     def tokens(self, ids: torch.Tensor) -> list[list[str]]:
         return [self.tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids]
@@ -231,4 +259,5 @@ class CausalLM:
             eos_id=self.eos_id, special_ids=self.special_ids,
             description=self.description(origin, len(data.sources)), device=where,
             truncation=truncation, target_embedding=self.model.get_input_embeddings(),
-            first_prefix_input=1, decoding=self.decoding)
+            first_prefix_input=1, unk_id=self.tokenizer.unk_token_id,
+            decoding=self.decoding)

@@ -79,9 +79,10 @@ def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any =
     ``model.eval()`` first for a deterministic audit. A folder's model is loaded in eval
     mode with its default attention backend (sdpa where it has one, else eager).
 
-    Interventions get ``encode``/``decode`` and, from the model's key/value cache,
+    Interventions get ``encode``/``decode`` and, from the model's own cache object,
     ``decode_states``/``decode_step``: an edited copy of step ``t`` runs one cached decoder
-    step.
+    step, or re-runs the prefix where the cache cannot be cut back (the suite's metadata
+    says which).
     """
     auto = _auto_classes()
     _check_sizes(batch_size=batch_size, max_new_tokens=max_new_tokens,

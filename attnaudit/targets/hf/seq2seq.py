@@ -25,11 +25,11 @@ from attnaudit.errors import TargetError
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from attnaudit.targets.data import AuditData
 from attnaudit.targets.decoding import Decoding
-from attnaudit.targets.hf.cache import cache_argument, cache_prefix, cache_tensors
+from attnaudit.targets.hf.cache import cache_argument, cache_before, cache_state
 from attnaudit.targets.hf.tokenizer import source_limit, special_token_ids
 
-# decode_states' value: the KV cache per layer, "self" (B, H, T, d) and "cross" (B, H, n, d)
-KVStates = dict[str, tuple[torch.Tensor, ...]]
+# decode_states' value: the model's own cache with the rows it holds (hf.cache.cache_state)
+KVStates = dict[str, Any]
 
 
 @dataclass
@@ -59,12 +59,12 @@ class Seq2SeqLM:
     @property
     def pad_id(self) -> int | None:
         pad = self.tokenizer.pad_token_id
-        return self.model.config.pad_token_id if pad is None else pad
+        return getattr(self.model.config, "pad_token_id", None) if pad is None else pad
 
     @property
     def eos_id(self) -> int | None:
         eos = self.tokenizer.eos_token_id
-        return self.model.config.eos_token_id if eos is None else eos
+        return getattr(self.model.config, "eos_token_id", None) if eos is None else eos
 
     @property
     def special_ids(self) -> tuple[int, ...]:
@@ -117,24 +117,20 @@ class Seq2SeqLM:
                                  use_cache=False).logits
 
     def decode_states(self, batch: Batch, encoded: Any, emitted: torch.Tensor) -> KVStates:
-        """The KV cache of one teacher-forced pass: self-attention keys and values
-        (B, H, T, d) per layer (position t = step t), cross-attention ones (B, H, n, d)."""
+        """The model's own cache after one teacher-forced pass (an ``EncoderDecoderCache``:
+        decoder self-attention over T positions, position t = step t, and the cross-attention
+        keys and values), as :func:`~attnaudit.targets.hf.cache.cache_state` keeps it."""
         out = self._run_decoder(batch, encoded, self._decoder_inputs(emitted), use_cache=True)
-        cache = getattr(out, self._cache_arg)
-        return {"self": cache_tensors(cache.self_attention_cache),
-                "cross": cache_tensors(cache.cross_attention_cache)}
+        return cache_state(getattr(out, self._cache_arg, None), len(emitted), emitted.shape[1],
+                           emitted.device)
 
     def decode_step(self, batch: Batch, encoded: Any, states: KVStates,
                     emitted: torch.Tensor, step: int) -> torch.Tensor:
-        """Logits (B, V) of step ``step``, one decoder position run from the cache of the
-        steps before it."""
-        from transformers import EncoderDecoderCache
-
-        cache = EncoderDecoderCache(cache_prefix(states["self"], step),
-                                    cache_prefix(states["cross"], states["cross"][0].shape[2]))
+        """Logits (B, V) of step ``step``, one decoder position run from a copy of the cache
+        cut back to the steps before it (the selected rows)."""
         previous = self._decoder_inputs(emitted)[:, step : step + 1]
         return self._run_decoder(batch, encoded, previous, use_cache=True,
-                                 **{self._cache_arg: cache}).logits[:, -1]
+                                 **{self._cache_arg: cache_before(states, step)}).logits[:, -1]
 
     def teacher_forced(self, batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
         """Logits (B, T, V): the source encoded, then the decoder fed ``emitted``."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attnaudit.errors import TargetError, TokenizerError
+from attnaudit.targets.checks import config_position_limit
 
 # Files one of which every saved Hugging Face tokenizer writes.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt",
@@ -49,12 +50,13 @@ def check_tokenization(model_dir: Path, tokenizer: Any, sources: Sequence[str]) 
 def source_limit(tokenizer: Any, config: Any, sources: list[str],
                  max_source_tokens: int | None, reserved: int = 0) -> tuple[int | None, str]:
     """The source token limit (the smaller of ``max_source_tokens`` and the model's position
-    limit less ``reserved`` positions) and a sentence on what truncation did; warns when
+    limit less ``reserved`` positions; a config without a positive
+    ``max_position_embeddings`` sets none) and a sentence on what truncation did; warns when
     sources are cut."""
-    positions = getattr(config, "max_position_embeddings", None)
+    positions = config_position_limit(config)
     limits = [x for x in (max_source_tokens,
-                          positions - reserved if isinstance(positions, int) else None)
-              if isinstance(x, int)]
+                          None if positions is None else positions - reserved)
+              if x is not None]
     if not limits:
         return None, "sources were not truncated (no token limit known)"
     limit = min(limits)

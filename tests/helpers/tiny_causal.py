@@ -1,0 +1,108 @@
+"""Tiny, offline Hugging Face causal LMs for any architecture in the causal-LM auto-mapping.
+
+:data:`CAUSAL_SIZES` extends :data:`tests.helpers.tiny_hf.TINY` with the size names
+decoder-only configs use beside the seq2seq ones (GPT-2's ``n_embd``, mixture-of-experts
+routing, multi-head latent attention ranks, linear-attention and state-space widths), so
+that every one of them builds with a few thousand parameters; :data:`EXTRA` holds what a
+single architecture needs beyond that (read off its config class's validation), and
+:func:`tiny_causal_config` makes sure a hybrid model keeps at least one attention layer in
+its two. :func:`tiny_hf.save_checkpoint` writes the folder.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.helpers.tiny_hf import D_MODEL, FFN, HEAD_DIM, HEADS, LAYERS, POSITIONS, TINY
+from tests.helpers.tiny_hf import tiny_config as _tiny_config
+
+CAUSAL_SIZES: dict[str, Any] = {
+    **TINY,
+    # GPT-2 / GPT-J / CodeGen / Bloom names
+    "n_embd": D_MODEL, "n_layer": LAYERS, "n_head": HEADS, "n_positions": POSITIONS,
+    "n_ctx": POSITIONS, "n_inner": FFN, "rotary_dim": 4, "n_layers": LAYERS,
+    "n_heads": HEADS, "emb_dim": D_MODEL, "ffn_dim": FFN, "ffn_hidden_size": FFN,
+    "embedding_size": D_MODEL,
+    # mixture of experts: two experts, one routed per token
+    "num_experts_per_tok": 1, "moe_intermediate_size": FFN, "n_routed_experts": 2,
+    "num_local_experts": 2, "n_shared_experts": 1, "num_shared_experts": 1, "n_group": 1,
+    "topk_group": 1, "moe_topk": 1, "moe_num_experts": 2, "moe_num_shared_experts": 1,
+    "shared_expert_intermediate_size": FFN, "shared_intermediate_size": FFN,
+    "num_dense_layers": 1, "first_k_dense_replace": 1,
+    # multi-head latent attention
+    "q_lora_rank": 16, "kv_lora_rank": 16, "qk_rope_head_dim": HEAD_DIM,
+    "qk_nope_head_dim": HEAD_DIM, "v_head_dim": HEAD_DIM,
+    # sparse-attention indexers
+    "index_n_heads": 2, "index_head_dim": HEAD_DIM, "index_topk": 4,
+    # linear attention, state spaces, convolutions
+    "linear_num_key_heads": 2, "linear_num_value_heads": 2, "linear_key_head_dim": HEAD_DIM,
+    "linear_value_head_dim": HEAD_DIM, "linear_conv_kernel_dim": 2, "state_size": 4,
+    "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_chunk_size": 8,
+    "chunk_size": 8, "n_groups": 1, "time_step_rank": 4, "mamba_dt_rank": 4,
+    "conv_kernel_size": 2, "attention_hidden_size": D_MODEL,
+    # per-layer inputs, sliding-window heads
+    "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 80,
+    "swa_num_attention_heads": HEADS, "swa_num_key_value_heads": 2, "swa_head_dim": HEAD_DIM,
+    # multi-token prediction heads are not part of a causal LM's forward
+    "num_mtp_layers": 0, "num_nextn_predict_layers": 0,
+}
+
+# Per architecture: config arguments beyond the tiny sizes, read off each config class's
+# validation (layer patterns sized for two layers, head geometry that must add up).
+HYBRID_TWO = {"attn_layer_period": 2, "attn_layer_offset": 1}
+EXTRA: dict[str, dict[str, Any]] = {
+    "jamba": {**HYBRID_TWO, "expert_layer_period": 2, "expert_layer_offset": 1},
+    "bamba": {"attn_layer_indices": [1]},
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
+    "falcon_h1": {"mamba_d_ssm": 64},
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    "mamba2": {"head_dim": 16},
+    "zamba": {**HYBRID_TWO, "layers_block_type": ["linear_attention", "hybrid"]},
+    "zamba2": {"layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1]},
+    "gemma3n_text": {"num_kv_shared_layers": 0,
+                     "layer_types": ["sliding_attention", "full_attention"]},
+    "ernie4_5_moe": {"moe_k": 1},
+    "reformer": {"axial_pos_embds_dim": [16, 16], "axial_pos_shape": [8, 8],
+                 "attn_layers": ["local", "local"]},
+    "xlm": {"causal": True},
+    # below (5 + 2 * num_random_blocks) * block_size tokens BigBird falls back to full
+    # attention anyway; as a decoder it is built with it
+    "big_bird": {"attention_type": "original_full"},
+    "xmod": {"default_language": "en_XX"},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+}
+
+# Layer types without attention, in the names hybrid configs give them.
+NOT_ATTENTION = ("linear_attention", "conv", "mamba", "recurrent", "moe", "mlp")
+
+
+def tiny_causal_config(config_cls: type, model_cls: type, arch: str) -> Any:
+    """A tiny config for ``model_cls`` (the text config of a composite ``config_cls`` when
+    the model takes that), with ``is_decoder`` set (BERT-style models are causal only as
+    decoders); a hybrid's two layers keep one attention layer. A size that the class
+    holds per layer (not globally) is left at its default."""
+    extra = {"is_decoder": True, **EXTRA.get(arch, {})}
+    sizes = dict(CAUSAL_SIZES)
+    while True:
+        try:
+            config = _tiny_config(config_cls, extra, sizes)
+            break
+        except Exception as exc:  # transformers' per-layer attribute error names the size
+            name = str(exc).split("'")[1] if "per-layer attribute" in str(exc) else None
+            if name not in sizes:
+                raise
+            del sizes[name]
+    wanted = getattr(model_cls, "config_class", None)
+    if wanted is not None and not isinstance(config, wanted) and hasattr(config,
+                                                                        "get_text_config"):
+        config = config.get_text_config()
+    if getattr(config, "kv_lora_rank", None):  # latent attention: keys per query head
+        config.num_key_value_heads = config.num_attention_heads
+    default = config_cls()
+    default = default.get_text_config() if hasattr(default, "get_text_config") else default
+    for attr in ("layer_types", "layers_block_type"):
+        types, every = getattr(config, attr, None), getattr(default, attr, None) or []
+        attention = [t for t in every if t not in NOT_ATTENTION] or ["full_attention"]
+        if isinstance(types, list) and types and all(t in NOT_ATTENTION for t in types):
+            types[-1] = attention[0]
+    return config
