@@ -14,7 +14,7 @@ from attnaudit.targets.hf.loading import from_hf
 
 pytest.importorskip("transformers")
 
-from tests.helpers.tiny_targets import NEW_TOKENS, SOURCES, save_tiny  # noqa: E402
+from tests.helpers.tiny_targets import NEW_TOKENS, SOURCES, save_tiny
 
 TOL = 1e-5
 
