@@ -185,10 +185,13 @@ def alti_block(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tensor, block
         resum = terms.sum(2) + rest[part]
         errors.append((resum - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30))
         c, queries, keys, width = terms.shape
+        # ‖y‖₁ as the distance to one more, zero, term: the same arithmetic as a term that
+        # is zero (a padded key), so that such a term scores exactly 0
+        points = torch.cat([terms, terms.new_zeros(c, queries, 1, width)], dim=2)
         distance = torch.cdist(y.reshape(c * queries, 1, width),
-                               terms.reshape(c * queries, keys, width), p=1)
-        score = y.abs().sum(-1, keepdim=True) - distance.reshape(c, queries, keys)
-        score = score.clamp_min(0)
+                               points.reshape(c * queries, keys + 1, width), p=1)
+        distance = distance.reshape(c, queries, keys + 1)
+        score = (distance[..., -1:] - distance[..., :-1]).clamp_min(0)
         rows.append(score / score.sum(-1, keepdim=True).clamp_min(1e-30))
     error = torch.cat(errors)
     if query_mask is not None:

@@ -15,6 +15,7 @@ prompt tokens and the generated prefix, in that order).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -22,7 +23,7 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import nn
 
-from attnaudit.capturing import Edit, capture
+from attnaudit.capturing import capture
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from attnaudit.targets.hf.causal import is_causal_lm
 
@@ -117,7 +118,11 @@ def causal_inputs(batch: Batch, emitted: torch.Tensor) -> dict[str, torch.Tensor
 def run_pass(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) -> Any:
     """The traced forward: ``teacher_forced``, or the raw causal pass (module docstring)."""
     if is_causal_target(target):
-        return target.model(**causal_inputs(batch, emitted))
+        model = target.model
+        # only the hidden states matter here: the last position's logits are the cheapest
+        keep = ({"logits_to_keep": 1}
+                if "logits_to_keep" in inspect.signature(model.forward).parameters else {})
+        return model(**causal_inputs(batch, emitted), **keep)
     return target.teacher_forced(batch, emitted)
 
 
@@ -223,13 +228,12 @@ def _role(target: Seq2SeqTarget, causal: bool, kind: str | None, path: str) -> s
 
 
 def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
-          edit: Edit | None = None, sites: Any = None) -> Trace:
+          sites: Any = None) -> Trace:
     """Run one traced pass (module docstring) under ``torch.no_grad()``.
 
     Args:
         target, batch: the model and one batch of sources.
         emitted: (B, T) long, the decoded output the pass teacher-forces.
-        edit: optional capture edit applied during the pass.
         sites: capture site selection (default: the target's).
     """
     model, sites = target.model, target.sites if sites is None else sites
@@ -250,7 +254,7 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
         for layer in layers:
             if layer in modules:
                 hooks.watch(layer, modules[layer])
-        with torch.no_grad(), capture(model, sites, edit, kinds=target.kinds,
+        with torch.no_grad(), capture(model, sites, kinds=target.kinds,
                                       values=True) as cap:
             run_pass(target, batch, emitted)
     finally:

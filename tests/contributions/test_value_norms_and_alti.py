@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnaudit.contributions import contributions
+from attnaudit.contributions import alti_plus, contributions
 from attnaudit.contributions.alti import RESUM_TOLERANCE
 from attnaudit.contributions.trace import causal_inputs
 from attnaudit.targets.hf.loading import from_hf
@@ -137,3 +137,41 @@ def test_every_site_re_sums_to_its_real_block_output(traced):
     for block in result.blocks.values():  # real query rows (a padding embedding may be 0)
         sums = block.contributions.sum(-1)[result.trace.query_mask[block.role]]
         torch.testing.assert_close(sums, torch.ones_like(sums), atol=1e-5, rtol=0)
+
+
+def test_alti_plus_splits_every_step_between_source_and_prefix(traced):
+    name, _, _, batch, emitted, result = traced
+    plus = alti_plus(result)
+    layers = 2
+    steps = emitted.shape[1]
+    if name in CAUSAL:  # the prompt is the source; the prefix is the generated tokens fed back
+        assert plus.source.shape == (len(batch), layers, steps, batch.source_ids.shape[1])
+        assert plus.prefix.shape == (len(batch), layers, steps, steps - 1)
+    else:
+        assert plus.source.shape == (len(batch), layers, steps, batch.source_ids.shape[1])
+        assert plus.prefix.shape == (len(batch), layers, steps, steps)
+    total = plus.source.sum(-1) + plus.prefix.sum(-1)
+    torch.testing.assert_close(total, torch.ones_like(total), atol=1e-5, rtol=0)
+    assert bool(((plus.source_share >= 0) & (plus.source_share <= 1 + 1e-5)).all())
+    # padded source keys get no share
+    if name not in CAUSAL:
+        padded = ~batch.source_mask[:, None, None, :].expand_as(plus.source)
+        assert float(plus.source[padded].abs().sum()) == 0.0
+
+
+def test_a_declared_projection_is_used_and_a_wrong_one_fails_the_re_sum_check(tmp_path):
+    target = from_hf(save_tiny("bart", tmp_path), SOURCES, max_new_tokens=NEW_TOKENS)
+    batch = next(target.iter_batches())
+    emitted = target.greedy(batch)
+    result = contributions(target, batch, emitted)
+    site = "model.decoder.layers.1.encoder_attn:cross"
+    module = target.model.model.decoder.layers[1].encoder_attn
+    right = contributions(target, batch, emitted, projections={site: module.out_proj})
+    torch.testing.assert_close(right.value_norms[site].summed, result.value_norms[site].summed)
+    assert right.projections[site].path == "declared"
+    wrong = contributions(target, batch, emitted, projections={site: module.q_proj})
+    check = next(c for c in wrong.checks if c.site == site)
+    assert check.status == "fail" and check.rows > 0 and check.value > RESUM_TOLERANCE
+    assert "re-sum with a relative error" in check.detail
+    others = [c for c in wrong.checks if c.site != site]
+    assert all(c.status == "pass" for c in others)
