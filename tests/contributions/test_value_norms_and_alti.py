@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnaudit.contributions import alti_plus, contributions
-from attnaudit.contributions.alti import RESUM_TOLERANCE
+from attnaudit.contributions import alti_plus, contributions, measure_maps
+from attnaudit.contributions.alti import HALF_RESUM_TOLERANCE, RESUM_TOLERANCE
 from attnaudit.contributions.trace import causal_inputs
 from attnaudit.targets.hf.loading import from_hf
 
@@ -175,3 +175,19 @@ def test_a_declared_projection_is_used_and_a_wrong_one_fails_the_re_sum_check(tm
     assert "re-sum with a relative error" in check.detail
     others = [c for c in wrong.checks if c.site != site]
     assert all(c.status == "pass" for c in others)
+
+
+@pytest.mark.parametrize("name", ["bart", "llama"])
+def test_a_bfloat16_model_decomposes_within_the_half_precision_tolerance(name, tmp_path):
+    target = from_hf(save_tiny(name, tmp_path), SOURCES, max_new_tokens=NEW_TOKENS,
+                     dtype="bfloat16")
+    batch = next(target.iter_batches())
+    emitted = target.greedy(batch)
+    result = contributions(target, batch, emitted)
+    assert [c.status for c in result.checks] == ["pass"] * len(result.trace.sites)
+    # bf16 sums are coarse: the errors are real, above fp32's tolerance, below half's
+    assert max(c.value for c in result.checks) > RESUM_TOLERANCE
+    assert max(c.value for c in result.checks) <= HALF_RESUM_TOLERANCE
+    maps = measure_maps(target, batch, emitted)
+    assert all(m.dtype == torch.float32 and bool(torch.isfinite(m).all())
+               for m in maps.values())
