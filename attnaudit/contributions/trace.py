@@ -147,6 +147,16 @@ def is_linear_like(module: nn.Module) -> bool:
         module, nn.Embedding)
 
 
+def _inside(path: str, sub: str) -> str:
+    """The path of submodule ``sub`` of the module at ``path`` (``""``: the root)."""
+    return f"{path}.{sub}" if path else sub
+
+
+def _under(path: str, ancestor: str) -> bool:
+    """``path`` is strictly inside the module at ``ancestor`` (``""``: the root)."""
+    return path != ancestor and (not ancestor or path.startswith(f"{ancestor}."))
+
+
 def layer_path(path: str) -> str:
     """The path of the first indexed module above ``path``: ``model.encoder.layers.0`` for
     ``model.encoder.layers.0.self_attn``, ``encoder.block.0`` for T5's
@@ -247,9 +257,9 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
             hooks.watch(path, modules[path], attention=True)
             for sub, child in modules[path].named_modules():
                 if sub and is_linear_like(child):
-                    hooks.watch(f"{path}.{sub}", child)
+                    hooks.watch(_inside(path, sub), child)
         for path, module in modules.items():
-            if is_norm(module) and any(path.startswith(f"{layer}.") for layer in layers):
+            if is_norm(module) and any(_under(path, layer) for layer in layers):
                 hooks.watch(path, module)
         for layer in layers:
             if layer in modules:
@@ -263,22 +273,23 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
     for name, record in cap.records.items():
         path = record.site.module
         layer = layer_path(path)
-        values = record.values
-        reason = "" if values is not None else (
-            f"the {record.site.mechanism} path does not expose values (capture keeps them "
-            "for F.scaled_dot_product_attention calls): load the model with "
-            "attn_implementation='sdpa'")
-        if len(record.calls) != 1:
-            values, reason = None, f"called {len(record.calls)} times in one pass"
+        values, reason = record.values, ""
+        if values is None:
+            reason = (f"the {record.site.mechanism} path does not expose values (capture keeps "
+                      "them for F.scaled_dot_product_attention calls): load the model with "
+                      "attn_implementation='sdpa'")
+        elif len(record.calls) != 1:
+            values, reason = None, (f"called {len(record.calls)} times in one pass (one "
+                                    "call per site is decomposed)")
         out[name] = SiteTrace(
             name=name, role=_role(target, causal, record.kind, path), layer=layer,
             module=modules[path], module_path=path, weights=record.weights.float(),
             values=None if values is None else values.float(), value_reason=reason,
             call=hooks.calls.get(path),
-            linears={p[len(path) + 1:]: c for p, c in hooks.calls.items()
-                     if p.startswith(f"{path}.")},
+            linears={p[len(_inside(path, "")):]: c for p, c in hooks.calls.items()
+                     if _under(p, path)},
             norms={p: c for p, c in hooks.calls.items()
-                   if p.startswith(f"{layer}.") and is_norm(modules[p])})
+                   if _under(p, layer) and is_norm(modules[p])})
     return Trace(target, batch, emitted, out, causal,
                  int(batch.source_ids.shape[1]) if causal else 0,
                  *_axes(target, batch, emitted, causal),

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import attnaudit
 from attnaudit.contributions import ALL_MEASURES, contributions, measure_maps, sink_table
 from attnaudit.contributions.sinks import SiteKeys, sink_rows
 from attnaudit.contributions.trace import causal_inputs
@@ -182,3 +183,20 @@ def test_a_site_without_values_says_why_and_value_norms_are_refused(tmp_path):
     with pytest.raises(ContributionError, match="value_norm cannot be computed"):
         measure_maps(target, batch, emitted, ["value_norm"])
     assert measure_maps(target, batch, emitted, ["weights"])["weights"].shape[1] == 2
+
+
+def test_a_custom_target_gets_its_weights_and_a_reason_for_the_rest():
+    from attnaudit_examples.date.target import make_target
+
+    target = make_target()
+    batch = next(target.iter_batches(4))
+    emitted = target.greedy(batch)
+    maps = measure_maps(target, batch, emitted, ["weights"])
+    with attnaudit.capture(target.model) as cap, torch.no_grad():
+        target.teacher_forced(batch, emitted)
+    (record,) = cap.records.values()
+    torch.testing.assert_close(maps["weights"][:, 0], record.weights.float().mean(1))
+    with pytest.raises(ContributionError, match="softmax path does not expose values"):
+        measure_maps(target, batch, emitted, ["value_norm"])
+    with pytest.raises(ContributionError, match="composition needs encoder self-attention"):
+        measure_maps(target, batch, emitted, ["rollout"])
