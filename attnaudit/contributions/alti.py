@@ -27,16 +27,17 @@ real query rows is reported per site (:class:`ExactnessCheck`), pass when at mos
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from attnaudit.contributions.trace import Call, SiteTrace
-from attnaudit.contributions.value_norms import attention_terms
 
 RESUM_TOLERANCE = 1e-4
 HALF_RESUM_TOLERANCE = 2e-2  # fp16 / bf16 models: their own sums are this coarse
 RESUM_CHECK = "alti_resum"
+TERMS_BUDGET = 2**24  # numbers per chunk of per-key terms: 64 MiB in float32
 
 
 @dataclass(frozen=True)
@@ -155,15 +156,26 @@ def transformed_inputs(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tenso
             scale * gamma * _centre(rest, block.centred) + block.beta)
 
 
-def _with_residual(site: SiteTrace, terms: torch.Tensor, residual: torch.Tensor
-                   ) -> torch.Tensor:
-    """Attention terms (c, Q, K, d) with the residual (c, Q, d) added: at key i for
-    self-attention (in place), as one more term after the keys for cross-attention."""
+def _own_position(site: SiteTrace, queries: int, keys: int) -> torch.Tensor:
+    """Bool (Q, K): the residual's term (key i of query i) in self-attention, never unread."""
     if site.role == "cross":
-        return torch.cat([terms, residual[:, :, None]], dim=2)
-    at = torch.arange(terms.shape[1], device=terms.device)
-    terms[:, at, at] += residual
-    return terms
+        return torch.zeros(queries, keys, dtype=torch.bool, device=site.weights.device)
+    return torch.eye(queries, keys, dtype=torch.bool, device=site.weights.device)
+
+
+def attention_terms(weights: torch.Tensor, vectors: torch.Tensor
+                    ) -> Iterator[tuple[slice, torch.Tensor]]:
+    """Chunks of examples and their terms Σ_h weights^h_qk vectors^h_k, key-major
+    (c, K, Q, d) float32, from weights (B, H, Q, K) and head vectors (B, H, K, d); a chunk
+    holds at most :data:`TERMS_BUDGET` numbers (at least one example), so memory does not
+    grow with B."""
+    batch, _, queries, keys = weights.shape
+    chunk = max(1, TERMS_BUDGET // max(1, queries * keys * vectors.shape[-1]))
+    for start in range(0, batch, chunk):
+        part = slice(start, min(batch, start + chunk))
+        # one (Q, H) @ (H, d) product per (example, key)
+        yield part, torch.matmul(weights[part].permute(0, 3, 2, 1),
+                                 vectors[part].transpose(1, 2))
 
 
 def _tolerance(site: SiteTrace) -> float:
@@ -178,20 +190,24 @@ def alti_block(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tensor, block
     vectors: the head vectors f_h(x_j) (B, H, K, d); bias: the output projection's (d,);
     query_mask: bool (B, Q), the rows the check counts (None: all)."""
     weights, vectors, residual, rest = transformed_inputs(site, vectors, bias, block)
+    # a key no head reads (padding) has a zero term, which contributes exactly 0
+    unread = (site.weights == 0).all(1)  # (B, Q, K)
     rows, errors = [], []
-    for part, attention in attention_terms(weights, vectors):
-        terms = _with_residual(site, attention, residual[part])
-        y = block.output[part]
-        resum = terms.sum(2) + rest[part]
+    for part, terms in attention_terms(weights, vectors):  # (c, K, Q, d)
+        y, own = block.output[part], residual[part]
+        keys, queries = terms.shape[1:3]
+        if site.role == "cross":  # the decoder stream: a term of its own, after the keys
+            resum = terms.sum(1) + own + rest[part]
+        else:  # the residual belongs to the query's own position
+            at = torch.arange(queries, device=terms.device)
+            terms[:, at, at] += own
+            resum = terms.sum(1) + rest[part]
         errors.append((resum - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30))
-        c, queries, keys, width = terms.shape
-        # ‖y‖₁ as the distance to one more, zero, term: the same arithmetic as a term that
-        # is zero (a padded key), so that such a term scores exactly 0
-        points = torch.cat([terms, terms.new_zeros(c, queries, 1, width)], dim=2)
-        distance = torch.cdist(y.reshape(c * queries, 1, width),
-                               points.reshape(c * queries, keys + 1, width), p=1)
-        distance = distance.reshape(c, queries, keys + 1)
-        score = (distance[..., -1:] - distance[..., :-1]).clamp_min(0)
+        distance = terms.sub_(y[:, None]).abs_().sum(-1).transpose(1, 2)  # (c, Q, K)
+        if site.role == "cross":
+            distance = torch.cat([distance, (y - own).abs().sum(-1, keepdim=True)], dim=-1)
+        score = (y.abs().sum(-1, keepdim=True) - distance).clamp_min(0)
+        score[..., :keys].masked_fill_(unread[part] & ~_own_position(site, queries, keys), 0)
         rows.append(score / score.sum(-1, keepdim=True).clamp_min(1e-30))
     error = torch.cat(errors)
     if query_mask is not None:

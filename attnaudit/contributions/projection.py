@@ -103,4 +103,9 @@ def projections_of(sites: Mapping[str, SiteTrace],
 def head_vectors(site: SiteTrace, projection: Projection) -> torch.Tensor:
     """(B, H, K, d) float32: f_h(x_j) = v_j^h W_O^h for every head and key."""
     assert site.values is not None
-    return torch.einsum("bhkv,hvd->bhkd", site.values, projection.matrix)
+    values = site.values
+    batch, heads, keys, width = values.shape
+    # one (B * K, d_v) @ (d_v, d) product per head, rather than B * H small ones
+    per_head = torch.matmul(values.transpose(0, 1).reshape(heads, batch * keys, width),
+                            projection.matrix)
+    return per_head.reshape(heads, batch, keys, -1).transpose(0, 1)

@@ -159,11 +159,17 @@ def test_alti_plus_splits_every_step_between_source_and_prefix(traced):
         assert float(plus.source[padded].abs().sum()) == 0.0
 
 
+def _hook_counts(model: torch.nn.Module) -> list[int]:
+    return [len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()]
+
+
 def test_a_declared_projection_is_used_and_a_wrong_one_fails_the_re_sum_check(tmp_path):
     target = from_hf(save_tiny("bart", tmp_path), SOURCES, max_new_tokens=NEW_TOKENS)
     batch = next(target.iter_batches())
     emitted = target.greedy(batch)
+    hooks = _hook_counts(target.model)
     result = contributions(target, batch, emitted)
+    assert _hook_counts(target.model) == hooks  # the model is left as it was
     site = "model.decoder.layers.1.encoder_attn:cross"
     module = target.model.model.decoder.layers[1].encoder_attn
     right = contributions(target, batch, emitted, projections={site: module.out_proj})
