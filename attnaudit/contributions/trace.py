@@ -261,7 +261,7 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
         for path, module in modules.items():
             if is_norm(module) and any(_under(path, layer) for layer in layers):
                 hooks.watch(path, module)
-        for layer in layers:
+        for layer in layers - set(paths.values()):  # an attention module is watched already
             if layer in modules:
                 hooks.watch(layer, modules[layer])
         with torch.no_grad(), capture(model, sites, kinds=target.kinds,
@@ -276,8 +276,7 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
         values, reason = record.values, ""
         if values is None:
             reason = (f"the {record.site.mechanism} path does not expose values (capture keeps "
-                      "them for F.scaled_dot_product_attention calls): load the model with "
-                      "attn_implementation='sdpa'")
+                      f"them for F.scaled_dot_product_attention calls): {_values_hint(model)}")
         elif len(record.calls) != 1:
             values, reason = None, (f"called {len(record.calls)} times in one pass (one "
                                     "call per site is decomposed)")
@@ -295,6 +294,14 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
                  *_axes(target, batch, emitted, causal),
                  {p: c.output for p, c in hooks.calls.items() if p in layers
                   and c.output is not None})
+
+
+def _values_hint(model: nn.Module) -> str:
+    """What makes a model's values visible to capture."""
+    backend = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if isinstance(backend, str):  # a Hugging Face model
+        return "load the model with attn_implementation='sdpa'"
+    return "compute the attention with F.scaled_dot_product_attention"
 
 
 def _axes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, causal: bool
