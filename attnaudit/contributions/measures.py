@@ -36,7 +36,7 @@ from attnaudit.errors import ContributionError
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 MEASURES = ("weights", "value_norm", "alti", "rollout")
-ALL_MEASURES = (*MEASURES, "value_zeroing")
+ALL_MEASURES = (*MEASURES, "alti_layer", "value_zeroing")
 
 
 @dataclass
@@ -202,6 +202,9 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
             share, through the encoder, in step t's representation; decoder-only: ALTI
             composed over prompt and prefix. Rows sum to the source share (seq2seq) or 1.
         rollout: attention rollout composed the same way (Abnar & Zuidema 2020).
+        alti_layer: layer l's own ALTI block at the reading site, not composed: each
+            source key's share of the cross-attention block's output (the rest is the
+            decoder stream's residual); decoder-only: the self-attention block's.
         value_zeroing: cosine distance of layer l's output at step t when key j's value is
             zeroed at that layer's reading site (Mohebbi et al. 2023); K re-runs per site
             and example, so not in the default set.
@@ -214,7 +217,7 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
     if unknown:
         raise ContributionError(f"unknown measures {unknown}; known: {list(ALL_MEASURES)}")
     result = contributions(target, batch, emitted, projections=projections,
-                           alti="alti" in measures)
+                           alti=bool({"alti", "alti_layer"} & set(measures)))
     traced = result.trace
     reading = _reading_sites(traced)
     maps: dict[str, torch.Tensor] = {}
@@ -224,6 +227,10 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         elif measure == "value_norm":
             _need(result, reading, result.value_norms, "value_norm")
             per = [_steps(traced, result.value_norms[n].summed) for n in reading]
+        elif measure == "alti_layer":
+            _need(result, reading, result.blocks, "alti_layer")
+            keys = traced.key_ids["self" if traced.causal else "cross"].shape[1]
+            per = [_steps(traced, result.blocks[n].contributions[..., :keys]) for n in reading]
         elif measure in ("alti", "rollout"):
             done = alti_plus(result) if measure == "alti" else rollout(result)
             both = torch.cat([done.source, done.prefix], -1) if traced.causal else done.source
