@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnaudit.contributions.projection import Projection
 from attnaudit.contributions.trace import Call, SiteTrace
 
 RESUM_TOLERANCE = 1e-4
@@ -109,8 +110,10 @@ def _linearised(call: Call) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, b
     return best
 
 
-def block_of(site: SiteTrace) -> Block | str:
-    """The site's block (module docstring), or why it cannot be read."""
+def block_of(site: SiteTrace, projection: Projection) -> Block | str:
+    """The site's block (module docstring), or why it cannot be read. The attention's
+    output is the projection's (the attention module's own where the projection was
+    declared and not seen)."""
     call = site.call
     if call is None or call.inputs is None or call.output is None:
         return f"the attention module {site.module_path} was not seen with its input"
@@ -122,7 +125,11 @@ def block_of(site: SiteTrace) -> Block | str:
     after = [n for n in norms if n.order > call.order]
     if not after or after[0].inputs is None:
         return f"no norm runs after the attention in {site.layer}: its block output is unseen"
-    nxt, out = after[0], call.output.float()
+    out = projection.output if projection.output is not None else call.output
+    nxt, out = after[0], out.float()
+    if out.shape != nxt.inputs.shape:
+        return (f"the attention's output {tuple(out.shape)} is not the shape of the next "
+                f"norm's input {tuple(nxt.inputs.shape)} in {site.layer}")
     candidates = {"post": call.inputs}
     before = [n for n in norms if n.order < call.order]
     if before and before[-1].output is not None and before[-1].output.shape == call.inputs.shape \

@@ -100,7 +100,7 @@ def contributions(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
         result.value_norms[name] = value_norms(site, vectors)
         if not alti:
             continue
-        block = block_of(site)
+        block = block_of(site, projection)
         if isinstance(block, str):
             result.reasons[name] = block
             result.checks.append(unavailable(name, block))

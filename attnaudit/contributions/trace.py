@@ -50,9 +50,10 @@ class SiteTrace:
     decoder-only model's raw self-attention). layer: the path of the module holding the
     site's layer (the first indexed module above it). weights: (B, H, Q, K) float32.
     values: (B, H, K, d_v) float32 or None (``value_reason`` says why). call: the attention
-    module's query-side input (B, Q, d) and output (B, Q, d). linears: the input each
-    linear-like module inside the attention module read (role detection of the output
-    projection). norms: the layer's norm calls, by path.
+    module's query-side input (B, Q, d) and output. linears: the calls of every linear-like
+    module in the site's layer, by path (role detection of the output projection, which may
+    sit beside the attention module, as BERT's ``attention.output.dense``). norms: the
+    layer's norm calls, by path.
     """
 
     name: str
@@ -145,11 +146,6 @@ def is_linear_like(module: nn.Module) -> bool:
     weight = getattr(module, "weight", None)
     return isinstance(weight, torch.Tensor) and weight.ndim == 2 and not isinstance(
         module, nn.Embedding)
-
-
-def _inside(path: str, sub: str) -> str:
-    """The path of submodule ``sub`` of the module at ``path`` (``""``: the root)."""
-    return f"{path}.{sub}" if path else sub
 
 
 def _under(path: str, ancestor: str) -> bool:
@@ -255,9 +251,9 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
     try:
         for path in set(paths.values()):
             hooks.watch(path, modules[path], attention=True)
-            for sub, child in modules[path].named_modules():
-                if sub and is_linear_like(child):
-                    hooks.watch(_inside(path, sub), child)
+        for path, module in modules.items():  # where an output projection may be
+            if is_linear_like(module) and any(_under(path, layer) for layer in layers):
+                hooks.watch(path, module)
         for path, module in modules.items():
             if is_norm(module) and any(_under(path, layer) for layer in layers):
                 hooks.watch(path, module)
@@ -285,8 +281,8 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
             module=modules[path], module_path=path, weights=record.weights.float(),
             values=None if values is None else values.float(), value_reason=reason,
             call=hooks.calls.get(path),
-            linears={p[len(_inside(path, "")):]: c for p, c in hooks.calls.items()
-                     if _under(p, path)},
+            linears={p: c for p, c in hooks.calls.items()
+                     if _under(p, layer) and is_linear_like(modules[p])},
             norms={p: c for p, c in hooks.calls.items()
                    if _under(p, layer) and is_norm(modules[p])})
     return Trace(target, batch, emitted, out, causal,
