@@ -9,6 +9,7 @@ encoder-decoders, ALTI / rollout for decoder-only models).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -134,7 +135,8 @@ def composed(result: Contributions, blocks: Callable[[str], torch.Tensor]) -> Co
         full = compose([blocks(n) for n in names])
         rows = [r[:, traced.prompt - 1 : traced.prompt - 1 + steps] for r in full]
         stacked = torch.stack(rows, dim=1)
-        return Composed(names, stacked[..., : traced.prompt], stacked[..., traced.prompt:])
+        return Composed([traced.sites[n].layer for n in names], stacked[..., : traced.prompt],
+                        stacked[..., traced.prompt:])
     encoder = compose([blocks(n) for n in sites_by_role(traced, "encoder_self")])
     selfs, crosses = sites_by_role(traced, "decoder_self"), sites_by_role(traced, "cross")
     if not encoder or len(selfs) != len(crosses) or any(
@@ -211,7 +213,8 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
 
     Raises :class:`~attnaudit.errors.ContributionError` naming the sites and reasons when a
     measure cannot be computed (values not exposed, no output projection, no decomposable
-    block). ALTI's exactness checks are in :func:`contributions`' result.
+    block). ALTI's exactness checks are in :func:`contributions`' result; a site whose
+    decomposition does not re-sum to its real output is warned about, by name.
     """
     unknown = [m for m in measures if m not in ALL_MEASURES]
     if unknown:
@@ -219,6 +222,11 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
     result = contributions(target, batch, emitted, projections=projections,
                            alti=bool({"alti", "alti_layer"} & set(measures)))
     traced = result.trace
+    failing = [c.site for c in result.checks if c.status != "pass"]
+    if failing and result.blocks:
+        warnings.warn(f"attnaudit: ALTI's decomposition does not re-sum to the real output at "
+                      f"{failing} (contributions(...).checks says why); their maps are "
+                      "approximate", stacklevel=2)
     reading = _reading_sites(traced)
     maps: dict[str, torch.Tensor] = {}
     for measure in measures:
