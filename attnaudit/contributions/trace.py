@@ -283,8 +283,8 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
             call=hooks.calls.get(path),
             linears={p: c for p, c in hooks.calls.items()
                      if _under(p, layer) and is_linear_like(modules[p])},
-            norms={p: c for p, c in hooks.calls.items()
-                   if _under(p, layer) and is_norm(modules[p])})
+            norms={p: c for p, c in hooks.calls.items()  # not the query/key norms inside
+                   if _under(p, layer) and not _under(p, path) and is_norm(modules[p])})
     return Trace(target, batch, emitted, out, causal,
                  int(batch.source_ids.shape[1]) if causal else 0,
                  *_axes(target, batch, emitted, causal),
