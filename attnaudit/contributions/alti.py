@@ -180,9 +180,11 @@ def attention_terms(weights: torch.Tensor, vectors: torch.Tensor
     chunk = max(1, TERMS_BUDGET // max(1, queries * keys * vectors.shape[-1]))
     for start in range(0, batch, chunk):
         part = slice(start, min(batch, start + chunk))
-        # one (Q, H) @ (H, d) product per (example, key)
-        yield part, torch.matmul(weights[part].permute(0, 3, 2, 1),
-                                 vectors[part].transpose(1, 2))
+        # one (Q, H) @ (H, d) product per (example, key), on contiguous copies: a strided
+        # operand makes the batched product several times slower
+        by_key = weights[part].permute(0, 3, 2, 1).contiguous()  # (c, K, Q, H)
+        heads = vectors[part].transpose(1, 2).contiguous()  # (c, K, H, d)
+        yield part, torch.matmul(by_key, heads)
 
 
 def _tolerance(site: SiteTrace) -> float:
