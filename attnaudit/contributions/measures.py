@@ -79,6 +79,15 @@ class Composed:
         return self.source.sum(-1)
 
 
+def _check_emitted(batch: Batch, emitted: object) -> None:
+    """Refuse emitted ids that are not (B, T >= 1) integers for this batch."""
+    if not isinstance(emitted, torch.Tensor) or emitted.ndim != 2 or emitted.is_floating_point() \
+            or emitted.shape[0] != len(batch) or emitted.shape[1] < 1:
+        shape = tuple(emitted.shape) if isinstance(emitted, torch.Tensor) else type(emitted)
+        raise ContributionError(f"emitted must be integer ids of shape ({len(batch)}, T >= 1) "
+                                f"for this batch (target.greedy(batch)); got {shape}")
+
+
 def contributions(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
                   projections: Mapping[str, nn.Module] | None = None,
                   alti: bool = True) -> Contributions:
@@ -88,6 +97,7 @@ def contributions(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
     projections: output projections declared by site name (with or without ``:kind``), for
     models whose projection is not found by role (:mod:`attnaudit.contributions.projection`).
     """
+    _check_emitted(batch, emitted)
     traced = trace(target, batch, emitted)
     result = Contributions(traced, projections_of(traced.sites, projections))
     for name, site in traced.sites.items():

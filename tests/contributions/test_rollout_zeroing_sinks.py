@@ -200,3 +200,12 @@ def test_a_custom_target_gets_its_weights_and_a_reason_for_the_rest():
         measure_maps(target, batch, emitted, ["value_norm"])
     with pytest.raises(ContributionError, match="composition needs encoder self-attention"):
         measure_maps(target, batch, emitted, ["rollout"])
+
+
+def test_emitted_ids_that_do_not_fit_the_batch_are_refused(bart):
+    _, target, batch, emitted = bart
+    for wrong in (emitted[:1], emitted[:, :0], emitted.float(), emitted[0]):
+        with pytest.raises(ContributionError, match="emitted must be integer ids"):
+            measure_maps(target, batch, wrong)
+    with pytest.raises(ContributionError, match="unknown measures"):
+        measure_maps(target, batch, emitted, ["attention"])
