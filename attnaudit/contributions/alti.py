@@ -3,10 +3,11 @@ al. 2022a), with a built-in exactness check.
 
 A block is the attention, its residual and, in a post-LN layer, the layer norm after them:
 
-- post-LN (BART, Marian): y_i = LN(z_i), z_i = x_i + Σ_j Σ_h a^h_ij f_h(x_j) + b_O; the norm is
-  linearised at the real sigma_i, LN(z_i) = s_i gamma ⊙ L(z_i) + beta with L centring (LayerNorm) or
-  not (RMSNorm) and s_i = 1/sigma_i, so term j is T_i(x_j) = s_i gamma ⊙ L(z_ij) and the rest
-  (s_i gamma ⊙ L(b_O) + beta) belongs to no token;
+- post-LN (BART, Marian): y_i = LN(z_i), z_i = x_i + Σ_j Σ_h a^h_ij f_h(x_j) + b_O; the
+  norm is linearised at the real sigma_i, LN(z_i) = s_i gamma ⊙ L(z_i) + beta with L
+  centring (LayerNorm) or not (RMSNorm) and s_i = 1/sigma_i, so term j is
+  T_i(x_j) = s_i gamma ⊙ L(z_ij) and the rest (s_i gamma ⊙ L(b_O) + beta) belongs to no
+  token;
 - pre-LN (T5, GPT-2, Llama): y_i = x_i + Σ_j Σ_h a^h_ij f_h(LN(x_j)) + b_O, the norm being
   inside f; T_i(x_j) = z_ij.
 
@@ -18,11 +19,11 @@ the residual x is the attention's own input (post-LN) or the input of the norm t
 (pre-LN), whichever reproduces z. s_i is the least-squares scale mapping gamma ⊙ L(z_i) onto
 y_i - beta (= 1/sigma_i exactly, whatever the norm's epsilon).
 
-Contribution of term j (Ferrando's definition): max(0, ‖y_i‖₁ - ‖y_i - T_i(x_j)‖₁), normalised
-over j to sum to 1 (a row whose terms all score 0 stays 0). Exactness: Σ_j T_i(x_j) plus the
-rest must equal the block's real output; the largest relative error ‖Σ - y_i‖₂ / ‖y_i‖₂ over
-real query rows is reported per site (:class:`ExactnessCheck`), pass when at most
-:data:`RESUM_TOLERANCE` (for fp32; looser for fp16/bf16 models).
+Contribution of term j (Ferrando's definition): max(0, ‖y_i‖₁ - ‖y_i - T_i(x_j)‖₁),
+normalised over j to sum to 1 (a row whose terms all score 0 stays 0). Exactness:
+Σ_j T_i(x_j) plus the rest must equal the block's real output; the largest relative error
+‖Σ - y_i‖₂ / ‖y_i‖₂ over real query rows is reported per site (:class:`ExactnessCheck`),
+pass when at most :data:`RESUM_TOLERANCE` (for fp32; looser for fp16/bf16 models).
 """
 
 from __future__ import annotations
