@@ -198,7 +198,8 @@ def alti_block(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tensor, block
     """The site's normalised ALTI contributions and its exactness check.
 
     vectors: the head vectors f_h(x_j) (B, H, K, d); bias: the output projection's (d,);
-    query_mask: bool (B, Q), the rows the check counts (None: all)."""
+    query_mask: bool (B, Q), the rows the check counts (None, or a site whose queries are not
+    the role's, e.g. ProphetNet's n-gram stream: all)."""
     weights, vectors, residual, rest = transformed_inputs(site, vectors, bias, block)
     # a key no head reads (padding) has a zero term, which contributes exactly 0
     unread = (site.weights == 0).all(1)  # (B, Q, K)
@@ -220,7 +221,7 @@ def alti_block(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tensor, block
         score[..., :keys].masked_fill_(unread[part] & ~_own_position(site, queries, keys), 0)
         rows.append(score / score.sum(-1, keepdim=True).clamp_min(1e-30))
     error = torch.cat(errors)
-    if query_mask is not None:
+    if query_mask is not None and query_mask.shape == error.shape:  # else: every row
         error = error[query_mask.to(error.device)]
     tolerance = _tolerance(site)
     worst = float(error.max()) if error.numel() else 0.0

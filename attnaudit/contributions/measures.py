@@ -32,6 +32,7 @@ from attnaudit.contributions.composition import (
 from attnaudit.contributions.projection import Projection, head_vectors, projections_of
 from attnaudit.contributions.trace import Trace, trace
 from attnaudit.contributions.value_norms import ValueNorms, value_norms
+from attnaudit.contributions.values import values_by_role
 from attnaudit.contributions.zeroing import value_zeroing
 from attnaudit.errors import ContributionError
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
@@ -99,6 +100,12 @@ def contributions(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
     """
     _check_emitted(batch, emitted)
     traced = trace(target, batch, emitted)
+    for site in traced.sites.values():
+        if site.values is None and site.calls == 1:  # a softmax path: find them by role
+            found = values_by_role(site)
+            if found is not None:
+                site.values, site.values_from = found
+                site.value_reason = ""
     result = Contributions(traced, projections_of(traced.sites, projections))
     for name, site in traced.sites.items():
         projection = result.projections[name]
@@ -182,10 +189,15 @@ def _reading_sites(traced: Trace) -> list[str]:
 
 def _steps(traced: Trace, per_site: torch.Tensor) -> torch.Tensor:
     """A reading site's (B, Q, K) map at the output steps: decoder-only rows P-1.. ."""
-    if not traced.causal:
-        return per_site
     steps = int(traced.emitted.shape[1])
-    return per_site[:, traced.prompt - 1 : traced.prompt - 1 + steps]
+    if traced.causal:
+        return per_site[:, traced.prompt - 1 : traced.prompt - 1 + steps]
+    if per_site.shape[1] != steps:
+        raise ContributionError(
+            f"{traced.target.name}: a cross-attention site has {per_site.shape[1]} query rows "
+            f"for {steps} steps (e.g. ProphetNet's n-gram streams), so its rows are not one "
+            "per step; per-step maps are not defined for it")
+    return per_site
 
 
 def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,

@@ -45,10 +45,10 @@ class Projection:
     output: torch.Tensor | None = None
 
 
-def heads_read(site: SiteTrace) -> torch.Tensor:
-    """(B, Q, H * d_v) float32: the heads' weighted values, concatenated head-major."""
-    assert site.values is not None
-    read = torch.matmul(site.weights, site.values)  # (B, H, Q, d_v)
+def merged_read(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """(B, Q, H * d_v) float32: the heads' weighted values ``weights (B, H, Q, K) @ values
+    (B, H, K, d_v)``, concatenated head-major."""
+    read = torch.matmul(weights, values)  # (B, H, Q, d_v)
     batch, heads, queries, width = read.shape
     return read.transpose(1, 2).reshape(batch, queries, heads * width)
 
@@ -78,7 +78,7 @@ def output_projection(site: SiteTrace, declared: nn.Module | None = None
         seen = next((c for c in site.linears.values() if c.module is declared), None)
         return Projection("declared", matrix.reshape(heads, width, -1), bias,
                           None if seen is None else seen.output)
-    read = heads_read(site)
+    read = merged_read(site.weights, site.values)
     tolerance = HALF_READS_VALUES if site.module_dtype in (torch.float16, torch.bfloat16) \
         else READS_VALUES
     errors = {}

@@ -49,8 +49,10 @@ class SiteTrace:
     role: ``encoder_self``, ``decoder_self``, ``cross`` (seq2seq) or ``self`` (a
     decoder-only model's raw self-attention). layer: the path of the module holding the
     site's layer (the first indexed module above it). weights: (B, H, Q, K) float32.
-    values: (B, H, K, d_v) float32 or None (``value_reason`` says why). call: the attention
-    module's query-side input (B, Q, d) and output. linears: the calls of every linear-like
+    values: (B, H, K, d_v) float32 or None (``value_reason`` says why); ``values_from``:
+    ``capture``, or the value projection's path where they were found by role. call: the attention
+    module's query-side input (B, Q, d) and output; calls: how often the site attended in the
+    pass. linears: the calls of every linear-like
     module in the site's layer, by path (role detection of the output projection, which may
     sit beside the attention module, as BERT's ``attention.output.dense``). norms: the
     layer's norm calls, by path.
@@ -67,6 +69,8 @@ class SiteTrace:
     call: Call | None
     linears: dict[str, Call] = field(default_factory=dict)
     norms: dict[str, Call] = field(default_factory=dict)
+    values_from: str = "capture"
+    calls: int = 1
 
     @property
     def heads(self) -> int:
@@ -284,7 +288,8 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
             linears={p: c for p, c in hooks.calls.items()
                      if _under(p, layer) and is_linear_like(modules[p])},
             norms={p: c for p, c in hooks.calls.items()  # not the query/key norms inside
-                   if _under(p, layer) and not _under(p, path) and is_norm(modules[p])})
+                   if _under(p, layer) and not _under(p, path) and is_norm(modules[p])},
+            calls=len(record.calls))
     return Trace(target, batch, emitted, out, causal,
                  int(batch.source_ids.shape[1]) if causal else 0,
                  *_axes(target, batch, emitted, causal),

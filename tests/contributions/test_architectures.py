@@ -1,7 +1,8 @@
 """Beyond the five families tested by hand: mBART (pre-LN with BART's module names), a
 BERT-to-BERT EncoderDecoderModel (its output projection sits beside the attention module, in
-``attention.output.dense``) and FSMT (eager-only attention, whose values capture cannot see)
-either decompose exactly at every site or say why at every site."""
+``attention.output.dense``) and FSMT (eager-only attention over time-major hidden states,
+whose values neither capture nor the search by role finds) either decompose exactly at every
+site or say why at every site."""
 
 from __future__ import annotations
 
