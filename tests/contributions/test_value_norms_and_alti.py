@@ -106,6 +106,26 @@ def _eager_weights(out, role: str) -> list[torch.Tensor]:
 
 def test_value_norms_equal_a_hand_computation_from_the_layers_own_projections(traced):
     name, folder, _, batch, emitted, result = traced
+    _assert_hand_value_norms(name, folder, batch, emitted, result)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_eager_values_found_by_role_give_the_hand_computed_value_norms(name, tmp_path):
+    """GPT-2 fuses query, key and value in one projection; Llama shares value heads."""
+    folder = save_tiny(name, tmp_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    target = from_hf(eager_model(name, folder), SOURCES, tokenizer=tokenizer,
+                     max_new_tokens=NEW_TOKENS)
+    batch = next(target.iter_batches())
+    emitted = target.greedy(batch)
+    result = contributions(target, batch, emitted)
+    expected = {"gpt2": "attn.c_attn", "llama": "self_attn.v_proj"}[name]
+    assert all(s.values_from.endswith(expected) for s in result.trace.sites.values())
+    assert [c.status for c in result.checks] == ["pass"] * 2
+    _assert_hand_value_norms(name, folder, batch, emitted, result)
+
+
+def _assert_hand_value_norms(name: str, folder: Path, batch, emitted, result) -> None:
     model, key_inputs, out = _eager_run(name, folder, batch, emitted)
     modules = dict(model.named_modules())
     by_role: dict[str, int] = {}
