@@ -17,7 +17,8 @@ The hierarchy::
     │   ├── CollectiveError                   a collective failed (a peer died or timed out)
     │   ├── GateError                         the gate was asked for what it cannot do
     │   ├── AuditError                        an audit cannot give the view asked for
-    │   └── ExplorerError (ValueError)        the attention explorer cannot show its input
+    │   ├── ExplorerError (ValueError)        the attention explorer cannot show its input
+    │   └── ContributionError (ValueError)    a contribution measure cannot be computed
     ├── RankFailed (RuntimeError)      an unexpected error on one rank, raised on every rank:
     │                                  a bug, not a refusal, so it keeps its traceback
     └── KeyboardInterrupt
@@ -90,6 +91,11 @@ class AuditError(AttnauditError):
 class ExplorerError(AttnauditError, ValueError):
     """The attention explorer was given what it cannot show: no attention, an example out
     of range, token labels or a measure that do not fit the maps."""
+
+
+class ContributionError(AttnauditError, ValueError):
+    """A contribution measure cannot be computed for a target (no values, no output
+    projection, no decomposable block); the message names the sites and why."""
 
 
 class RankFailed(RuntimeError):
