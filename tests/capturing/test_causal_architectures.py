@@ -170,20 +170,25 @@ def built(request, tmp_path_factory) -> Built:
         # rebuild a byte-level pipeline around its vocabulary
         tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
         target = attnaudit.from_hf(folder, prompts, tokenizer=tokenizer,
-                                   max_new_tokens=NEW_TOKENS)
+                                   max_new_tokens=NEW_TOKENS, decoding="greedy")
         truth_model = AutoModelForCausalLM.from_pretrained(
             folder, local_files_only=True, attn_implementation="eager").eval()
     batch = next(target.iter_batches())
     assert not batch.source_mask[:, 0].all(), "some prompt must be left-padded"
-    pad = int(batch.source_ids[~batch.source_mask][0])  # the id the target pads with
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        truth = truth_model.generate(
-            input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
-            do_sample=False, num_beams=1, max_new_tokens=NEW_TOKENS, pad_token_id=pad,
-            eos_token_id=target.eos_id, output_attentions=True, output_logits=True,
-            return_dict_in_generate=True)
+        truth = generate(truth_model, target, batch, output_attentions=True,
+                         output_logits=True, return_dict_in_generate=True)
     return Built(arch, target, batch, truth, batch.source_ids.shape[1])
+
+
+def generate(model: Any, target: Any, batch: Any, **extra: Any) -> Any:
+    """``model``'s own greedy ``generate()`` on the left-padded batch, padded with the
+    target's pad id."""
+    pad = int(batch.source_ids[~batch.source_mask][0])  # the id the target pads with
+    return model.generate(input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
+                          do_sample=False, num_beams=1, max_new_tokens=NEW_TOKENS,
+                          pad_token_id=pad, eos_token_id=target.eos_id, **extra)
 
 
 def _passed(arch: str, test: str) -> None:
@@ -223,8 +228,11 @@ def test_capture_equals_eager(built: Built) -> None:
     target, batch, truth, prompt = built.target, built.batch, built.truth, built.prompt
     real = batch.source_mask
     with torch.no_grad():
-        with attnaudit.capture(target.model) as steps:
-            emitted = target.greedy(batch)
+        # the model's own generate(), as a user captures it (target.greedy decodes under
+        # prompt views, which the teacher-forced capture below checks)
+        with attnaudit.capture(target.model) as steps, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            emitted = generate(target.model, target, batch)[:, prompt:]
         with attnaudit.capture(target.model) as views:
             target.teacher_forced(batch, emitted)
     n_steps = emitted.shape[1]
