@@ -177,7 +177,7 @@ class CausalLM:
         before = prompt - 1 + step  # cached positions
         token = ids[:, -1:] if step == 0 else emitted[:, step - 1 : step]
         full_mask = torch.cat([mask.long(), torch.ones_like(emitted[:, :step])], dim=1)
-        with prompt_views(prompt):
+        with prompt_views(prompt, positions=before + 1):
             out = self.model(input_ids=token, attention_mask=full_mask,
                              position_ids=full_mask.sum(-1, keepdim=True) - 1,
                              use_cache=True,
