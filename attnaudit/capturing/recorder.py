@@ -14,7 +14,7 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import nn
 
-from attnaudit.capturing import hf, mha, sdpa, softmax
+from attnaudit.capturing import hf, logsumexp, mha, sdpa, softmax
 from attnaudit.capturing.layout import CallSite, Layout, int_locals, module_heads, resolve_layout
 from attnaudit.capturing.protocol import MhaCall
 from attnaudit.capturing.sites import SiteRegistry, SiteSelection, make_selector, site_base
@@ -37,7 +37,8 @@ LayoutKey = tuple[str, tuple[int, ...], int, int | None]  # site, shape, key axi
 _LAYOUTS: WeakKeyDictionary[nn.Module, dict[LayoutKey, Layout]] = WeakKeyDictionary()
 
 SEARCHED = (
-    "softmax calls (torch.softmax, F.softmax, Tensor.softmax) from the model's methods, "
+    "softmax calls (torch.softmax, F.softmax, Tensor.softmax) and exp(x - logsumexp(x)) "
+    "from the model's methods, "
     "F.scaled_dot_product_attention calls, {n_mha} nn.MultiheadAttention module(s), "
     "and attnaudit.tap() calls"
 )
@@ -101,6 +102,7 @@ class Capture:
             compiled_code_runs_eagerly(stack)
             namespaces = _model_namespaces(modules)
             softmax.install(stack, namespaces)
+            logsumexp.install(stack, namespaces)
             sdpa.install(stack, namespaces)
             mha.install(stack, self, modules)
             ACTIVE.capture = self

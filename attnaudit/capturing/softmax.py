@@ -52,15 +52,16 @@ def _patched(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             if dim is None:
                 dim = _legacy_dim(out.ndim)
-            return _on_softmax(cap, scores, out, dim, sys._getframe(1))
+            return on_softmax(cap, scores, out, dim, sys._getframe(1))
         finally:
             cap.busy = False
 
     return softmax
 
 
-def _on_softmax(cap: ActiveCapture, scores: torch.Tensor, out: torch.Tensor, dim: int,
-                frame: FrameType) -> torch.Tensor:
+def on_softmax(cap: ActiveCapture, scores: torch.Tensor, out: torch.Tensor, dim: int,
+               frame: FrameType) -> torch.Tensor:
+    """Record ``out = softmax(scores, dim)`` computed in ``frame``; what the model uses."""
     # F.multi_head_attention_forward (from nn.MultiheadAttention or called directly) works on
     # (batch * heads, queries, keys); its own num_heads / bsz arguments give the layout.
     in_mha = frame.f_code is MHA_CODE
