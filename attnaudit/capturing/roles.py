@@ -8,14 +8,16 @@ positions, so they are not sites, whatever their shape (a router over as many ex
 the prompt has tokens looks like attention by shape alone). The role is read off the code
 that computes the softmax:
 
-- the module doing it is an attention module (its class or name says ``attention`` /
-  ``attn``): attention, whatever else holds;
-- else the module routes or mixes: its class name ends in ``Router``, ``Gate``, ``Gating``,
-  ``MoE`` / ``MoeBlock`` or ``HyperConnection(s)``, or its own name (the last part of its
-  path) is ``router``, ``gate``, ``gating``, ``moe`` or ``hc`` (``_``-separated parts count:
-  ``moe_gate``), or it holds the experts it weighs (an ``experts`` submodule);
-- else the function that calls the softmax routes or computes a loss (its name contains
-  ``rout`` or ``loss``: ``route_tokens_to_experts``, ``load_balancing_loss_func``).
+1. the module's class says attention (its name contains ``attention`` / ``attn``, or it
+   is ``nn.MultiheadAttention``): attention;
+2. else its class name ends in ``Router``, ``Gate``, ``Gating``, ``MoE`` / ``MoeBlock`` or
+   ``HyperConnection(s)``: not attention;
+3. else its own name (the last part of its path) has a ``_``-separated part ``router``,
+   ``gate``, ``gating``, ``moe`` or ``hc`` (``mlp.gate``, ``attn_hc``): not attention;
+4. else its own name contains ``attention`` / ``attn``: attention;
+5. else a module holding the experts it weighs (an ``experts`` submodule) routes, and a
+   function whose name contains ``rout`` or ``loss`` (``route_tokens_to_experts``,
+   ``load_balancing_loss_func``) calling the softmax is no attention.
 
 Sink columns: learned logits concatenated to the scores before the softmax (GPT-OSS
 ``cat([scores, sinks], -1)``) take weight but read no value. A softmax whose caller holds a
@@ -42,26 +44,21 @@ SINK_NAMES = ("sinks", "sink", "s_aux")
 VALUE_NAMES = ("value_states", "value", "values", "v")
 
 
-def is_attention_module(module: nn.Module | None, path: str) -> bool:
-    """True when the module's class or own name says attention."""
-    leaf = path.rsplit(".", 1)[-1].lower()
-    cls = type(module).__name__.lower() if module is not None else ""
-    return isinstance(module, nn.MultiheadAttention) or any(
-        word in cls or word in leaf for word in ATTENTION_WORDS)
-
-
 def routes_or_mixes(module: nn.Module | None, path: str, function: str) -> bool:
     """True when a softmax computed by ``function`` on behalf of ``module`` (at ``path``)
     weighs experts or streams rather than keys (rules in the module docstring)."""
-    if is_attention_module(module, path):
+    cls = type(module).__name__.lower() if module is not None else ""
+    if isinstance(module, nn.MultiheadAttention) or any(w in cls for w in ATTENTION_WORDS):
         return False
+    if _ROLE_CLASS.search(re.sub(r"(v?\d+)+$", "", cls)):
+        return True
     leaf = path.rsplit(".", 1)[-1].lower()
     if _ROLE_PARTS.intersection(re.split(r"[_\d]+", leaf)):
         return True
-    if module is not None:
-        cls = re.sub(r"(v?\d+)+$", "", type(module).__name__.lower())
-        if _ROLE_CLASS.search(cls) or isinstance(getattr(module, "experts", None), nn.Module):
-            return True
+    if any(word in leaf for word in ATTENTION_WORDS):
+        return False
+    if isinstance(getattr(module, "experts", None), nn.Module):
+        return True
     return any(word in function.lower() for word in _ROLE_FUNCTIONS)
 
 

@@ -3,8 +3,8 @@ Mistral, eager and cached) gives the same views teacher-forced and step by step 
 sliding-window cache, equal to the views of the model's own eager ``output_attentions``;
 a row whose prompt mass underflows float32 (~1e-39) is renormalised exactly (no floor),
 so the numerics check passes on it; a layer run twice in one pass gives a second set of
-views rather than twice the rows; an n-gram predict stream (ProphetNet) is recorded as it
-is, not cut into views like the main stream."""
+views rather than twice the rows (also HRM-text's cycles); an n-gram predict stream
+(ProphetNet) is recorded as it is, not cut into views like the main stream."""
 
 from __future__ import annotations
 
@@ -91,6 +91,8 @@ def test_a_layer_run_twice_in_one_pass_gives_a_second_set_of_views():
 
 
 transformers = pytest.importorskip("transformers")
+from tests.helpers.tiny_hf import tiny_config  # noqa: E402
+
 P, WINDOW, STEPS = 7, 3, 4
 
 
@@ -157,3 +159,26 @@ def test_prophetnet_predict_streams_are_not_cut_into_prompt_views():
     ngram = truth.ngram_attentions[0]  # (B, ngram, H, T, 2T)
     expected = ngram.permute(0, 2, 1, 3, 4).reshape(2, 4, -1, 2 * P)
     torch.testing.assert_close(stream.weights, expected, rtol=0, atol=1e-5)
+
+
+def test_hrm_text_cycles_give_one_set_of_views_per_run_equal_to_eager():
+    config = tiny_config(transformers.HrmTextConfig)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.HrmTextForCausalLM(config).eval()
+    ids = torch.randint(3, 60, (2, P))
+    order: list[tuple[str, int]] = []
+    with torch.no_grad():
+        truth = model(input_ids=ids, output_attentions=True).attentions
+        with attnaudit.capture(model, edit=lambda site, w, m: order.append(
+                (site.name.split(":")[0], site.call))):
+            model(input_ids=ids)
+        with prompt_views(P - 2), attnaudit.capture(model) as cap:
+            model(input_ids=ids)
+    assert len(order) == len(truth) > len({name for name, _ in order})  # layers run again
+    for (base, call), raw in zip(order, truth, strict=True):
+        name = base if call == 0 else f"{base}#{call + 1}"
+        for kind, expected in hand_views(raw, P - 2).items():
+            rec = cap.records[f"{name}:{kind}"]
+            assert rec.weights.shape[2] == 3
+            torch.testing.assert_close(rec.weights.double(), expected, rtol=0, atol=1e-5)
