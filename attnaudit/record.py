@@ -63,6 +63,9 @@ class AttentionCall:
     sink: ``(batch, heads, queries, 1)``, the weight each row put on sink columns (learned
         logits the softmax normalised with the keys, reading no value: GPT-OSS); the row's
         keys hold the rest. None when the call has no sink.
+    share: ``(batch, heads, queries, 1)`` float64, for a prompt view
+        (:mod:`attnaudit.capturing.views`): the share of the raw row's total its keys held
+        before it was renormalised; None for a call stored as it is.
     """
 
     weights: torch.Tensor
@@ -70,6 +73,7 @@ class AttentionCall:
     scores: torch.Tensor | None = None
     values: torch.Tensor | None = None
     sink: torch.Tensor | None = None
+    share: torch.Tensor | None = None
     _key_mask: torch.Tensor | None = field(default=None, repr=False)
     _mask_done: bool = field(default=False, repr=False)
 
@@ -140,6 +144,14 @@ class AttentionRecord:
             return None
         return self._stack("sink", lambda c: c.sink if c.sink is not None
                            else c.weights.new_zeros(*c.weights.shape[:3], 1), 0.0)
+
+    @property
+    def share(self) -> torch.Tensor | None:
+        """``(batch, heads, queries, 1)``: for a prompt view, the share of each raw row its
+        keys held (an edit of the view moves that much of the row); None otherwise."""
+        if not self.calls or any(c.share is None for c in self.calls):
+            return None
+        return self._stack("share", lambda c: c.share, 0.0)
 
     @property
     def values(self) -> torch.Tensor | None:

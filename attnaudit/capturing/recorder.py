@@ -207,7 +207,7 @@ class Capture:
                 continue
             edited = self._store(view_site, layout, view.of(current),
                                  view_mask_source(view, shared_mask), None, None,
-                                 view.sink(sink))
+                                 view.sink(sink), view.share(current))
             if edited is not None:
                 current = view.write(current, edited)
         return None if current is weights else current
@@ -215,7 +215,8 @@ class Capture:
     def _store(self, site: Site, layout: Layout, weights: torch.Tensor,
                mask_source: Callable[[], torch.Tensor | None] | None,
                scores: torch.Tensor | None, values: torch.Tensor | None,
-               sink: torch.Tensor | None = None) -> torch.Tensor | None:
+               sink: torch.Tensor | None = None, share: torch.Tensor | None = None
+               ) -> torch.Tensor | None:
         if self.edit is not None and weights.is_meta:
             raise EditError(
                 f"site {site.name!r}: the weights are on the meta device, which holds shapes "
@@ -231,6 +232,7 @@ class Capture:
             scores=scores.detach() if self.keep_scores and scores is not None else None,
             values=values.detach() if self.keep_values and values is not None else None,
             sink=None if sink is None else sink.detach(),
+            share=None if share is None else share.detach(),
         )
         index, offset = rec.append(call)
         if self.edit is None:

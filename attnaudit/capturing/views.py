@@ -109,6 +109,10 @@ class View:
         return (block * _ratio(self.total(weights), block.sum(-1, keepdim=True))
                 ).to(weights.dtype)
 
+    def share(self, weights: torch.Tensor) -> torch.Tensor:
+        """(B, H, Q_view, 1) float64: the share of each raw row's total the block holds."""
+        return _ratio(self.mass(weights), self.total(weights))
+
     def sink(self, sink: torch.Tensor | None) -> torch.Tensor | None:
         """The call's sink weight (B, H, Q, 1) on the view's rows."""
         return None if sink is None else sink[:, :, self.rows:]
@@ -125,8 +129,7 @@ class View:
         """``weights`` with the block replaced by ``edited`` (a view) times the block's mass
         over the row's total; weight an edit puts on unseen keys is dropped."""
         new = weights.clone()
-        share = _ratio(self.mass(weights), self.total(weights)).detach()
-        scaled = edited.double() * share
+        scaled = edited.double() * self.share(weights).detach()
         new[:, :, self.rows:, self.keys] = scaled[..., self.pad:].to(weights.dtype)
         return new
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from attnaudit.analysis.degenerate import row_reasons
+from attnaudit.analysis.degenerate import negligible_rows, row_reasons
 from attnaudit.capturing.recorder import capture
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes, tensor_bytes
@@ -41,7 +41,8 @@ class Reference:
     unedited decoder state before every step (``target.decode_states``) when edited items
     run one cached decoder step, else None. budget: sets how many edited sequences one
     forward pass folds. empty_output: bool (B,), the greedy output ends at step 0 (None:
-    no output is empty); see :mod:`attnaudit.analysis.degenerate`.
+    no output is empty); negligible: bool (B, T), rows whose edited prompt views hold a
+    negligible share of the row, or None; see :mod:`attnaudit.analysis.degenerate`.
     """
 
     batch: Batch
@@ -58,6 +59,7 @@ class Reference:
     head_index: tuple[int, ...] | None = None
     states: Any = None
     empty_output: torch.Tensor | None = None
+    negligible: torch.Tensor | None = None
 
     @property
     def heads(self) -> dict[str, int]:
@@ -93,7 +95,7 @@ class Reference:
         :data:`~attnaudit.analysis.degenerate.REASONS` (0: counted)."""
         empty = (torch.zeros(len(self.batch), dtype=torch.bool) if self.empty_output is None
                  else self.empty_output)
-        return row_reasons(self.steps, self.eligible, empty)
+        return row_reasons(self.steps, self.eligible, empty, self.negligible)
 
     def rows(self) -> RowIndex:
         """Every (example, step) row within the step mask that is not degenerate."""
@@ -174,7 +176,7 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
             states = target.decode_states(batch, encoded, emitted)
     n_examples, n_steps = emitted.shape
     n_keys = batch.source_ids.shape[1]
-    weights = {}
+    weights, shares = {}, []
     eligible = target.explain_keys(batch).cpu()[:, None, :].expand(-1, n_steps, -1)
     for name in names:
         rec = cap.records[name]
@@ -192,6 +194,9 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
             w = w[:, list(heads)]
             mask = None if mask is None else mask[:, list(heads)]
         weights[name] = w.float().cpu()
+        share = rec.share
+        if share is not None:
+            shares.append(share if heads is None else share[:, list(heads)])
         if mask is not None:
             eligible = eligible & mask.all(1)
     probs = torch.softmax(logits.float(), -1).cpu()
@@ -206,7 +211,8 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
                      seed=target.seed, budget=budget, encoded=encoded,
                      head_index=None if heads is None else tuple(heads), states=states,
                      empty_output=(emitted[:, 0] == target.eos_id).cpu() if n_steps
-                     else torch.ones(n_examples, dtype=torch.bool))
+                     else torch.ones(n_examples, dtype=torch.bool),
+                     negligible=negligible_rows(shares) if len(shares) == len(names) else None)
 
 
 def _budget(target: Seq2SeqTarget, encoded: Any, states: Any, n_examples: int, n_keys: int,

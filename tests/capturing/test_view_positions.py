@@ -50,6 +50,9 @@ def test_a_row_whose_prompt_mass_underflows_is_renormalised_without_a_floor():
                                rtol=1e-6, atol=0)
     torch.testing.assert_close(cross.weights.double().sum(-1), torch.ones(1, 1, n - prompt + 1,
                                                                         dtype=torch.float64))
+    rows = raw[:, :, prompt - 1:].double()
+    share = rows[..., :prompt].sum(-1, keepdim=True) / rows.sum(-1, keepdim=True)
+    torch.testing.assert_close(cross.share, share, rtol=1e-6, atol=0)  # what edits move
     analyser = NumericsAnalyser()
     analyser.update(cross)
     assert analyser.compute().query("metric == 'row_sum_rows'")["sum"].sum() == 0
