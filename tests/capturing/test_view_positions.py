@@ -185,3 +185,30 @@ def test_hrm_text_cycles_give_one_set_of_views_per_run_equal_to_eager():
             rec = cap.records[f"{name}:{kind}"]
             assert rec.weights.shape[2] == 3
             torch.testing.assert_close(rec.weights.double(), expected, rtol=0, atol=1e-5)
+
+
+def test_views_of_a_sliding_window_step_write_back_what_an_edit_returns():
+    """An edit returning the view unchanged (a new tensor, so it is written back through
+    the unseen keys' padding) leaves every cached step's logits as they were; halving the
+    cross view's weights changes them."""
+    model = tiny_mistral()
+    torch.manual_seed(4)
+    ids = torch.randint(3, 50, (2, P + STEPS - 1))
+
+    def steps(edit) -> torch.Tensor:
+        logits = []
+        with torch.no_grad():
+            cache = model(input_ids=ids[:, :P - 1], use_cache=True).past_key_values
+            with attnaudit.capture(model, sites=lambda name: name.endswith(":cross"),
+                                   edit=edit):
+                for step in range(STEPS):
+                    with prompt_views(P, positions=P + step):
+                        out = model(input_ids=ids[:, P - 1 + step:P + step], use_cache=True,
+                                    past_key_values=cache)
+                    cache = out.past_key_values
+                    logits.append(out.logits[:, -1])
+        return torch.stack(logits, 1)
+
+    plain = steps(None)
+    torch.testing.assert_close(steps(lambda site, w, m: w.clone()), plain, rtol=0, atol=1e-6)
+    assert not torch.allclose(steps(lambda site, w, m: w / 2), plain, atol=1e-4)
