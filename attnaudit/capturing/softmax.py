@@ -72,12 +72,14 @@ def on_softmax(cap: ActiveCapture, scores: torch.Tensor, out: torch.Tensor, dim:
         if site is None:
             return out
     names = _Names(cap, frame, site)
-    dim %= max(out.ndim, 1)
-    n_keys = out.shape[dim] - _sinks(cap, site, tuple(out.shape), dim, names) if out.ndim else 0
-    weights, sink = (out, None) if n_keys == out.shape[dim] or not out.ndim else \
-        (out.narrow(dim, 0, n_keys), out.narrow(dim, n_keys, out.shape[dim] - n_keys))
+    weights, sink = out, None
+    n_sinks = _sinks(cap, site, tuple(out.shape), dim, names) if out.ndim else 0
+    if n_sinks:  # trailing columns that are no keys (roles.sink_columns)
+        n_keys = out.shape[dim] - n_sinks
+        weights, sink = out.narrow(dim, 0, n_keys), out.narrow(dim, n_keys, n_sinks)
+        scores = scores.narrow(dim, 0, n_keys)
     layout = cap.layout(site, tuple(weights.shape), dim, names, from_call=in_mha)
-    scores4 = layout.to_record(scores if sink is None else scores.narrow(dim, 0, n_keys))
+    scores4 = layout.to_record(scores)
     sink4 = None if sink is None else layout.to_record(sink.sum(dim, keepdim=True))
     edited = cap.record(site, layout, layout.to_record(weights),
                         lambda: eligible_from_scores(scores4), scores4, None, sink4)
@@ -112,7 +114,8 @@ def _sinks(cap: ActiveCapture, site: Site, shape: tuple[int, ...], dim: int,
     key = (site.name, shape, dim)
     if key not in known:
         module = cap.sites_registry.modules.get(site.module)
-        known[key] = sink_columns(names(), module, shape[dim]) if dim == len(shape) - 1 else 0
+        last = dim % len(shape) == len(shape) - 1  # concatenated sinks end the key axis
+        known[key] = sink_columns(names(), module, shape[dim]) if last else 0
     return known[key]
 
 
