@@ -23,8 +23,10 @@ and the self view is cut from the result.
 Views are in absolute positions: a call that sees only the last K positions (a
 sliding-window cache; ``prompt_views(..., positions=)`` says how many the pass has seen)
 gets zero-weight, ineligible keys for the ones it does not see, so its rows line up with a
-full pass's. Sink columns (:mod:`attnaudit.capturing.roles`) are no keys: a view row plus
-its sink weight sums to what the raw row does. Only calls whose queries are one stream of
+full pass's. A view is renormalised by its own mass, without a floor, however small; each
+view record keeps the share of the raw row it held (``share``). Sink columns
+(:mod:`attnaudit.capturing.roles`) are no keys: a view row plus its sink weight sums to
+what the raw row does. Only calls whose queries are one stream of
 positions are cut (:func:`position_stream`); a layer run twice over the same positions in
 one pass gives a second set of views, ``<site>#2:cross`` / ``#2:self``
 (:func:`run_name`), rather than twice the rows.
@@ -71,8 +73,13 @@ def prompt_views(prompt_length: int, positions: int | None = None) -> Iterator[N
 
 
 def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
-    """numerator / denominator in float64, 0 where the denominator is 0 (NaN stays NaN)."""
+    """numerator / denominator, 0 where the denominator is 0 (NaN stays NaN)."""
     return torch.where(denominator == 0, 0.0, numerator / denominator)
+
+
+def _widened(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or wider when it already is (half precision sums badly)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 @dataclass(frozen=True)
@@ -87,31 +94,32 @@ class View:
     pad: int = 0
 
     def _block(self, weights: torch.Tensor) -> torch.Tensor:
-        """(B, H, Q_view, K_view) float64, with the ``pad`` unseen keys first."""
-        block = weights[:, :, self.rows:, self.keys].double()
+        """(B, H, Q_view, K_view) in float32 or wider, the ``pad`` unseen keys first."""
+        block = _widened(weights[:, :, self.rows:, self.keys])
         return F.pad(block, (self.pad, 0)) if self.pad else block
 
     def mass(self, weights: torch.Tensor) -> torch.Tensor:
-        """(B, H, Q_view, 1) float64: the raw weight the block holds per row."""
+        """(B, H, Q_view, 1) float32 or wider: the raw weight the block holds per row."""
         return self._block(weights).sum(-1, keepdim=True)
 
     def total(self, weights: torch.Tensor) -> torch.Tensor:
-        """(B, H, Q_view, 1) float64: what the view's raw rows sum to over all keys (sink
-        columns are no keys: they are counted by the record's ``sink``)."""
-        return weights[:, :, self.rows:].double().sum(-1, keepdim=True)
+        """(B, H, Q_view, 1) float32 or wider: what the view's raw rows sum to over all keys
+        (sink columns are no keys: they are counted by the record's ``sink``)."""
+        return _widened(weights[:, :, self.rows:]).sum(-1, keepdim=True)
 
     def of(self, weights: torch.Tensor) -> torch.Tensor:
         """(B, H, Q_view, K_view): the block renormalised per row and scaled by the raw row's
-        total, in the weights' dtype. Computed in float64 with no floor under the block's
-        mass, so a row whose mass underflows float32's normal range (~1e-39) is still
-        renormalised exactly; a row of zero mass stays zero."""
+        total, in the weights' dtype. No floor under the block's mass: a row whose mass is
+        below float32's normal range (~1e-39, subnormal) is divided by that mass itself,
+        which keeps the ratios (block / mass never exceeds 1, so nothing overflows); a row
+        of zero mass stays zero."""
         block = self._block(weights)
-        return (block * _ratio(self.total(weights), block.sum(-1, keepdim=True))
-                ).to(weights.dtype)
+        normalised = _ratio(block, block.sum(-1, keepdim=True))
+        return (normalised * self.total(weights)).to(weights.dtype)
 
     def share(self, weights: torch.Tensor) -> torch.Tensor:
         """(B, H, Q_view, 1) float64: the share of each raw row's total the block holds."""
-        return _ratio(self.mass(weights), self.total(weights))
+        return _ratio(self.mass(weights).double(), self.total(weights).double())
 
     def sink(self, sink: torch.Tensor | None) -> torch.Tensor | None:
         """The call's sink weight (B, H, Q, 1) on the view's rows."""
@@ -129,7 +137,8 @@ class View:
         """``weights`` with the block replaced by ``edited`` (a view) times the block's mass
         over the row's total; weight an edit puts on unseen keys is dropped."""
         new = weights.clone()
-        scaled = edited.double() * self.share(weights).detach()
+        edited = _widened(edited)
+        scaled = edited * self.share(weights).detach().to(edited.dtype)
         new[:, :, self.rows:, self.keys] = scaled[..., self.pad:].to(weights.dtype)
         return new
 
