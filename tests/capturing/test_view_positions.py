@@ -99,17 +99,23 @@ from tests.helpers.tiny_hf import tiny_config  # noqa: E402
 P, WINDOW, STEPS = 7, 3, 4
 
 
-def tiny_mistral() -> nn.Module:
-    config = transformers.MistralConfig(
-        vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=4, max_position_embeddings=32,
-        sliding_window=WINDOW, attn_implementation="eager")
+def tiny_windowed(name: str = "mistral") -> nn.Module:
+    """A tiny Mistral (every layer windowed) or Gemma-2 (every other layer) with a sliding
+    window of 3."""
+    sizes = dict(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+                 max_position_embeddings=32, sliding_window=WINDOW, attn_implementation="eager")
     torch.manual_seed(0)
-    return transformers.MistralForCausalLM(config).eval()
+    if name == "gemma2":
+        config = transformers.Gemma2Config(**sizes, query_pre_attn_scalar=4,
+                                           layer_types=["sliding_attention", "full_attention"])
+        return transformers.Gemma2ForCausalLM(config).eval()
+    return transformers.MistralForCausalLM(transformers.MistralConfig(**sizes)).eval()
 
 
-def test_a_window_of_3_on_a_7_token_prompt_teacher_forced_and_cached():
-    model = tiny_mistral()
+@pytest.mark.parametrize("name", ["mistral", "gemma2"])
+def test_a_window_of_3_on_a_7_token_prompt_teacher_forced_and_cached(name):
+    model = tiny_windowed(name)
     torch.manual_seed(3)
     ids = torch.randint(3, 50, (2, P + STEPS - 1))  # prompt + the steps' inputs
     with torch.no_grad():
@@ -125,16 +131,17 @@ def test_a_window_of_3_on_a_7_token_prompt_teacher_forced_and_cached():
                                   past_key_values=cache).past_key_values
     layers = [f"model.layers.{i}.self_attn" for i in range(2)]
     assert stepped.records["model.layers.0.self_attn:cross"].calls[-1].weights.shape[-1] == P
+    # layer 0 is windowed in both: its last row no longer reaches the prompt
+    assert truth[0][0, 0, -1, :P].sum() == 0
     for layer, raw in zip(layers, truth, strict=True):
-        assert raw[0, 0, -1, :P].sum() == 0  # the window no longer reaches the prompt
         for kind, expected in hand_views(raw, P).items():
             got = forced.records[f"{layer}:{kind}"].weights.double()
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
             cached = stepped.records[f"{layer}:{kind}"]
             assert cached.weights.shape == expected.shape  # keys in absolute positions
             torch.testing.assert_close(cached.weights.double(), expected, rtol=0, atol=1e-5)
-        mask = stepped.records[f"{layer}:cross"].key_mask
-        assert not mask[..., -1, :].any()  # no prompt key in the window of the last step
+    mask = stepped.records[f"{layers[0]}:cross"].key_mask
+    assert not mask[..., -1, :].any()  # no prompt key in the window of the last step
 
 
 def test_prophetnet_predict_streams_are_not_cut_into_prompt_views():
@@ -191,7 +198,7 @@ def test_views_of_a_sliding_window_step_write_back_what_an_edit_returns():
     """An edit returning the view unchanged (a new tensor, so it is written back through
     the unseen keys' padding) leaves every cached step's logits as they were; halving the
     cross view's weights changes them."""
-    model = tiny_mistral()
+    model = tiny_windowed()
     torch.manual_seed(4)
     ids = torch.randint(3, 50, (2, P + STEPS - 1))
 
