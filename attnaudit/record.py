@@ -60,12 +60,20 @@ class AttentionCall:
         negative values), ``None`` when unknowable.
     scores: pre-softmax scores ``(batch, heads, queries, keys)`` when kept, else None.
     values: ``(batch, heads, keys, d_v)`` when kept and reachable, else None.
+    sink: ``(batch, heads, queries, 1)``, the weight each row put on sink columns (learned
+        logits the softmax normalised with the keys, reading no value: GPT-OSS); the row's
+        keys hold the rest. None when the call has no sink.
+    share: ``(batch, heads, queries, 1)`` float64, for a prompt view
+        (:mod:`attnaudit.capturing.views`): the share of the raw row's total its keys held
+        before it was renormalised; None for a call stored as it is.
     """
 
     weights: torch.Tensor
     mask_source: Callable[[], torch.Tensor | None] | None = None
     scores: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    sink: torch.Tensor | None = None
+    share: torch.Tensor | None = None
     _key_mask: torch.Tensor | None = field(default=None, repr=False)
     _mask_done: bool = field(default=False, repr=False)
 
@@ -127,6 +135,23 @@ class AttentionRecord:
         if any(c.scores is None for c in self.calls):
             return None
         return self._stack("scores", lambda c: c.scores, float("-inf"))
+
+    @property
+    def sink(self) -> torch.Tensor | None:
+        """``(batch, heads, queries, 1)``: the weight each row put on sink columns, which are
+        no keys (a row's keys plus its sink sum to one); None when no call had a sink."""
+        if not self.calls or all(c.sink is None for c in self.calls):
+            return None
+        return self._stack("sink", lambda c: c.sink if c.sink is not None
+                           else c.weights.new_zeros(*c.weights.shape[:3], 1), 0.0)
+
+    @property
+    def share(self) -> torch.Tensor | None:
+        """``(batch, heads, queries, 1)``: for a prompt view, the share of each raw row its
+        keys held (an edit of the view moves that much of the row); None otherwise."""
+        if not self.calls or any(c.share is None for c in self.calls):
+            return None
+        return self._stack("share", lambda c: c.share, 0.0)
 
     @property
     def values(self) -> torch.Tensor | None:

@@ -28,7 +28,9 @@ class AttentionRows:
     dtype as the model produced them (None: unknown), which sets numeric tolerances.
     keys_before_queries: the model's softmax normalised an axis that comes before a query
     axis in its own tensor (``Site.layout`` such as ``"b k q"``), which is how a softmax over
-    the wrong axis of ``(B, Q, K)`` scores looks.
+    the wrong axis of ``(B, Q, K)`` scores looks. sink: (batch, heads, queries) float64, the
+    weight each row put on sink columns (no keys: a row's keys plus its sink sum to one),
+    None when the site has none.
     """
 
     site: str
@@ -38,6 +40,7 @@ class AttentionRows:
     step_offset: int = 0
     dtype: torch.dtype | None = None
     keys_before_queries: bool = False
+    sink: torch.Tensor | None = None
 
     @classmethod
     def of(cls, record: AttentionRecord | AttentionRows,
@@ -66,10 +69,12 @@ class AttentionRows:
             mask = record.eligible if eligible is None else eligible
             return cls(record.site, record.kind, weights,
                        _eligibility(record.site, weights, mask), record.step_offset, produced,
-                       record.keys_before_queries)
+                       record.keys_before_queries, record.sink)
         mask = record.key_mask if eligible is None else eligible
+        sink = record.sink
         return cls(record.name, record.kind, weights, _eligibility(record.name, weights, mask),
-                   dtype=produced, keys_before_queries=keys_before_queries(record.site.layout))
+                   dtype=produced, keys_before_queries=keys_before_queries(record.site.layout),
+                   sink=None if sink is None else sink[..., 0].detach().to(torch.float64))
 
     @cached_property
     def n_valid(self) -> torch.Tensor:

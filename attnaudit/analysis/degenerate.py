@@ -10,7 +10,11 @@ values, cumulative removal, adversarial search), when:
   tokenizer turned into special tokens only), so there is no weight to move;
 - ``one eligible key``: the only eligible key holds all the movable weight; every
   permutation and the uniform weighting leave it unchanged (TVD exactly 0, which would
-  count as "attention does not matter") and removing it leaves nothing to renormalise.
+  count as "attention does not matter") and removing it leaves nothing to renormalise;
+- ``negligible view mass``: at every edited site and head the row is a prompt view whose
+  keys held less than :data:`NEGLIGIBLE_SHARE` of the raw row (a decoder-only model that
+  put, say, 1e-39 of a row on the prompt): an edit of the view moves no more than that of
+  the row, below float32's resolution, so it cannot change the output either.
 
 The suite lists these rows in its ``degenerate`` table (example, step, n_valid, reason) and
 their count per reason in its metadata; summaries never see them. Agreement keeps its own,
@@ -28,22 +32,40 @@ import torch
 EMPTY_OUTPUT = "empty output"
 NO_ELIGIBLE_KEY = "no eligible key"
 ONE_ELIGIBLE_KEY = "one eligible key"
-REASONS = ("", EMPTY_OUTPUT, NO_ELIGIBLE_KEY, ONE_ELIGIBLE_KEY)  # index 0: a counted row
+NEGLIGIBLE_VIEW = "negligible view mass"
+REASONS = ("", EMPTY_OUTPUT, NO_ELIGIBLE_KEY, ONE_ELIGIBLE_KEY, NEGLIGIBLE_VIEW)  # 0: counted
+# A view holding less of its raw row than float32's relative resolution: editing it moves
+# less weight than the row's own rounding.
+NEGLIGIBLE_SHARE = float(torch.finfo(torch.float32).eps)
 COLUMNS = ["example", "step", "n_valid", "reason"]
 
 
 def row_reasons(steps: torch.Tensor, eligible: torch.Tensor,
-                empty_output: torch.Tensor) -> torch.Tensor:
+                empty_output: torch.Tensor, negligible: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """Long (B, T): for each row within ``steps`` (bool (B, T)) the index into
     :data:`REASONS` of why it is degenerate, 0 when it is counted (and for rows outside
     ``steps``). eligible: bool (B, T, n). empty_output: bool (B,), end-of-sequence at
-    step 0. The first reason that applies wins, in the order of :data:`REASONS`."""
+    step 0. negligible: bool (B, T), the edited views hold a negligible share of the row
+    (:func:`negligible_rows`), or None. The first reason that applies wins, in the order
+    of :data:`REASONS`."""
     n_valid = eligible.sum(-1)
     reason = torch.zeros(steps.shape, dtype=torch.long)
+    tiny = torch.zeros_like(steps) if negligible is None else negligible.cpu()
     for code, hit in reversed(list(enumerate([
-            empty_output[:, None].expand_as(steps), n_valid == 0, n_valid == 1], start=1))):
+            empty_output[:, None].expand_as(steps), n_valid == 0, n_valid == 1, tiny],
+            start=1))):
         reason[hit.cpu()] = code
     return reason.masked_fill(~steps.cpu(), 0)
+
+
+def negligible_rows(shares: list[torch.Tensor]) -> torch.Tensor | None:
+    """Bool (B, T): rows where every edited site and head is a view holding less than
+    :data:`NEGLIGIBLE_SHARE` of its raw row. shares: per edited site, its record's ``share``
+    (B, H, T, 1); None when a site is no view (nothing is negligible then)."""
+    if not shares:
+        return None
+    return torch.stack([(s[..., 0] < NEGLIGIBLE_SHARE).all(1) for s in shares]).all(0).cpu()
 
 
 def degenerate_table(reason: torch.Tensor, eligible: torch.Tensor,

@@ -1,7 +1,8 @@
 """Numeric health of every row (docs/metrics.md, "Validity").
 
 non_finite / negative: counts of NaN-or-inf / below-zero weights per row.
-row_sum_error: |sum over keys - 1| for rows with an eligible key and finite weights.
+row_sum_error: |sum over keys - 1| for rows with an eligible key and finite weights; the
+weight on sink columns (``AttentionRecord.sink``) counts in the sum.
 all_masked: 1 for a row with no eligible key; what the model produced there is classified
 as all_masked_nan, all_masked_zeros or all_masked_uniform (else none of the three).
 softmax_axis_suspect: 1 on every row of an (example, head) whose rows do not sum to one
@@ -77,7 +78,8 @@ class NumericsAnalyser(Analyser):
         finite = torch.isfinite(w)
         row_finite = rows.finite
         has_keys = rows.n_valid > 0
-        row_sum_error = (w.sum(-1) - 1).abs()
+        sums = w.sum(-1) if rows.sink is None else w.sum(-1) + rows.sink.to(w.device)
+        row_sum_error = (sums - 1).abs()
         judged = has_keys & row_finite  # rows whose sum means something
         all_masked = ~has_keys
         n_keys = w.shape[-1]

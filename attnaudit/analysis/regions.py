@@ -151,4 +151,5 @@ def mean_over_heads(record_or_rows: AttentionRecord | AttentionRows,
     if not bool((data.eligible == first).all()):
         raise ValueError(f"site {data.site!r}: the key eligibility differs between heads; "
                          "average heads only under one key rule")
-    return replace(data, site=data.site + suffix, weights=weights, eligible=first)
+    sink = None if data.sink is None else data.sink.mean(1, keepdim=True)
+    return replace(data, site=data.site + suffix, weights=weights, eligible=first, sink=sink)

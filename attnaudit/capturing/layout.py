@@ -152,10 +152,9 @@ class Layout:
 
     def values_to_record(self, value: torch.Tensor) -> torch.Tensor:
         """Values ``(..., K, d_v)`` of a call whose weights are ``(..., Q, K)`` (keys last, as
-        in ``F.scaled_dot_product_attention``; leading axes broadcastable to the weights') as
-        ``(B, H, K, d_v)``."""
-        # values shared by every head (multi-query attention broadcast by SDPA) are
-        # broadcast to the weights' leading axes first
+        in ``F.scaled_dot_product_attention``) as ``(B, H, K, d_v)``. Values broadcast over
+        heads (multi-query: one key/value head for every query head) are expanded, as the
+        call broadcasts them, without a copy."""
         value = value.expand(*self.shape[:-2], *value.shape[-2:])
         d_v = value.shape[-1]
         *lead, queries, keys = self.groups

@@ -44,9 +44,10 @@ class ActiveCapture(Protocol):
 
     def record(self, site: Site, layout: Layout, weights: torch.Tensor,
                mask_source: Callable[[], torch.Tensor | None] | None,
-               scores: torch.Tensor | None, values: torch.Tensor | None
-               ) -> torch.Tensor | None:
-        """Store one call's weights (B, H, Q, K); the edit's replacement, or None."""
+               scores: torch.Tensor | None, values: torch.Tensor | None,
+               sink: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Store one call's weights (B, H, Q, K) and sink weight (B, H, Q, 1); the edit's
+        replacement, or None."""
         ...
 
     def on_tap(self, name: str, weights: torch.Tensor, key_mask: torch.Tensor | None,

@@ -14,7 +14,7 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import nn
 
-from attnaudit.capturing import hf, mha, sdpa, softmax
+from attnaudit.capturing import hf, logsumexp, mha, sdpa, softmax
 from attnaudit.capturing.layout import CallSite, Layout, int_locals, module_heads, resolve_layout
 from attnaudit.capturing.protocol import MhaCall
 from attnaudit.capturing.sites import SiteRegistry, SiteSelection, make_selector, site_base
@@ -24,6 +24,8 @@ from attnaudit.capturing.views import (
     VIEW_KINDS,
     View,
     active_views,
+    position_stream,
+    run_name,
     view_mask_source,
 )
 from attnaudit.errors import CaptureError, EditError, NoAttentionFound, SiteNotFound
@@ -35,7 +37,8 @@ LayoutKey = tuple[str, tuple[int, ...], int, int | None]  # site, shape, key axi
 _LAYOUTS: WeakKeyDictionary[nn.Module, dict[LayoutKey, Layout]] = WeakKeyDictionary()
 
 SEARCHED = (
-    "softmax calls (torch.softmax, F.softmax, Tensor.softmax) from the model's methods, "
+    "softmax calls (torch.softmax, F.softmax, Tensor.softmax) and exp(x - logsumexp(x)) "
+    "from the model's methods, "
     "F.scaled_dot_product_attention calls, {n_mha} nn.MultiheadAttention module(s), "
     "and attnaudit.tap() calls"
 )
@@ -99,6 +102,7 @@ class Capture:
             compiled_code_runs_eagerly(stack)
             namespaces = _model_namespaces(modules)
             softmax.install(stack, namespaces)
+            logsumexp.install(stack, namespaces)
             sdpa.install(stack, namespaces)
             mha.install(stack, self, modules)
             ACTIVE.capture = self
@@ -173,39 +177,46 @@ class Capture:
 
     def record(self, site: Site, layout: Layout, weights: torch.Tensor,
                mask_source: Callable[[], torch.Tensor | None] | None,
-               scores: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor | None:
-        """Store one call's weights ``(B, H, Q, K)`` (mapped from the call by ``layout``);
-        return the edit's replacement, in the record layout, if any. While prompt views are
-        active (:mod:`attnaudit.capturing.views`), a self-attention call is stored as its
-        views instead."""
-        views = None if site.kind == "cross" else active_views(tuple(weights.shape))
+               scores: torch.Tensor | None, values: torch.Tensor | None,
+               sink: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Store one call's weights ``(B, H, Q, K)`` (mapped from the call by ``layout``) and
+        the weight its rows put on sink columns ``(B, H, Q, 1)``, if any; return the edit's
+        replacement, in the record layout, if any. While prompt views are active
+        (:mod:`attnaudit.capturing.views`), a self-attention call on one stream of positions
+        is stored as its views instead."""
+        views = None if site.kind == "cross" or not position_stream(layout) \
+            else active_views(tuple(weights.shape))
         if views is not None:
-            return self._record_views(views, site, layout, weights, mask_source)
-        return self._store(site, layout, weights, mask_source, scores, values)
+            return self._record_views(views, site, layout, weights, mask_source, sink)
+        return self._store(site, layout, weights, mask_source, scores, values, sink)
 
     def _record_views(self, views: list[View], site: Site, layout: Layout,
                       weights: torch.Tensor,
-                      mask_source: Callable[[], torch.Tensor | None] | None
-                      ) -> torch.Tensor | None:
+                      mask_source: Callable[[], torch.Tensor | None] | None,
+                      sink: torch.Tensor | None) -> torch.Tensor | None:
         """Store each selected view of one call; return the call's weights with the edited
         views written back, or None when nothing was edited."""
         registry, current = self.sites_registry, weights
         shared_mask = _once(mask_source)
+        base = run_name(site_base(site.name), tuple(weights.shape)) if views else ""
         for view in views:
-            name = f"{site_base(site.name)}:{view.kind}"
+            name = f"{base}:{view.kind}"
             view_site = replace(site, name=name, kind=view.kind)
             registry.found.setdefault(name, view_site)
             if not self._select(name):
                 continue
             edited = self._store(view_site, layout, view.of(current),
-                                 view_mask_source(view, shared_mask), None, None)
+                                 view_mask_source(view, shared_mask), None, None,
+                                 view.sink(sink), view.share(current))
             if edited is not None:
                 current = view.write(current, edited)
         return None if current is weights else current
 
     def _store(self, site: Site, layout: Layout, weights: torch.Tensor,
                mask_source: Callable[[], torch.Tensor | None] | None,
-               scores: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor | None:
+               scores: torch.Tensor | None, values: torch.Tensor | None,
+               sink: torch.Tensor | None = None, share: torch.Tensor | None = None
+               ) -> torch.Tensor | None:
         if self.edit is not None and weights.is_meta:
             raise EditError(
                 f"site {site.name!r}: the weights are on the meta device, which holds shapes "
@@ -220,6 +231,8 @@ class Capture:
             mask_source=mask_source,
             scores=scores.detach() if self.keep_scores and scores is not None else None,
             values=values.detach() if self.keep_values and values is not None else None,
+            sink=None if sink is None else sink.detach(),
+            share=None if share is None else share.detach(),
         )
         index, offset = rec.append(call)
         if self.edit is None:

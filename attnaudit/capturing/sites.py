@@ -23,6 +23,7 @@ from typing import Any
 
 from torch import nn
 
+from attnaudit.capturing.roles import routes_or_mixes
 from attnaudit.record import Kind, Site
 
 SiteSelection = None | Iterable[str] | Callable[[str], bool]
@@ -34,8 +35,6 @@ _CROSS_WORDS = ("cross", "encoder_attn", "encdec", "enc_dec", "src_attn", "multi
                 "context_attn", "src_trg_att", "src_tgt_att", "enc_att", "inter_attn",
                 "source_attn", "memory_attn", "ctx_attn")
 _COMPILED = "_orig_mod"
-# Softmaxes that are not attention: a mixture-of-experts router's distribution over experts.
-_NOT_ATTENTION_MODULES = ("router",)
 
 
 def clean_path(path: str) -> str:
@@ -115,7 +114,9 @@ class SiteRegistry:
 
     def from_frame(self, frame: FrameType | None, mechanism: str,
                    kind_hint: Kind | None = None) -> Site | None:
-        """The selected site whose code called attention from ``frame``, or None."""
+        """The selected site whose code called attention from ``frame``, or None (also for a
+        softmax that routes or mixes rather than attends: :mod:`attnaudit.capturing.roles`)."""
+        caller = frame.f_code.co_name if frame is not None else ""
         candidate: tuple[FrameType, str] | None = None
         for _ in range(MAX_FRAMES):
             if frame is None:
@@ -130,20 +131,21 @@ class SiteRegistry:
                     if _is_method(code):
                         if candidate is not None and candidate[1] != path:
                             break  # a free function's module is not this method's
-                        return self._site_in_method(frame, path, mechanism, kind_hint, True)
+                        return self._site_in_method(frame, path, mechanism, kind_hint, True,
+                                                    caller)
                     candidate = candidate or (frame, path)
             frame = frame.f_back
         if candidate is None:
             return None
-        return self._site_in_method(*candidate, mechanism, kind_hint, False)
+        return self._site_in_method(*candidate, mechanism, kind_hint, False, caller)
 
     def _site_in_method(self, frame: FrameType, path: str, mechanism: str,
-                        kind_hint: Kind | None, method: bool) -> Site | None:
+                        kind_hint: Kind | None, method: bool, caller: str) -> Site | None:
         code = frame.f_code
-        key = (code, frame.f_lineno, path)
+        key = (code, frame.f_lineno, path, caller)
         if key in self._by_key:
             return self._by_key[key]
-        if any(word in path.rsplit(".", 1)[-1].lower() for word in _NOT_ATTENTION_MODULES):
+        if routes_or_mixes(self.modules.get(path), path, caller):
             self._by_key[key] = None
             return None
         func = code.co_name

@@ -11,18 +11,21 @@ audit target) can reveal that.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from functools import wraps
 from types import FrameType
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import torch
 import torch.nn.functional as F
 
 from attnaudit.capturing.layout import eligible_from_scores
 from attnaudit.capturing.protocol import ActiveCapture
+from attnaudit.capturing.roles import sink_columns
 from attnaudit.capturing.state import ACTIVE, patch_attr, patch_references, refuse_tracing
+from attnaudit.record import Site
 
 ORIGINAL_TORCH_SOFTMAX = torch.softmax
 ORIGINAL_F_SOFTMAX = F.softmax
@@ -49,15 +52,16 @@ def _patched(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             if dim is None:
                 dim = _legacy_dim(out.ndim)
-            return _on_softmax(cap, scores, out, dim, sys._getframe(1))
+            return on_softmax(cap, scores, out, dim, sys._getframe(1))
         finally:
             cap.busy = False
 
     return softmax
 
 
-def _on_softmax(cap: ActiveCapture, scores: torch.Tensor, out: torch.Tensor, dim: int,
-                frame: FrameType) -> torch.Tensor:
+def on_softmax(cap: ActiveCapture, scores: torch.Tensor, out: torch.Tensor, dim: int,
+               frame: FrameType) -> torch.Tensor:
+    """Record ``out = softmax(scores, dim)`` computed in ``frame``; what the model uses."""
     # F.multi_head_attention_forward (from nn.MultiheadAttention or called directly) works on
     # (batch * heads, queries, keys); its own num_heads / bsz arguments give the layout.
     in_mha = frame.f_code is MHA_CODE
@@ -67,12 +71,52 @@ def _on_softmax(cap: ActiveCapture, scores: torch.Tensor, out: torch.Tensor, dim
         site = cap.sites_registry.from_frame(frame, "softmax")
         if site is None:
             return out
-    layout = cap.layout(site, tuple(out.shape), dim,
-                        lambda: cap.sites_registry.names_at(frame, site), from_call=in_mha)
+    names = _Names(cap, frame, site)
+    weights, sink = out, None
+    n_sinks = _sinks(cap, site, tuple(out.shape), dim, names) if out.ndim else 0
+    if n_sinks:  # trailing columns that are no keys (roles.sink_columns)
+        n_keys = out.shape[dim] - n_sinks
+        weights, sink = out.narrow(dim, 0, n_keys), out.narrow(dim, n_keys, n_sinks)
+        scores = scores.narrow(dim, 0, n_keys)
+    layout = cap.layout(site, tuple(weights.shape), dim, names, from_call=in_mha)
     scores4 = layout.to_record(scores)
-    edited = cap.record(site, layout, layout.to_record(out),
-                        lambda: eligible_from_scores(scores4), scores4, None)
-    return out if edited is None else layout.from_record(edited)
+    sink4 = None if sink is None else layout.to_record(sink.sum(dim, keepdim=True))
+    edited = cap.record(site, layout, layout.to_record(weights),
+                        lambda: eligible_from_scores(scores4), scores4, None, sink4)
+    if edited is None:
+        return out
+    new = layout.from_record(edited)
+    return new if sink is None else torch.cat([new, sink], dim)
+
+
+class _Names:
+    """The calling frames' locals up to the site's method, read once, on first need."""
+
+    def __init__(self, cap: ActiveCapture, frame: FrameType, site: Site) -> None:
+        self._read = lambda: cap.sites_registry.names_at(frame, site)
+        self._names: Mapping[str, Any] | None = None
+
+    def __call__(self) -> Mapping[str, Any]:
+        if self._names is None:
+            self._names = self._read()
+        return self._names
+
+
+# Sink columns per registry, site, shape and key axis: read off the call site once.
+_SINK_COUNTS: WeakKeyDictionary[object, dict[tuple[str, tuple[int, ...], int], int]] = \
+    WeakKeyDictionary()
+
+
+def _sinks(cap: ActiveCapture, site: Site, shape: tuple[int, ...], dim: int,
+           names: Callable[[], Mapping[str, Any]]) -> int:
+    """How many trailing columns of a softmax of ``shape`` over ``dim`` are sinks."""
+    known = _SINK_COUNTS.setdefault(cap.sites_registry, {})
+    key = (site.name, shape, dim)
+    if key not in known:
+        module = cap.sites_registry.modules.get(site.module)
+        last = dim % len(shape) == len(shape) - 1  # concatenated sinks end the key axis
+        known[key] = sink_columns(names(), module, shape[dim]) if last else 0
+    return known[key]
 
 
 def install(stack: ExitStack, namespaces: list[dict[str, Any]]) -> None:

@@ -19,6 +19,17 @@ a view is written back scaled by the view's original mass over the row's total (
 constant: no gradient flows through it), and the rest of the row is left as it was. Key
 ``P-1`` is in both views; when both are edited in one call the cross view is written first
 and the self view is cut from the result.
+
+Views are in absolute positions: a call that sees only the last K positions (a
+sliding-window cache; ``prompt_views(..., positions=)`` says how many the pass has seen)
+gets zero-weight, ineligible keys for the ones it does not see, so its rows line up with a
+full pass's. A view is renormalised by its own mass, without a floor, however small; each
+view record keeps the share of the raw row it held (``share``). Sink columns
+(:mod:`attnaudit.capturing.roles`) are no keys: a view row plus its sink weight sums to
+what the raw row does. Only calls whose queries are one stream of
+positions are cut (:func:`position_stream`); a layer run twice over the same positions in
+one pass gives a second set of views, ``<site>#2:cross`` / ``#2:self``
+(:func:`run_name`), rather than twice the rows.
 """
 
 from __future__ import annotations
@@ -28,80 +39,148 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from attnaudit.capturing.layout import Layout
 
 VIEW_KINDS = ("cross", "self")
 
 
 class _Active:
-    prompt_length: int | None = None
+    def __init__(self) -> None:
+        self.prompt_length: int | None = None
+        self.positions: int | None = None
+        self.runs: dict[str, list[int]] = {}  # site -> where each of its runs ended
 
 
 ACTIVE_VIEWS = _Active()
 
 
 @contextmanager
-def prompt_views(prompt_length: int) -> Iterator[None]:
+def prompt_views(prompt_length: int, positions: int | None = None) -> Iterator[None]:
     """Within the block, capture shows self-attention as prompt views (module docstring);
-    ``prompt_length``: P, the (left-padded) prompt positions of the running batch."""
-    before, ACTIVE_VIEWS.prompt_length = ACTIVE_VIEWS.prompt_length, prompt_length
+    ``prompt_length``: P, the (left-padded) prompt positions of the running batch;
+    ``positions``: how many positions the block's pass has seen, its own included (P + t
+    for cached step t), which places a call that sees fewer keys (a sliding-window cache
+    keeps the last ones); None: every call sees every position. One model pass per block."""
+    before = (ACTIVE_VIEWS.prompt_length, ACTIVE_VIEWS.positions, ACTIVE_VIEWS.runs)
+    ACTIVE_VIEWS.prompt_length, ACTIVE_VIEWS.positions = prompt_length, positions
+    ACTIVE_VIEWS.runs = {}
     try:
         yield
     finally:
-        ACTIVE_VIEWS.prompt_length = before
+        ACTIVE_VIEWS.prompt_length, ACTIVE_VIEWS.positions, ACTIVE_VIEWS.runs = before
+
+
+def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """numerator / denominator, 0 where the denominator is 0 (NaN stays NaN)."""
+    return torch.where(denominator == 0, 0.0, numerator / denominator)
+
+
+def _widened(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or wider when it already is (half precision sums badly)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 @dataclass(frozen=True)
 class View:
-    """One block of a call's weights (B, H, Q, K): query rows ``rows:``, keys ``keys``."""
+    """One block of a call's weights (B, H, Q, K): query rows ``rows:``, keys ``keys``,
+    after ``pad`` view keys the call does not see (evicted from a sliding-window cache:
+    zero weight, ineligible)."""
 
     kind: str
     rows: int
     keys: slice
+    pad: int = 0
+
+    def _block(self, weights: torch.Tensor) -> torch.Tensor:
+        """(B, H, Q_view, K_view) in float32 or wider, the ``pad`` unseen keys first."""
+        block = _widened(weights[:, :, self.rows:, self.keys])
+        return F.pad(block, (self.pad, 0)) if self.pad else block
 
     def mass(self, weights: torch.Tensor) -> torch.Tensor:
-        """(B, H, Q_view, 1) float32: the raw weight the block holds per row."""
-        block = weights[:, :, self.rows:, self.keys].float()
-        return block.sum(-1, keepdim=True)
+        """(B, H, Q_view, 1) float32 or wider: the raw weight the block holds per row."""
+        return self._block(weights).sum(-1, keepdim=True)
 
     def total(self, weights: torch.Tensor) -> torch.Tensor:
-        """(B, H, Q_view, 1) float32: what the view's raw rows sum to over all keys."""
-        return weights[:, :, self.rows:].float().sum(-1, keepdim=True)
+        """(B, H, Q_view, 1) float32 or wider: what the view's raw rows sum to over all keys
+        (sink columns are no keys: they are counted by the record's ``sink``)."""
+        return _widened(weights[:, :, self.rows:]).sum(-1, keepdim=True)
 
     def of(self, weights: torch.Tensor) -> torch.Tensor:
         """(B, H, Q_view, K_view): the block renormalised per row and scaled by the raw row's
-        total, in the weights' dtype."""
-        block = weights[:, :, self.rows:, self.keys].float()
-        mass = self.mass(weights).clamp_min(torch.finfo(torch.float32).tiny)
-        return (block / mass * self.total(weights)).to(weights.dtype)
+        total, in the weights' dtype. No floor under the block's mass: a row whose mass is
+        below float32's normal range (~1e-39, subnormal) is divided by that mass itself,
+        which keeps the ratios (block / mass never exceeds 1, so nothing overflows); a row
+        of zero mass stays zero."""
+        block = self._block(weights)
+        normalised = _ratio(block, block.sum(-1, keepdim=True))
+        return (normalised * self.total(weights)).to(weights.dtype)
+
+    def share(self, weights: torch.Tensor) -> torch.Tensor:
+        """(B, H, Q_view, 1) float64: the share of each raw row's total the block holds."""
+        return _ratio(self.mass(weights).double(), self.total(weights).double())
+
+    def sink(self, sink: torch.Tensor | None) -> torch.Tensor | None:
+        """The call's sink weight (B, H, Q, 1) on the view's rows."""
+        return None if sink is None else sink[:, :, self.rows:]
 
     def mask(self, key_mask: torch.Tensor | None) -> torch.Tensor | None:
         """A key mask broadcastable to the call's weights cut to the block's."""
         if key_mask is None:
             return None
         rows = slice(self.rows, None) if key_mask.shape[2] > 1 else slice(None)
-        return key_mask[:, :, rows, self.keys]
+        block = key_mask[:, :, rows, self.keys]
+        return F.pad(block, (self.pad, 0), value=False) if self.pad else block
 
     def write(self, weights: torch.Tensor, edited: torch.Tensor) -> torch.Tensor:
         """``weights`` with the block replaced by ``edited`` (a view) times the block's mass
-        over the row's total."""
+        over the row's total; weight an edit puts on unseen keys is dropped."""
         new = weights.clone()
-        total = self.total(weights).clamp_min(torch.finfo(torch.float32).tiny)
-        scaled = edited.float() * (self.mass(weights) / total).detach()
-        new[:, :, self.rows:, self.keys] = scaled.to(weights.dtype)
+        edited = _widened(edited)
+        scaled = edited * self.share(weights).detach().to(edited.dtype)
+        new[:, :, self.rows:, self.keys] = scaled[..., self.pad:].to(weights.dtype)
         return new
+
+
+def position_stream(layout: Layout) -> bool:
+    """True when a call's queries lie on one axis (one stream of positions) and can be cut
+    into views; a call with queries on two axes (ProphetNet's n-gram predict streams
+    ``(B, ngram, H, T, 2T)``, query blocks) is recorded as it is."""
+    return sum(any(x == "q" for x, _ in group) for group in layout.groups) <= 1
 
 
 def active_views(shape: tuple[int, ...]) -> list[View] | None:
     """The views of a call with weights of ``shape`` (B, H, Q, K) while prompt views are
-    active (empty when the call has no continuation row), else None."""
+    active (empty when the call has no continuation row), else None. The call's queries
+    are the last Q of the pass's positions and its keys the last K."""
     prompt = ACTIVE_VIEWS.prompt_length
     if prompt is None:
         return None
     queries, keys = shape[2], shape[3]
-    first = max(prompt - 1 - (keys - queries), 0)
-    if first >= queries or keys < prompt:
+    positions = ACTIVE_VIEWS.positions or keys
+    offset = positions - keys  # absolute position of the call's first key
+    first = max(prompt - 1 - (positions - queries), 0)
+    if first >= queries or positions < prompt or offset < 0:
         return []
-    return [View("cross", first, slice(0, prompt)), View("self", first, slice(prompt - 1, keys))]
+    return [View("cross", first, slice(0, max(prompt - offset, 0)), min(offset, prompt)),
+            View("self", first, slice(max(prompt - 1 - offset, 0), keys),
+                 max(offset - (prompt - 1), 0))]
+
+
+def run_name(base: str, shape: tuple[int, ...]) -> str:
+    """``base``, or ``base#n`` for a call that runs a site again over positions the block
+    already saw it run over (a layer run twice per pass): its n-th run, a site of its own."""
+    queries, keys = shape[2], shape[3]
+    stop = ACTIVE_VIEWS.positions or keys
+    start = stop - queries
+    runs = ACTIVE_VIEWS.runs.setdefault(base, [])
+    at = next((i for i, end in enumerate(runs) if end <= start), len(runs))
+    if at == len(runs):
+        runs.append(stop)
+    else:
+        runs[at] = stop
+    return base if at == 0 else f"{base}#{at + 1}"
 
 
 def view_mask_source(view: View, source: Callable[[], torch.Tensor | None] | None

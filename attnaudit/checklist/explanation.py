@@ -79,7 +79,8 @@ def _suite_settings(metadata: Mapping[str, Any]) -> list[str]:
         lines.append(f"Degenerate rows, left out of every per-row protocol and listed in the "
                      f"degenerate table: {counts} (empty output: end of sequence at step 0; "
                      "no eligible key: only padding and special tokens; one eligible key: no "
-                     "other weighting exists).")
+                     "other weighting exists; negligible view mass: the edited prompt views "
+                     "held almost none of the row).")
     return lines
 
 

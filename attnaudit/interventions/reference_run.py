@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from attnaudit.analysis.degenerate import row_reasons
+from attnaudit.analysis.degenerate import negligible_rows, row_reasons
 from attnaudit.capturing.recorder import capture
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes, tensor_bytes
@@ -41,9 +41,10 @@ class Reference:
     unedited decoder state before every step (``target.decode_states``) when edited items
     run one cached decoder step, else None. budget: sets how many edited sequences one
     forward pass folds. empty_output: bool (B,), the greedy output ends at step 0 (None:
-    no output is empty); see :mod:`attnaudit.analysis.degenerate`. cache_note: why edited
-    items re-run the prefix although the target offers a cached step (None: they do not,
-    or it was not offered).
+    no output is empty); negligible: bool (B, T), rows whose edited prompt views hold a
+    negligible share of the row, or None; see :mod:`attnaudit.analysis.degenerate`.
+    cache_note: why edited items re-run the prefix although the target offers a cached
+    step (None: they do not, or it was not offered).
     """
 
     batch: Batch
@@ -61,6 +62,7 @@ class Reference:
     states: Any = None
     empty_output: torch.Tensor | None = None
     cache_note: str | None = None
+    negligible: torch.Tensor | None = None
 
     @property
     def heads(self) -> dict[str, int]:
@@ -96,7 +98,7 @@ class Reference:
         :data:`~attnaudit.analysis.degenerate.REASONS` (0: counted)."""
         empty = (torch.zeros(len(self.batch), dtype=torch.bool) if self.empty_output is None
                  else self.empty_output)
-        return row_reasons(self.steps, self.eligible, empty)
+        return row_reasons(self.steps, self.eligible, empty, self.negligible)
 
     def rows(self) -> RowIndex:
         """Every (example, step) row within the step mask that is not degenerate."""
@@ -177,7 +179,7 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
             states, cache_note = cached_states(target, batch, encoded, emitted, logits)
     n_examples, n_steps = emitted.shape
     n_keys = batch.source_ids.shape[1]
-    weights = {}
+    weights, shares = {}, []
     eligible = target.explain_keys(batch).cpu()[:, None, :].expand(-1, n_steps, -1)
     for name in names:
         rec = cap.records[name]
@@ -195,6 +197,9 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
             w = w[:, list(heads)]
             mask = None if mask is None else mask[:, list(heads)]
         weights[name] = w.float().cpu()
+        share = rec.share
+        if share is not None:
+            shares.append(share if heads is None else share[:, list(heads)])
         if mask is not None:
             eligible = eligible & mask.all(1)
     probs = torch.softmax(logits.float(), -1).cpu()
@@ -210,7 +215,8 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
                      head_index=None if heads is None else tuple(heads), states=states,
                      cache_note=cache_note,
                      empty_output=(emitted[:, 0] == target.eos_id).cpu() if n_steps
-                     else torch.ones(n_examples, dtype=torch.bool))
+                     else torch.ones(n_examples, dtype=torch.bool),
+                     negligible=negligible_rows(shares) if len(shares) == len(names) else None)
 
 
 def cached_states(target: Seq2SeqTarget, batch: Batch, encoded: Any, emitted: torch.Tensor,

@@ -73,7 +73,9 @@ class ValidityAnalysers:
         for examples, start, stop in row_groups(data.site, rows, batch, queries):
             part = replace(data, weights=data.weights[examples, :, start:stop],
                            eligible=data.eligible[examples, :, start:stop],
-                           step_offset=data.step_offset + start)
+                           step_offset=data.step_offset + start,
+                           sink=None if data.sink is None
+                           else data.sink[examples, :, start:stop])
             for analyser in self.row_analysers:
                 analyser.update(part)
             if self.scores is None:

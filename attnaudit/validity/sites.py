@@ -4,8 +4,9 @@ One row per attention site: site, kind, role, mechanism, module, layer, layout a
 capture determined it, heads, queries and keys (the largest seen), whether scores and
 values were reachable, the key mask's shape as capture derived it (the mask's own dtype
 is not kept by capture), the weights' dtype, the row-sum tolerance its rows were counted
-at, the key rules used (:mod:`attnaudit.validity.rules`) and whether capture had to
-materialise its score matrix.
+at, the key rules used (:mod:`attnaudit.validity.rules`), whether capture had to
+materialise its score matrix, and the mean weight a row put on sink columns (learned
+logits normalised with the keys: ``AttentionRecord.sink``; 0 for a site without sinks).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ MATERIALISED_BY_CAPTURE = ("sdpa", "mha")
 SITE_COLUMNS = ["site", "kind", "role", "mechanism", "module", "layer", "layout", "layout_source",
                 "heads", "queries", "keys", "scores_available", "values_available",
                 "key_mask_shape", "weights_dtype", "row_sum_tolerance", "eligibility",
-                "scores_materialised_by_capture"]
+                "scores_materialised_by_capture", "sink_mass"]
 
 
 @dataclass
@@ -47,6 +48,8 @@ class SiteFacts:
     roles: set[str] = field(default_factory=set)
     first_batch: int = -1
     last_batch: int = -1
+    sink_sum: float = 0.0  # weight on sink columns, summed over rows
+    rows: int = 0
 
     def update(self, record: AttentionRecord, role: str, batch: int) -> None:
         if self.first_batch < 0:
@@ -61,6 +64,10 @@ class SiteFacts:
         self.weights_dtype = str(record.weights.dtype).removeprefix("torch.")
         self.roles.add(role)
         self.rules.add(DECLARED_RULES.get(role, CAPTURED_RULE))
+        sink = record.sink
+        self.rows += record.weights.shape[:3].numel()
+        if sink is not None:
+            self.sink_sum += float(sink.double().sum())
 
     def merge(self, other: SiteFacts) -> None:
         """Fold in what another shard saw of the same site (its batches' facts); the
@@ -74,6 +81,7 @@ class SiteFacts:
         self.values_available &= other.values_available
         self.roles |= other.roles
         self.rules |= other.rules
+        self.sink_sum, self.rows = self.sink_sum + other.sink_sum, self.rows + other.rows
         self.first_batch = min(self.first_batch, other.first_batch)
 
     def row(self, row_sum_tolerance: float) -> dict[str, Any]:
@@ -90,6 +98,7 @@ class SiteFacts:
             "row_sum_tolerance": row_sum_tolerance,
             "eligibility": "; ".join(sorted(self.rules)),
             "scores_materialised_by_capture": site.mechanism in MATERIALISED_BY_CAPTURE,
+            "sink_mass": self.sink_sum / self.rows if self.rows else 0.0,
         }
 
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import attnaudit
-from attnaudit.capturing import sdpa, softmax
+from attnaudit.capturing import logsumexp, sdpa, softmax
 from tests.helpers.fingerprints import assert_unchanged, model_fingerprint
 
 
@@ -17,6 +17,11 @@ def assert_torch_restored():
     assert F.softmax is softmax.ORIGINAL_F_SOFTMAX
     assert "softmax" not in vars(torch.Tensor)
     assert F.scaled_dot_product_attention is sdpa.ORIGINAL_SDPA
+    assert torch.exp is logsumexp.ORIGINAL_TORCH_EXP
+    assert torch.logsumexp is logsumexp.ORIGINAL_TORCH_LOGSUMEXP
+    assert torch.Tensor.exp is logsumexp.ORIGINAL_TENSOR_EXP
+    assert torch.Tensor.logsumexp is logsumexp.ORIGINAL_TENSOR_LOGSUMEXP
+    assert logsumexp.PENDING.pending is None
     assert torch.backends.mha.get_fastpath_enabled()
 
 

@@ -1,7 +1,7 @@
 """Prompt views under edits: editing both views of one decoder-only call gives what a
 hand-written run of the same edits gives (the self view is read after the cross view was
 written, as the views' rule says), and the model's output reads the edited weights. Views
-are computed in float32, hence the tolerance on float64 inputs."""
+are computed in the weights' dtype when it is float32 or wider (float64 here)."""
 
 from __future__ import annotations
 

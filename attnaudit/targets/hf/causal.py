@@ -192,9 +192,10 @@ class CausalLM:
         prompt = ids.shape[1]
         token = ids[:, -1:] if step == 0 else emitted[:, step - 1 : step]
         full_mask = torch.cat([mask.long(), torch.ones_like(emitted[:, :step])], dim=1)
-        cache = cache_before(states, prompt - 1 + step)
+        before = prompt - 1 + step  # cached positions
+        cache = cache_before(states, before)
         positions = self._position_ids(torch.cat([ids, emitted[:, :step]], dim=1), full_mask)
-        with prompt_views(prompt):
+        with prompt_views(prompt, positions=before + 1):
             out = self.model(input_ids=token, attention_mask=full_mask, use_cache=True,
                              **{k: v[..., -1:] for k, v in positions.items()},
                              **{cache_argument(self.model): cache})
