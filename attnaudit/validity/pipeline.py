@@ -20,15 +20,15 @@ from typing import Any
 import pandas as pd
 import torch
 
-from attnaudit.analysis import AttentionRows, RegionAnalyser, mean_over_heads
+from attnaudit.analysis import RegionAnalyser
 from attnaudit.analysis.degenerate import DegenerateCounter
-from attnaudit.analysis.example_maps import ExampleMaps, example_maps
+from attnaudit.analysis.example_maps import ExampleMaps, MapBuilder
 from attnaudit.analysis.merging import merge_analyser
 from attnaudit.analysis.words import source_words
+from attnaudit.capturing.blocks import DEFAULT_MAX_MEMORY, parse_memory
 from attnaudit.errors import TargetError
-from attnaudit.record import AttentionRecord
 from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
-from attnaudit.runtime.measurement import PERFORMANCE_COLUMNS
+from attnaudit.runtime.measurement import PERFORMANCE_COLUMNS, capture_bytes
 from attnaudit.runtime.progress import advance, display, phase
 from attnaudit.targets.checks import call_target, checked_target
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
@@ -37,11 +37,27 @@ from attnaudit.validity.analysers import (
     DEFAULT_ROW_SUM_TOLERANCE,
     ValidityAnalysers,
 )
+from attnaudit.validity.batch import BatchAnalysis
 from attnaudit.validity.findings import summarise_sites
 from attnaudit.validity.result import ValidityAudit
-from attnaudit.validity.rules import declared_rows, declared_rule, site_roles
-from attnaudit.validity.sites import SiteFacts, merged_site_facts, sites_frame
-from attnaudit.validity.timing import forward_passes, greedy_timed, performance_row
+from attnaudit.validity.sites import (
+    MATERIALISED_BY_CAPTURE,
+    SiteFacts,
+    merged_site_facts,
+    sites_frame,
+)
+from attnaudit.validity.timing import forward_passes, greedy_timed, kept_pass, performance_row
+
+
+@dataclass(frozen=True)
+class _Options:
+    """How each batch is audited (see :func:`run_validity_audit`'s arguments)."""
+
+    timing: bool
+    checks_only: bool
+    keep_example: bool
+    streaming: bool
+    max_memory: int
 
 
 @dataclass
@@ -64,7 +80,9 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                        regions: bool = True, timing: bool = True,
                        max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
                        row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
-                       checks_only: bool = False, shard: Shard = SINGLE) -> ValidityAudit:
+                       checks_only: bool = False, shard: Shard = SINGLE,
+                       streaming: bool = True, max_memory: int | str | None = None
+                       ) -> ValidityAudit:
     """Audit every attention site of ``target`` over its data (see the module docstring).
 
     Args:
@@ -85,6 +103,12 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         shard: this process's part of a distributed audit (:mod:`attnaudit.runtime.distributed`):
             it audits its own batches, and every rank returns the merged audit (the first
             example's maps, from batch 0, on rank 0 only).
+        streaming: analyse each attention call as capture hands it over and drop it
+            (:mod:`attnaudit.validity.batch`), so memory holds one call (or query block) at
+            a time, not every site's weights for a batch; False analyses a kept capture.
+            The tables are the same either way.
+        max_memory: bytes (or ``"2GiB"``) one query block of explicitly computed attention
+            may use (:mod:`attnaudit.capturing.blocks`; default 1 GiB).
 
     Raises:
         TargetError: the target's callables fail or return the wrong shapes, or there is
@@ -99,14 +123,15 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                         {e.name: RegionAnalyser()
                          for e in (target.expectations if regions else ())})
     data = TextsDigest()  # what every rank must agree on
+    options = _Options(timing, checks_only, keep_example, streaming,
+                       DEFAULT_MAX_MEMORY if max_memory is None else parse_memory(max_memory))
     with display(None, enabled=progress, name=f"audit {target.name}"), \
             shard.together("the validity audit"):
         phase("validity")
         for index, batch in enumerate(_batches(target, limit)):
             data.update(batch.texts)
             if shard.owns(index):
-                _audit_batch(target, batch, index, state, timing=timing,
-                             checks_only=checks_only, keep_example=keep_example)
+                _audit_batch(target, batch, index, state, options)
             # else another rank's batch, audited at the same time
             advance(len(batch))
     if shard.is_distributed:
@@ -132,30 +157,57 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     )
 
 
-def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditState, *,
-                 timing: bool, checks_only: bool, keep_example: bool) -> None:
+def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditState,
+                 options: _Options) -> None:
     """Audit the target's batch number ``index`` into ``state``: greedy decoding, the
-    teacher-forced passes, every captured site under its declared rule, the performance
-    row and, for the first batch seen with ``keep_example``, the first example's maps."""
-    emitted, greedy_times = greedy_timed(target, batch, timing)
+    teacher-forced passes, every captured site under its declared rule (call by call as
+    capture hands them over when streaming, see :mod:`attnaudit.validity.batch`), the
+    performance row and, for the first batch seen with ``keep_example``, the first
+    example's maps."""
+    emitted, greedy_times = greedy_timed(target, batch, options.timing)
     step_mask = target.step_mask(emitted)
     state.degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
+    example = options.keep_example and state.example is None
+    analysis = _batch_analysis(target, batch, emitted, step_mask, state, example)
     with torch.no_grad():
-        cap, passes = forward_passes(target, batch, emitted, keep=not checks_only,
-                                     timing=timing, plain_first=index % 2 == 0)
-    roles = site_roles(cap.records, batch.source_ids.shape[1], emitted.shape[1])
-    for name, record in cap.records.items():
-        declared, rows = declared_rule(roles[name], batch, step_mask)
-        state.sites.setdefault(name, SiteFacts(record.site)).update(record, roles[name], index)
-        state.analysers.update(record, eligible=declared, rows=rows)
-        if roles[name] == "cross" and state.regions:
-            _update_regions(target, state.regions, declared_rows(record, declared), batch,
-                            emitted, step_mask)
-    if keep_example and state.example is None:
-        state.example = _first_example(target, cap.records, roles, batch, emitted, step_mask)
-    state.performance.append(performance_row(index, batch, step_mask, greedy_times, passes,
-                                             cap.records))
+        cap, passes = forward_passes(target, batch, emitted, keep=not options.checks_only,
+                                     timing=options.timing, plain_first=index % 2 == 0,
+                                     on_call=analysis.on_call if options.streaming else None,
+                                     max_memory=options.max_memory)
+        if options.streaming and not analysis.verified():  # analyse a kept capture instead
+            analysis = _batch_analysis(target, batch, emitted, step_mask, state, example)
+            cap = kept_pass(target, batch, emitted, keep=not options.checks_only,
+                            max_memory=options.max_memory)
+        if not options.streaming or cap.records:
+            analysis.add_records(cap.records)
+    for name, facts in analysis.passes.items():
+        state.sites.setdefault(name, SiteFacts(facts.site)).update(facts, analysis.roles[name],
+                                                                    index)
+    for mine, theirs in zip(state.analysers.all, analysis.analysers.all, strict=True):
+        mine.merge(theirs)
+    state.analysers.merge_tolerances(analysis.analysers.site_row_sum_tolerance)
+    for name, regions in analysis.regions.items():
+        state.regions[name].merge(regions)
+    if analysis.maps is not None:
+        state.example = _first_example(target, analysis.maps, batch, emitted)
+    kept = capture_bytes(cap.records.values()) if cap.records else analysis.largest_call_bytes
+    state.performance.append(performance_row(
+        index, batch, step_mask, greedy_times, passes, kept,
+        sum(f.site.mechanism in MATERIALISED_BY_CAPTURE for f in analysis.passes.values())))
     state.examples += len(batch)
+
+
+def _batch_analysis(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
+                    step_mask: torch.Tensor, state: _AuditState, example: bool
+                    ) -> BatchAnalysis:
+    """A fresh analysis of one batch, with analysers configured as the audit's."""
+    mine = state.analysers
+    return BatchAnalysis(
+        target, batch, emitted, step_mask,
+        ValidityAnalysers(mine.max_masked_mass, mine.row_sum_tolerance,
+                          checks_only=mine.scores is None),
+        {name: RegionAnalyser() for name in state.regions},
+        MapBuilder(batch.source_mask[0].bool(), step_mask[0]) if example else None)
 
 
 def _merge_shards(shard: Shard, state: _AuditState) -> None:
@@ -186,23 +238,6 @@ def _batches(target: Seq2SeqTarget, limit: int | None) -> Iterator[Batch]:
     yield from target.iter_batches(limit)
 
 
-def _update_regions(target: Seq2SeqTarget, analysers: dict[str, RegionAnalyser],
-                    data: AttentionRows, batch: Batch, emitted: torch.Tensor,
-                    step_mask: torch.Tensor) -> None:
-    """Feed each expectation's region analyser the rows per head and averaged over heads."""
-    for expectation in target.expectations:
-        if expectation.name not in analysers:
-            continue
-        expected = call_target(target.name, f"expectation {expectation.name!r}",
-                               expectation.keys, batch, emitted)
-        rows = step_mask.clone()
-        if expectation.rows is not None:
-            rows[:, expectation.rows:] = False
-        analyser = analysers[expectation.name]
-        analyser.update(data, expected=expected, rows=rows)
-        analyser.update(mean_over_heads(data), expected=expected, rows=rows)
-
-
 def _regions_frame(analysers: dict[str, RegionAnalyser]) -> pd.DataFrame:
     frames = [a.compute().assign(expectation=name) for name, a in analysers.items()]
     frames = [f for f in frames if not f.empty]
@@ -211,14 +246,12 @@ def _regions_frame(analysers: dict[str, RegionAnalyser]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _first_example(target: Seq2SeqTarget, records: dict[str, AttentionRecord],
-                   roles: dict[str, str], batch: Batch, emitted: torch.Tensor,
-                   step_mask: torch.Tensor) -> ExampleMaps:
+def _first_example(target: Seq2SeqTarget, maps: MapBuilder, batch: Batch,
+                   emitted: torch.Tensor) -> ExampleMaps:
     """Example 0's maps at every site, labelled with the target's own token names."""
     source_tokens = call_target(target.name, "source_tokens", target.source_tokens,
                                 batch.select([0]))[0]
     target_tokens = call_target(target.name, "target_tokens", target.target_tokens,
                                 emitted[:1])[0]
     words, rule = source_words(target, batch.select([0]))
-    return example_maps(records, roles, batch.texts[0], source_tokens, target_tokens,
-                        batch.source_mask[0], step_mask[0], words[0], rule)
+    return maps.maps(batch.texts[0], source_tokens, target_tokens, words[0], rule)
