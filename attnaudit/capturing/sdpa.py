@@ -74,10 +74,10 @@ def _explicit(cap: ActiveCapture, site: Site, names: Callable[[], Mapping[str, A
     first = cap.first_needed_row(site, n_q, n_k)
     outputs = []
     if first > 0:
+        # is_causal is top-left aligned, so the call's first rows keep it as they are
         outputs.append(ORIGINAL_SDPA(query[..., :first, :], key, value,
-                                     attn_mask=_causal_rows(attn_mask, is_causal, 0, first,
-                                                            n_q, n_k, query.device),
-                                     dropout_p=dropout_p, scale=scale))
+                                     attn_mask=_mask_rows(attn_mask, 0, first, n_q),
+                                     dropout_p=dropout_p, is_causal=is_causal, scale=scale))
     if first < n_q:
         compute = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
         call = _Call(cap, site, names, query, key.to(compute).transpose(-2, -1), value,
@@ -98,13 +98,10 @@ def _mask_rows(mask: torch.Tensor | None, start: int, stop: int, n_q: int
     return mask[..., start:stop, :]
 
 
-def _causal_rows(mask: torch.Tensor | None, is_causal: bool, start: int, stop: int, n_q: int,
-                 n_k: int, device: torch.device) -> torch.Tensor | None:
-    """Query rows ``start:stop``'s mask: ``attn_mask``'s rows, or with ``is_causal`` the
-    top-left aligned lower triangle's rows (True where a key may be attended)."""
-    if is_causal:
-        return torch.ones(stop - start, n_k, dtype=torch.bool, device=device).tril(start)
-    return _mask_rows(mask, start, stop, n_q)
+def _causal_rows(start: int, stop: int, n_k: int, device: torch.device) -> torch.Tensor:
+    """Query rows ``start:stop`` of ``is_causal``'s top-left aligned lower triangle over
+    ``n_k`` keys, bool (True where a key may be attended)."""
+    return torch.ones(stop - start, n_k, dtype=torch.bool, device=device).tril(start)
 
 
 class _Call:
@@ -129,7 +126,7 @@ class _Call:
         mask = _mask_rows(self.attn_mask, start, stop, n_q)
         allowed = None
         if self.is_causal:
-            allowed = _causal_rows(None, True, start, stop, n_q, n_k, query.device)
+            allowed = _causal_rows(start, stop, n_k, query.device)
         if mask is not None:
             if mask.dtype == torch.bool:
                 allowed = mask
