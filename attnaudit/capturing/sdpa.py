@@ -7,7 +7,9 @@ attended, a float mask is added to the scores, ``is_causal`` is the top-left ali
 triangle, and a row with every key masked yields zero weights (as the fused kernels give
 zero output), recorded as such. fp16/bf16 scores and softmax run in fp32. A call larger
 than the capture's memory budget is computed in query blocks, each recorded (and edited)
-as its own call (:mod:`attnaudit.capturing.blocks`).
+as its own call (:mod:`attnaudit.capturing.blocks`). Hugging Face's one-token
+grouped-query step, which packs query heads onto the query axis, is recorded with its heads
+as heads and its one query as the query.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import math
 import sys
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
+from types import FrameType
 from typing import Any
 
 import torch
@@ -46,12 +49,29 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if site is None:
         return ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    packed = query.shape if _packed_gqa(frame, query, key) else None
+    if packed is not None:  # one query per head, as the model means it
+        query = query.reshape(packed[0], packed[1] * packed[2], 1, packed[3])
+        if attn_mask is not None and attn_mask.ndim == 4 and attn_mask.shape[1] != 1:
+            attn_mask = attn_mask.reshape(packed[0], query.shape[1], 1, attn_mask.shape[-1])
+        enable_gqa = True
     cap.busy = True
     try:
-        return _explicit(cap, site, lambda: cap.sites_registry.names_at(frame, site), query,
-                         key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        out = _explicit(cap, site, lambda: cap.sites_registry.names_at(frame, site), query,
+                        key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     finally:
         cap.busy = False
+    return out if packed is None else out.reshape(*packed[:3], out.shape[-1])
+
+
+def _packed_gqa(frame: FrameType, query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Hugging Face's SDPA integration runs a one-token step of grouped-query attention
+    with the query heads of each key/value head packed onto the query axis,
+    ``(B, kv_heads, groups, d)`` (``pack_gqa``); True for such a call, whose rows are
+    heads, not positions."""
+    return (frame.f_code.co_name == "sdpa_attention_forward" and query.ndim == 4
+            and query.shape[-2] > 1 and key.shape[-3] == query.shape[-3]
+            and frame.f_locals.get("q_length") == 1)
 
 
 def _explicit(cap: ActiveCapture, site: Site, names: Callable[[], Mapping[str, Any]],
