@@ -5,9 +5,12 @@ call per decoder step) and date BART (SDPA), and on decoder-only GPT-2 / Llama m
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from attnaudit.validity import pipeline
 from attnaudit.validity.pipeline import run_validity_audit
@@ -116,3 +119,36 @@ def test_query_blocks_leave_the_tables_unchanged(target, monkeypatch):
     counts = [c for c in whole.site_summary.columns if c.endswith("_rows") or c == "rows"]
     pd.testing.assert_frame_equal(blocked.site_summary[["site", *counts]],
                                   whole.site_summary[["site", *counts]])
+
+
+def test_a_batch_whose_roles_do_not_verify_is_analysed_from_a_kept_capture(monkeypatch):
+    """Two full teacher-forced calls at one site stack to twice the steps: the role read
+    off the first call no longer holds, and the batch is analysed again, kept."""
+    from attnaudit.record import AttentionCall, Site
+    from attnaudit.validity.analysers import ValidityAnalysers
+    from attnaudit.validity.batch import BatchAnalysis
+    from attnaudit.validity.pipeline import _AuditState, _batch_analysis
+
+    target = date_transformer()
+    batch = next(target.iter_batches(4))
+    emitted = target.greedy(batch)
+    state = _AuditState(ValidityAnalysers(), {})
+    analysis = _batch_analysis(target, batch, emitted, target.step_mask(emitted), state, False)
+    assert isinstance(analysis, BatchAnalysis)
+    n_steps, n_source = emitted.shape[1], batch.source_ids.shape[1]
+    site = Site("decoder.attn:cross", "cross", "sdpa", "decoder.attn")
+    weights = torch.softmax(torch.randn(len(batch), 2, n_steps, n_source), -1)
+    analysis.on_call(site, AttentionCall(weights))
+    assert analysis.verified()
+    analysis.on_call(replace(site, call=1, query_offset=n_steps), AttentionCall(weights))
+    assert not analysis.verified()
+
+    kept = run_validity_audit(target, limit=4, progress=False, timing=False, streaming=False)
+    calls = []
+    real = pipeline.kept_pass
+    monkeypatch.setattr(BatchAnalysis, "verified", lambda self: False)
+    monkeypatch.setattr(pipeline, "kept_pass",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    fallen_back = run_validity_audit(target, limit=4, progress=False, timing=False)
+    assert calls  # every batch analysed again from a kept capture
+    assert_same_tables(fallen_back, kept)
