@@ -75,7 +75,8 @@ class MapBuilder:
     positions, so a map never holds more than ``heads x MAX_MAP_SIDE^2`` weights.
 
     source_mask: bool (n,), real source tokens. step_mask: bool (T,), steps up to EOS.
-    Captured sites (no declared axes) keep their first :data:`MAX_MAP_SIDE` query rows.
+    Captured sites (no declared axes) keep their first :data:`MAX_MAP_SIDE` query rows,
+    over every key until :meth:`maps` averages the keys.
     """
 
     def __init__(self, source_mask: torch.Tensor, step_mask: torch.Tensor) -> None:
