@@ -91,14 +91,15 @@ class View:
         return new
 
 
-def active_views(shape: tuple[int, ...]) -> list[View] | None:
+def active_views(shape: tuple[int, ...], trailing: int = 0) -> list[View] | None:
     """The views of a call with weights of ``shape`` (B, H, Q, K) while prompt views are
-    active (empty when the call has no continuation row), else None."""
+    active (empty when the call has no continuation row), else None. ``trailing``: query
+    rows of the call after these (a block of a call computed in query blocks)."""
     prompt = ACTIVE_VIEWS.prompt_length
     if prompt is None:
         return None
     queries, keys = shape[2], shape[3]
-    first = max(prompt - 1 - (keys - queries), 0)
+    first = max(prompt - 1 - (keys - queries - trailing), 0)
     if first >= queries or keys < prompt:
         return []
     return [View("cross", first, slice(0, prompt)), View("self", first, slice(prompt - 1, keys))]
