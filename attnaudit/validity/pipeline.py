@@ -91,7 +91,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         target: the model and its data; the model is left unchanged.
         limit: audit only the first ``limit`` examples (>= 1).
         progress: a progress display on stderr (:mod:`attnaudit.runtime.progress`).
-        keep_example: keep the first example's attention maps.
+        keep_example: keep the first examples' attention maps (see ``keep_examples``).
         keep_examples: with ``keep_example``, keep the maps of the first ``keep_examples``
             examples (>= 1; the report's explorer draws them), batch after batch until there
             are that many, each gathered call by call when streaming and averaged past
