@@ -94,7 +94,8 @@ class RowStats:
         cells = self.cells.get(key) or Cells.empty(heads, 0)
         if cells.n.shape[0] != heads:
             raise ValueError(f"site {site!r} had {cells.n.shape[0]} heads, now {heads}")
-        cells = cells.grown(step_offset + steps)
+        if cells.n.shape[1] < step_offset + steps:  # room to spare: calls come step by step
+            cells = cells.grown(max(step_offset + steps, 2 * cells.n.shape[1]))
         cols = slice(step_offset, step_offset + steps)
         d = defined.cpu().numpy()
         v = np.where(d, values.cpu().numpy(), 0.0)

@@ -3,7 +3,7 @@
 - :mod:`~attnaudit.validity.pipeline`: the validity pipeline (capture, declared key rules,
   streaming analysers, findings; :mod:`attnaudit.validity` lists its modules);
 - :mod:`~attnaudit.runtime.measurement`: wall time, peak memory, capture size;
-- :mod:`~attnaudit.analysis.example_maps`: the first example's attention, labelled;
+- :mod:`~attnaudit.analysis.example_maps`: the kept examples' attention, labelled;
 - :mod:`~attnaudit.targets.placement`: a model on another device or dtype for one audit,
   restored exactly afterwards;
 - :mod:`~attnaudit.auditing.result`: the :class:`Audit` result and its views (report, gate,

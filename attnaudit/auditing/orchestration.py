@@ -68,7 +68,8 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             dtype (float32, bfloat16, float16). A target's model is moved for the audit and
             restored exactly afterwards; a loaded model is left alone and a copy is placed
             (see :func:`attnaudit.from_hf`).
-        max_memory: the interventions' chunk budget (bytes or "2GiB"; default 1 GiB).
+        max_memory: the memory budget (bytes or "2GiB"; default 1 GiB) of the interventions'
+            chunks and of a query block of explicitly computed attention.
         max_masked_mass, row_sum_tolerance: the validity tolerances (row_sum_tolerance
             None: per site from the weights' dtype and key count).
         progress: one progress display on stderr for the whole audit
@@ -138,7 +139,8 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
                                       timing=not checks_only, checks_only=checks_only,
                                       max_masked_mass=max_masked_mass,
                                       row_sum_tolerance=row_sum_tolerance, shard=shard,
-                                      keep_examples=explorer_examples)
+                                      keep_examples=explorer_examples,
+                                      max_memory=max_memory)
         if suite_runs:
             suite, reason = _run_suite(target, quick, limit, progress, max_memory, shard,
                                        attribution, sequence_effects)

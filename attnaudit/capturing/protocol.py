@@ -26,13 +26,15 @@ class ActiveCapture(Protocol):
     """The capture an adapter reports to.
 
     busy: True while the capture's own code (an edit) runs, so its softmaxes are not
-    recorded. keep_values: record each call's values too. mha_stack: the
+    recorded. keep_values: record each call's values too. max_memory: bytes a block of
+    explicit attention may use. mha_stack: the
     ``nn.MultiheadAttention`` calls in progress, innermost last. sites_registry: site
     naming and selection for the model.
     """
 
     busy: bool
     keep_values: bool
+    max_memory: int
     mha_stack: list[MhaCall]
     sites_registry: SiteRegistry
 
@@ -45,9 +47,14 @@ class ActiveCapture(Protocol):
     def record(self, site: Site, layout: Layout, weights: torch.Tensor,
                mask_source: Callable[[], torch.Tensor | None] | None,
                scores: torch.Tensor | None, values: torch.Tensor | None,
-               sink: torch.Tensor | None = None) -> torch.Tensor | None:
+               sink: torch.Tensor | None = None, trailing: int = 0) -> torch.Tensor | None:
         """Store one call's weights (B, H, Q, K) and sink weight (B, H, Q, 1); the edit's
-        replacement, or None."""
+        replacement, or None. ``trailing``: the call's query rows after these (a query
+        block)."""
+        ...
+
+    def first_needed_row(self, site: Site, queries: int, keys: int) -> int:
+        """The first query row of a call whose weights are recorded."""
         ...
 
     def on_tap(self, name: str, weights: torch.Tensor, key_mask: torch.Tensor | None,

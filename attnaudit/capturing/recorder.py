@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from attnaudit.capturing import hf, logsumexp, mha, sdpa, softmax
+from attnaudit.capturing.blocks import DEFAULT_MAX_MEMORY, parse_memory
 from attnaudit.capturing.layout import CallSite, Layout, int_locals, module_heads, resolve_layout
 from attnaudit.capturing.protocol import MhaCall
 from attnaudit.capturing.sites import SiteRegistry, SiteSelection, make_selector, site_base
@@ -32,6 +33,7 @@ from attnaudit.errors import CaptureError, EditError, NoAttentionFound, SiteNotF
 from attnaudit.record import AttentionCall, AttentionRecord, Kind, Site
 
 Edit = Callable[[Site, torch.Tensor, torch.Tensor | None], torch.Tensor | None]
+OnCall = Callable[[Site, AttentionCall], None]
 LayoutKey = tuple[str, tuple[int, ...], int, int | None]  # site, shape, key axis, stated heads
 # Layouts resolved per model, dropped with it.
 _LAYOUTS: WeakKeyDictionary[nn.Module, dict[LayoutKey, Layout]] = WeakKeyDictionary()
@@ -48,14 +50,19 @@ class Capture:
     """Records attention weights while active; see :func:`capture`.
 
     Attributes:
-        records: site name -> :class:`AttentionRecord`, in order of first call.
+        records: site name -> :class:`AttentionRecord`, in order of first call (empty
+            with ``keep=False``).
         sites: every site name found (selected or not), in order of first call.
+        recorded: site name -> its :class:`Site` (layout filled in), for every site a
+            call was recorded at, kept or not.
     """
 
     def __init__(self, model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None,
                  *, kinds: Mapping[str, Kind] | None = None,
                  heads: Mapping[str, int] | None = None, scores: bool = False,
-                 values: bool = False, allow_invalid: bool = False) -> None:
+                 values: bool = False, allow_invalid: bool = False,
+                 on_call: OnCall | None = None, keep: bool = True,
+                 max_memory: int | str | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"capture() needs a torch.nn.Module, got {type(model).__name__}")
         if isinstance(model, torch.jit.ScriptModule):
@@ -66,6 +73,11 @@ class Capture:
             )
         if edit is not None and not callable(edit):
             raise TypeError("edit must be a callable (site, weights, key_mask) -> weights")
+        if on_call is not None and not callable(on_call):
+            raise TypeError("on_call must be a callable (site, call) -> None")
+        self.on_call = on_call
+        self.keep = keep
+        self.max_memory = DEFAULT_MAX_MEMORY if max_memory is None else parse_memory(max_memory)
         self.model = model
         self.edit = edit
         self.keep_scores = scores
@@ -77,6 +89,8 @@ class Capture:
         self._select = select
         self.sites_registry = SiteRegistry(self._modules, _view_aware(select), kinds)
         self.records: dict[str, AttentionRecord] = {}
+        self.recorded: dict[str, Site] = {}
+        self._counts: dict[str, tuple[int, int]] = {}  # site -> (calls, queries) so far
         self.busy = False
         self.mha_stack: list[MhaCall] = []
         self._stack: ExitStack | None = None
@@ -178,27 +192,29 @@ class Capture:
     def record(self, site: Site, layout: Layout, weights: torch.Tensor,
                mask_source: Callable[[], torch.Tensor | None] | None,
                scores: torch.Tensor | None, values: torch.Tensor | None,
-               sink: torch.Tensor | None = None) -> torch.Tensor | None:
+               sink: torch.Tensor | None = None, trailing: int = 0) -> torch.Tensor | None:
         """Store one call's weights ``(B, H, Q, K)`` (mapped from the call by ``layout``) and
         the weight its rows put on sink columns ``(B, H, Q, 1)``, if any; return the edit's
         replacement, in the record layout, if any. While prompt views are active
         (:mod:`attnaudit.capturing.views`), a self-attention call on one stream of positions
-        is stored as its views instead."""
+        is stored as its views instead. ``trailing``: the call's query rows after these,
+        when ``weights`` is one query block of it (:mod:`attnaudit.capturing.blocks`)."""
         views = None if site.kind == "cross" or not position_stream(layout) \
-            else active_views(tuple(weights.shape))
+            else active_views(tuple(weights.shape), trailing)
         if views is not None:
-            return self._record_views(views, site, layout, weights, mask_source, sink)
+            return self._record_views(views, site, layout, weights, mask_source, sink,
+                                      trailing)
         return self._store(site, layout, weights, mask_source, scores, values, sink)
 
     def _record_views(self, views: list[View], site: Site, layout: Layout,
                       weights: torch.Tensor,
                       mask_source: Callable[[], torch.Tensor | None] | None,
-                      sink: torch.Tensor | None) -> torch.Tensor | None:
+                      sink: torch.Tensor | None, trailing: int) -> torch.Tensor | None:
         """Store each selected view of one call; return the call's weights with the edited
         views written back, or None when nothing was edited."""
         registry, current = self.sites_registry, weights
         shared_mask = _once(mask_source)
-        base = run_name(site_base(site.name), tuple(weights.shape)) if views else ""
+        base = run_name(site_base(site.name), tuple(weights.shape), trailing) if views else ""
         for view in views:
             name = f"{base}:{view.kind}"
             view_site = replace(site, name=name, kind=view.kind)
@@ -222,10 +238,10 @@ class Capture:
                 f"site {site.name!r}: the weights are on the meta device, which holds shapes "
                 "but no data, so an edit can be neither checked nor applied; load the model's "
                 "weights (model.to_empty(device=...) then load_state_dict) before editing")
-        rec = self.records.get(site.name)
-        if rec is None:
-            site = replace(site, layout=layout.pattern, layout_source=layout.source)
-            rec = self.records[site.name] = AttentionRecord(site)
+        known = self.recorded.get(site.name)
+        if known is None:
+            known = self.recorded[site.name] = replace(site, layout=layout.pattern,
+                                                       layout_source=layout.source)
         call = AttentionCall(
             weights=weights.detach(),
             mask_source=mask_source,
@@ -234,16 +250,39 @@ class Capture:
             sink=None if sink is None else sink.detach(),
             share=None if share is None else share.detach(),
         )
-        index, offset = rec.append(call)
-        if self.edit is None:
+        index, offset = self._append(known, call)
+        if self.edit is None and self.on_call is None:
             return None
-        was_busy, self.busy = self.busy, True
+        here = replace(known, call=index, query_offset=offset)
+        was_busy, self.busy = self.busy, True  # their own softmaxes are not attention calls
         try:
-            new = self.edit(replace(rec.site, call=index, query_offset=offset), weights,
-                            call.key_mask)
+            if self.on_call is not None:
+                self.on_call(here, call)
+            new = None if self.edit is None else self.edit(here, weights, call.key_mask)
         finally:
             self.busy = was_busy
         return _checked_edit(site, weights, new, self.allow_invalid)
+
+    def _append(self, site: Site, call: AttentionCall) -> tuple[int, int]:
+        """Count (and with ``keep``, store) a call at ``site``: its index and where its
+        queries start on the site's stacked query axis."""
+        if self.keep:
+            rec = self.records.get(site.name)
+            if rec is None:
+                rec = self.records[site.name] = AttentionRecord(site)
+            return rec.append(call)
+        calls, queries = self._counts.get(site.name, (0, 0))
+        self._counts[site.name] = (calls + 1, queries + call.weights.shape[2])
+        return calls, queries
+
+    def first_needed_row(self, site: Site, queries: int, keys: int) -> int:
+        """The first of a call's ``queries`` query rows (over ``keys`` keys) whose weights
+        are recorded: rows before it are prompt rows no prompt view shows, which the
+        adapter may compute with the model's own kernel."""
+        views = None if site.kind == "cross" else active_views((0, 0, queries, keys))
+        if views is None:
+            return 0
+        return views[0].rows if views else queries
 
     def on_tap(self, name: str, weights: torch.Tensor, key_mask: torch.Tensor | None,
                kind: Kind | None, names: Callable[[], Mapping[str, Any]]) -> torch.Tensor:
@@ -368,7 +407,9 @@ def _model_namespaces(modules: list[nn.Module]) -> list[dict[str, Any]]:
 
 def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None, *,
             kinds: Mapping[str, Kind] | None = None, heads: Mapping[str, int] | None = None,
-            scores: bool = False, values: bool = False, allow_invalid: bool = False) -> Capture:
+            scores: bool = False, values: bool = False, allow_invalid: bool = False,
+            on_call: OnCall | None = None, keep: bool = True,
+            max_memory: int | str | None = None) -> Capture:
     """Capture (and optionally replace) attention weights of an unmodified model.
 
     Use as ``with attnaudit.capture(model) as cap: model(...)``; anything may run inside —
@@ -393,10 +434,20 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
         allow_invalid: let an edit put NaN, inf or negative weights where the model's own were
             valid (refused with :class:`EditError` otherwise; bool or integer results are
             always refused).
+        on_call: ``(site, call) -> None``, handed every recorded call as it happens (an
+            :class:`AttentionCall` with the model's own weights, before any edit;
+            ``site.call`` / ``site.query_offset`` as for ``edit``).
+        keep: keep the calls in :attr:`Capture.records`; ``keep=False`` with ``on_call``
+            streams them: each call is dropped once ``on_call`` returns, so memory does not
+            grow with the calls (``records`` stays empty; ``recorded`` names the sites).
+        max_memory: bytes (or ``"2GiB"``) one block of explicitly computed attention may
+            use (default 1 GiB): a larger SDPA call is computed, recorded and edited in
+            query blocks (:mod:`attnaudit.capturing.blocks`), each its own call.
 
     On exit every patch and hook is removed, even when the body raises. With no exception,
     exit raises :class:`NoAttentionFound` if no site was seen and :class:`SiteNotFound` if a
     requested name never appeared.
     """
     return Capture(model, sites, edit, kinds=kinds, heads=heads, scores=scores, values=values,
-                   allow_invalid=allow_invalid)
+                   allow_invalid=allow_invalid, on_call=on_call, keep=keep,
+                   max_memory=max_memory)

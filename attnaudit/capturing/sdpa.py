@@ -5,7 +5,11 @@ weighted read — so the weights exist and an edit can replace them before the r
 explicit path follows PyTorch's semantics: a bool ``attn_mask`` is True where a key may be
 attended, a float mask is added to the scores, ``is_causal`` is the top-left aligned lower
 triangle, and a row with every key masked yields zero weights (as the fused kernels give
-zero output), recorded as such. fp16/bf16 scores and softmax run in fp32.
+zero output), recorded as such. fp16/bf16 scores and softmax run in fp32. A call larger
+than the capture's memory budget is computed in query blocks, each recorded (and edited)
+as its own call (:mod:`attnaudit.capturing.blocks`). Hugging Face's one-token
+grouped-query step, which packs query heads onto the query axis, is recorded with its heads
+as heads and its one query as the query.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import math
 import sys
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
+from types import FrameType
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from attnaudit.capturing.blocks import block_rows, query_blocks
 from attnaudit.capturing.layout import eligible_from_scores
 from attnaudit.capturing.protocol import ActiveCapture
 from attnaudit.capturing.softmax import ORIGINAL_TORCH_SOFTMAX
@@ -43,12 +49,29 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if site is None:
         return ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    packed = query.shape if _packed_gqa(frame, query, key) else None
+    if packed is not None:  # one query per head, as the model means it
+        query = query.reshape(packed[0], packed[1] * packed[2], 1, packed[3])
+        if attn_mask is not None and attn_mask.ndim == 4 and attn_mask.shape[1] != 1:
+            attn_mask = attn_mask.reshape(packed[0], query.shape[1], 1, attn_mask.shape[-1])
+        enable_gqa = True
     cap.busy = True
     try:
-        return _explicit(cap, site, lambda: cap.sites_registry.names_at(frame, site), query,
-                         key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        out = _explicit(cap, site, lambda: cap.sites_registry.names_at(frame, site), query,
+                        key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     finally:
         cap.busy = False
+    return out if packed is None else out.reshape(*packed[:3], out.shape[-1])
+
+
+def _packed_gqa(frame: FrameType, query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Hugging Face's SDPA integration runs a one-token step of grouped-query attention
+    with the query heads of each key/value head packed onto the query axis,
+    ``(B, kv_heads, groups, d)`` (``pack_gqa``); True for such a call, whose rows are
+    heads, not positions."""
+    return (frame.f_code.co_name == "sdpa_attention_forward" and query.ndim == 4
+            and query.shape[-2] > 1 and key.shape[-3] == query.shape[-3]
+            and frame.f_locals.get("q_length") == 1)
 
 
 def _explicit(cap: ActiveCapture, site: Site, names: Callable[[], Mapping[str, Any]],
@@ -58,56 +81,111 @@ def _explicit(cap: ActiveCapture, site: Site, names: Callable[[], Mapping[str, A
               enable_gqa: bool) -> torch.Tensor:
     """query (..., L, E), key (..., S, E), value (..., S, Ev) -> output (..., L, Ev).
 
-    ``names``: the caller's locals, for a layout that folds heads into the batch."""
+    ``names``: the caller's locals, for a layout that folds heads into the batch. Rows no
+    record needs (prompt rows outside every prompt view) run the model's own kernel; the
+    rest are computed explicitly in query blocks within the capture's memory budget
+    (:mod:`attnaudit.capturing.blocks`)."""
     n_q, n_k = query.shape[-2], key.shape[-2]
     if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
         repeat = query.shape[-3] // key.shape[-3]
         key = key.repeat_interleave(repeat, dim=-3)
         value = value.repeat_interleave(repeat, dim=-3)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    compute = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
-    scores = torch.matmul(query.to(compute), key.to(compute).transpose(-2, -1)).mul_(scale)
-    allowed = None
-    if is_causal:
-        allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril()
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            allowed = attn_mask
-        else:
-            scores = scores.add_(attn_mask.to(compute))
-    if allowed is not None:
-        scores = scores.masked_fill_(~allowed, float("-inf"))
-    weights = ORIGINAL_TORCH_SOFTMAX(scores, dim=-1)
-    # Rows with every key masked: softmax gives NaN, the fused kernels zero. Found on the
-    # (small, head-broadcast) mask rather than on the scores. On CPU, looking first skips a
-    # pass over the weights in the common case; on an accelerator looking would make the
-    # host wait for the device at every call, so the fill runs regardless.
-    if allowed is not None:
-        dead = ~allowed.any(dim=-1, keepdim=True)
-    elif attn_mask is not None:
-        dead = torch.isneginf(attn_mask).all(dim=-1, keepdim=True)
-    else:
-        dead = None
-    if dead is not None and (dead.device.type != "cpu" or bool(dead.any())):
-        weights = weights.masked_fill(dead, 0.0)
-    weights = weights.to(value.dtype)
+    first = cap.first_needed_row(site, n_q, n_k)
+    outputs = []
+    if first > 0:
+        # is_causal is top-left aligned, so the call's first rows keep it as they are
+        outputs.append(ORIGINAL_SDPA(query[..., :first, :], key, value,
+                                     attn_mask=_mask_rows(attn_mask, 0, first, n_q),
+                                     dropout_p=dropout_p, is_causal=is_causal, scale=scale))
+    if first < n_q:
+        compute = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+        call = _Call(cap, site, names, query, key.to(compute).transpose(-2, -1), value,
+                     attn_mask, dropout_p, is_causal, scale, compute)
+        lead = math.prod(torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]))
+        rows = block_rows(lead * n_k, cap.max_memory)
+        outputs.extend(call.block(first + start, first + stop)
+                       for start, stop in query_blocks(n_q - first, rows))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
 
-    layout = cap.layout(site, tuple(weights.shape), -1, names, query_last=True)
 
-    def eligibility() -> torch.Tensor:
+def _mask_rows(mask: torch.Tensor | None, start: int, stop: int, n_q: int
+               ) -> torch.Tensor | None:
+    """An ``attn_mask`` cut to query rows ``start:stop`` (one broadcast over the queries is
+    kept whole)."""
+    if mask is None or mask.ndim < 2 or mask.shape[-2] != n_q:
+        return mask
+    return mask[..., start:stop, :]
+
+
+def _causal_rows(start: int, stop: int, n_k: int, device: torch.device) -> torch.Tensor:
+    """Query rows ``start:stop`` of ``is_causal``'s top-left aligned lower triangle over
+    ``n_k`` keys, bool (True where a key may be attended)."""
+    return torch.ones(stop - start, n_k, dtype=torch.bool, device=device).tril(start)
+
+
+class _Call:
+    """One SDPA call computed explicitly, block of query rows by block (see the module
+    docstring); ``key_t``: the keys in the compute dtype, transposed (..., E, S)."""
+
+    def __init__(self, cap: ActiveCapture, site: Site, names: Callable[[], Mapping[str, Any]],
+                 query: torch.Tensor, key_t: torch.Tensor, value: torch.Tensor,
+                 attn_mask: torch.Tensor | None, dropout_p: float, is_causal: bool,
+                 scale: float, compute: torch.dtype) -> None:
+        self.cap, self.site, self.names = cap, site, names
+        self.query, self.key_t, self.value, self.attn_mask = query, key_t, value, attn_mask
+        self.dropout_p, self.is_causal, self.scale, self.compute = (dropout_p, is_causal,
+                                                                    scale, compute)
+        self.values4: torch.Tensor | None = None  # one tensor shared by every block
+
+    def block(self, start: int, stop: int) -> torch.Tensor:
+        """Output rows ``start:stop`` (..., stop - start, Ev), their weights recorded."""
+        n_q, n_k = self.query.shape[-2], self.key_t.shape[-1]
+        query = self.query[..., start:stop, :]
+        scores = torch.matmul(query.to(self.compute), self.key_t).mul_(self.scale)
+        mask = _mask_rows(self.attn_mask, start, stop, n_q)
+        allowed = None
+        if self.is_causal:
+            allowed = _causal_rows(start, stop, n_k, query.device)
+        if mask is not None:
+            if mask.dtype == torch.bool:
+                allowed = mask
+            else:
+                scores = scores.add_(mask.to(self.compute))
         if allowed is not None:
-            return layout.to_record(allowed)
-        if attn_mask is not None:
-            return layout.to_record(eligible_from_scores(attn_mask))
-        return torch.ones(1, 1, 1, n_k, dtype=torch.bool, device=weights.device)
+            scores = scores.masked_fill_(~allowed, float("-inf"))
+        weights = ORIGINAL_TORCH_SOFTMAX(scores, dim=-1)
+        # Rows with every key masked: softmax gives NaN, the fused kernels zero. Found on
+        # the (small, head-broadcast) mask rather than on the scores. On CPU, looking first
+        # skips a pass over the weights in the common case; on an accelerator looking would
+        # make the host wait for the device at every call, so the fill runs regardless.
+        if allowed is not None:
+            dead = ~allowed.any(dim=-1, keepdim=True)
+        elif mask is not None:
+            dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
+        else:
+            dead = None
+        if dead is not None and (dead.device.type != "cpu" or bool(dead.any())):
+            weights = weights.masked_fill(dead, 0.0)
+        weights = weights.to(self.value.dtype)
+        cap = self.cap
+        layout = cap.layout(self.site, tuple(weights.shape), -1, self.names, query_last=True)
 
-    values4 = layout.values_to_record(value) if cap.keep_values else None
-    edited = cap.record(site, layout, layout.to_record(weights), eligibility,
-                        layout.to_record(scores), values4)
-    used = weights if edited is None else layout.from_record(edited)
-    if dropout_p > 0.0:
-        used = F.dropout(used, p=dropout_p, training=True)
-    return torch.matmul(used, value)
+        def eligibility() -> torch.Tensor:
+            if allowed is not None:
+                return layout.to_record(allowed)
+            if mask is not None:
+                return layout.to_record(eligible_from_scores(mask))
+            return torch.ones(1, 1, 1, n_k, dtype=torch.bool, device=weights.device)
+
+        if cap.keep_values and self.values4 is None:
+            self.values4 = layout.values_to_record(self.value)
+        edited = cap.record(self.site, layout, layout.to_record(weights), eligibility,
+                            layout.to_record(scores), self.values4, trailing=n_q - stop)
+        used = weights if edited is None else layout.from_record(edited)
+        if self.dropout_p > 0.0:
+            used = F.dropout(used, p=self.dropout_p, training=True)
+        return torch.matmul(used, self.value)
 
 
 def install(stack: ExitStack, namespaces: list[dict[str, Any]]) -> None:

@@ -150,17 +150,18 @@ def position_stream(layout: Layout) -> bool:
     return sum(any(x == "q" for x, _ in group) for group in layout.groups) <= 1
 
 
-def active_views(shape: tuple[int, ...]) -> list[View] | None:
+def active_views(shape: tuple[int, ...], trailing: int = 0) -> list[View] | None:
     """The views of a call with weights of ``shape`` (B, H, Q, K) while prompt views are
     active (empty when the call has no continuation row), else None. The call's queries
-    are the last Q of the pass's positions and its keys the last K."""
+    end ``trailing`` rows before the pass's last position (``trailing`` > 0: a block of a
+    call computed in query blocks) and its keys are the last K."""
     prompt = ACTIVE_VIEWS.prompt_length
     if prompt is None:
         return None
     queries, keys = shape[2], shape[3]
     positions = ACTIVE_VIEWS.positions or keys
     offset = positions - keys  # absolute position of the call's first key
-    first = max(prompt - 1 - (positions - queries), 0)
+    first = max(prompt - 1 - (positions - trailing - queries), 0)
     if first >= queries or positions < prompt or offset < 0:
         return []
     return [View("cross", first, slice(0, max(prompt - offset, 0)), min(offset, prompt)),
@@ -168,11 +169,13 @@ def active_views(shape: tuple[int, ...]) -> list[View] | None:
                  max(offset - (prompt - 1), 0))]
 
 
-def run_name(base: str, shape: tuple[int, ...]) -> str:
+def run_name(base: str, shape: tuple[int, ...], trailing: int = 0) -> str:
     """``base``, or ``base#n`` for a call that runs a site again over positions the block
-    already saw it run over (a layer run twice per pass): its n-th run, a site of its own."""
+    already saw it run over (a layer run twice per pass): its n-th run, a site of its own.
+    ``trailing`` as in :func:`active_views`: a later query block of one call continues its
+    run."""
     queries, keys = shape[2], shape[3]
-    stop = ACTIVE_VIEWS.positions or keys
+    stop = (ACTIVE_VIEWS.positions or keys) - trailing
     start = stop - queries
     runs = ACTIVE_VIEWS.runs.setdefault(base, [])
     at = next((i for i, end in enumerate(runs) if end <= start), len(runs))

@@ -83,8 +83,8 @@ def performance_item(audit: ValidityAudit) -> ItemResult:
          f"{totals['plain_peak_mib_max']:.3g} MiB without capture, "
          f"{totals['captured_peak_mib_max']:.3g} MiB with." if measured_memory else
          "Peak memory: not measured (CUDA only; on CPU no allocator statistic exists)."),
-        f"Capture kept up to {totals['capture_mib_max']:.3g} MiB of tensors per batch "
-        "(exact: the size of every tensor it held).",
+        f"Capture held up to {totals['capture_mib_max']:.3g} MiB of tensors at once per "
+        "batch (exact: the largest call, each analysed as it arrived and dropped).",
         (f"Score matrices materialised only because capture computed them explicitly: "
          f"{', '.join(materialised)}." if len(materialised) else
          "No site needed capture to materialise a score matrix the model would not have "

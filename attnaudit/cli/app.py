@@ -110,7 +110,8 @@ def _add_output_arguments(parser: argparse.ArgumentParser, *, required: bool) ->
 
 def _add_memory_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-memory", metavar="SIZE",
-                        help="memory budget of one chunk of edited sequences, e.g. 2GiB, "
+                        help="memory budget of one chunk of edited sequences and of one "
+                             "query block of explicitly computed attention, e.g. 2GiB, "
                              "512MB (default 1GiB)")
 
 
@@ -172,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         "check", parents=[debug],
         help="CI gate: exit 1 on non-finite weights, leaked mask mass, bad row sums")
     _add_target_arguments(check)
+    _add_memory_argument(check)
     check.add_argument("--max-masked-mass", type=float, default=DEFAULT_MAX_MASKED_MASS,
                        help="largest tolerated weight on an ineligible key (default %(default)g)")
     check.add_argument("--row-sum-tolerance", type=float, default=DEFAULT_ROW_SUM_TOLERANCE,

@@ -35,6 +35,7 @@ def demo_command(args: argparse.Namespace) -> int:
 def check_command(args: argparse.Namespace) -> int:
     """``attnaudit check``: the gate's checks only; 0 healthy, 1 failing (see the README)."""
     _check_options(args)
+    max_memory = memory_option(args)
     if args.junit is not None:
         check_output_file(args.junit, "JUnit XML")  # before the audit, not after it
     started = time.perf_counter()
@@ -42,7 +43,7 @@ def check_command(args: argparse.Namespace) -> int:
         print("attnaudit check: loading the target", file=sys.stderr, flush=True)
     target = load_cli_target(args)
     result = audit(target, checks_only=True, limit=args.limit, progress=not quiet(args),
-                   max_masked_mass=args.max_masked_mass,
+                   max_masked_mass=args.max_masked_mass, max_memory=max_memory,
                    row_sum_tolerance=args.row_sum_tolerance).gate()
     shard = current_shard()
     with shard.together("writing the JUnit XML"):

@@ -14,13 +14,13 @@ of a chunk proportional to the budget, whatever the vocabulary or the number of 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-DEFAULT_MAX_MEMORY = 1 << 30  # bytes a chunk of edited sequences may use by default
+from attnaudit.capturing.blocks import DEFAULT_MAX_MEMORY, parse_memory
+
 MAX_CHUNK = 4096  # sequences per forward pass at most: larger chunks do not keep BLAS busier
 # Live activation tensors per decoder layer and position, in units of the model width:
 # attention projections, feed-forward (4x), residuals and norms.
@@ -34,30 +34,12 @@ ATTENTION_COPIES = 3
 STATE_COPIES = 2  # the state gathered for a chunk, and the cache its step writes
 GRADIENT_FACTOR = 3  # a backward pass keeps the forward's tensors and their gradients
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
 _WIDTH_KEYS = ("d_model", "hidden_size", "n_embd", "dim")
 _LAYER_KEYS = ("decoder_layers", "num_decoder_layers", "n_layer", "num_layers",
                "num_hidden_layers")
 _ENCODER_LAYER_KEYS = ("encoder_layers", "num_encoder_layers", "num_layers")
 _HEAD_KEYS = ("decoder_attention_heads", "num_decoder_attention_heads", "num_attention_heads",
               "num_heads", "n_head")
-
-
-def parse_memory(text: str | int) -> int:
-    """``"2GiB"``, ``"512MB"``, ``"800M"`` or a number of bytes -> bytes (> 0)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-        unit = match.group(2).lower() if match else None
-        if match is None or unit not in _UNITS:
-            raise ValueError(f"memory must look like 2GiB, 512MB, 800M or a byte count, "
-                             f"got {text!r}")
-        value = int(float(match.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"memory budget must be positive, got {text!r}")
-    return value
 
 
 def _config_int(config: object, keys: tuple[str, ...]) -> int | None:

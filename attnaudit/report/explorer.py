@@ -15,7 +15,9 @@ The payload encodes each measure as base64 little-endian float32 (``f32``) while
 page's data stays within :data:`PAYLOAD_BUDGET`, else as 8 bits per cell with a scale per
 (layer, head) map (``u8``: ``lo + q * step``, q = 255 for a missing value). The page draws
 at most 256 queries by 256 keys at once; longer sequences are shown through a moving
-window, never cut.
+window, never cut. The maps themselves are exact up to
+:data:`~attnaudit.analysis.example_maps.MAX_MAP_SIDE` (512) positions per axis and averaged
+in runs past that (:class:`~attnaudit.analysis.example_maps.MapBuilder`).
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ class ValidityAnalysers:
     ``update(record, eligible=..., rows=...)``: ``eligible`` declares the key rule (bool,
     read by rank as in :meth:`attnaudit.analysis.Analyser.update`), combined with the
     record's own key mask (see :func:`~attnaudit.validity.rules.declared_rows`); ``rows``
-    (bool (B, Q), None = all) picks the query rows that count.
+    (bool (B, Q), None = all) picks the query rows that count; ``step_offset``: the step
+    of the record's first query row (a call analysed as it arrives).
     """
 
     def __init__(self, max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
@@ -60,15 +61,14 @@ class ValidityAnalysers:
         return [*self.row_analysers, *([] if self.scores is None else [self.scores])]
 
     def update(self, record: AttentionRecord, *, eligible: torch.Tensor | None = None,
-               rows: torch.Tensor | None = None) -> None:
-        data = declared_rows(record, eligible)
+               rows: torch.Tensor | None = None, step_offset: int = 0) -> None:
+        data = replace(declared_rows(record, eligible), step_offset=step_offset)
         used = (row_sum_tolerance(data.dtype, data.weights.shape[-1])
                 if self.row_sum_tolerance is None else self.row_sum_tolerance)
         known = self.site_row_sum_tolerance.get(data.site, used)
         self.site_row_sum_tolerance[data.site] = max(known, used)
         scores = record.scores
-        # a stacked record keeps only its last call's values: usable when there is one call
-        values = record.values if len(record.calls) == 1 else None
+        values = shared_values(record)
         batch, _, queries, _ = data.weights.shape
         for examples, start, stop in row_groups(data.site, rows, batch, queries):
             part = replace(data, weights=data.weights[examples, :, start:stop],
@@ -96,6 +96,21 @@ class ValidityAnalysers:
         if not frames:
             return self.row_analysers[0].compute()
         return pd.concat(frames, ignore_index=True)
+
+
+def shared_values(record: AttentionRecord) -> torch.Tensor | None:
+    """The record's values when every call used them: one call, or the query blocks of one
+    (which share the values' storage); a stacked record keeps only its last call's."""
+    last = record.values
+    if last is None or any(not same_tensor(c.values, last) for c in record.calls):
+        return None
+    return last
+
+
+def same_tensor(a: torch.Tensor | None, b: torch.Tensor) -> bool:
+    """``a`` is ``b`` or a view of the same memory with the same shape (a detached copy)."""
+    return a is not None and (a is b or (a.data_ptr() == b.data_ptr()
+                                          and a.shape == b.shape and a.stride() == b.stride()))
 
 
 def row_groups(site: str, selected: torch.Tensor | None, batch: int, queries: int

@@ -20,15 +20,15 @@ from typing import Any
 import pandas as pd
 import torch
 
-from attnaudit.analysis import AttentionRows, RegionAnalyser, mean_over_heads
+from attnaudit.analysis import RegionAnalyser
 from attnaudit.analysis.degenerate import DegenerateCounter
-from attnaudit.analysis.example_maps import ExampleMaps, example_maps
+from attnaudit.analysis.example_maps import ExampleMaps, MapBuilder
 from attnaudit.analysis.merging import merge_analyser
 from attnaudit.analysis.words import source_words
+from attnaudit.capturing.blocks import DEFAULT_MAX_MEMORY, parse_memory
 from attnaudit.errors import TargetError
-from attnaudit.record import AttentionRecord
 from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
-from attnaudit.runtime.measurement import PERFORMANCE_COLUMNS
+from attnaudit.runtime.measurement import PERFORMANCE_COLUMNS, capture_bytes
 from attnaudit.runtime.progress import advance, display, phase
 from attnaudit.targets.checks import call_target, checked_target
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
@@ -38,11 +38,27 @@ from attnaudit.validity.analysers import (
     DEFAULT_ROW_SUM_TOLERANCE,
     ValidityAnalysers,
 )
+from attnaudit.validity.batch import BatchAnalysis
 from attnaudit.validity.findings import summarise_sites
 from attnaudit.validity.result import ValidityAudit
-from attnaudit.validity.rules import declared_rows, declared_rule, site_roles
-from attnaudit.validity.sites import SiteFacts, merged_site_facts, sites_frame
-from attnaudit.validity.timing import forward_passes, greedy_timed, performance_row
+from attnaudit.validity.sites import (
+    MATERIALISED_BY_CAPTURE,
+    SiteFacts,
+    merged_site_facts,
+    sites_frame,
+)
+from attnaudit.validity.timing import forward_passes, greedy_timed, kept_pass, performance_row
+
+
+@dataclass(frozen=True)
+class _Options:
+    """How each batch is audited (see :func:`run_validity_audit`'s arguments)."""
+
+    timing: bool
+    checks_only: bool
+    keep: int  # the examples whose maps are kept (0: none)
+    streaming: bool
+    max_memory: int
 
 
 @dataclass
@@ -67,17 +83,20 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                        max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
                        row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
                        checks_only: bool = False, shard: Shard = SINGLE,
-                       keep_examples: int = 1) -> ValidityAudit:
+                       keep_examples: int = 1, streaming: bool = True,
+                       max_memory: int | str | None = None) -> ValidityAudit:
     """Audit every attention site of ``target`` over its data (see the module docstring).
 
     Args:
         target: the model and its data; the model is left unchanged.
         limit: audit only the first ``limit`` examples (>= 1).
         progress: a progress display on stderr (:mod:`attnaudit.runtime.progress`).
-        keep_example: keep the first example's attention maps.
+        keep_example: keep the first examples' attention maps (see ``keep_examples``).
         keep_examples: with ``keep_example``, keep the maps of the first ``keep_examples``
             examples (>= 1; the report's explorer draws them), batch after batch until there
-            are that many: memory does not grow with the data.
+            are that many, each gathered call by call when streaming and averaged past
+            :data:`~attnaudit.analysis.example_maps.MAX_MAP_SIDE` positions: memory does not
+            grow with the data or the sequence length.
         regions: measure the target's expectations (region_mass, top_weight_hit).
         timing: time greedy decoding and the forward without and with capture, repeated,
             and measure peak memory (:mod:`attnaudit.validity.timing`); without it no time
@@ -91,6 +110,12 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         shard: this process's part of a distributed audit (:mod:`attnaudit.runtime.distributed`):
             it audits its own batches, and every rank returns the merged audit (the first
             examples' maps gathered from the ranks that kept them).
+        streaming: analyse each attention call as capture hands it over and drop it
+            (:mod:`attnaudit.validity.batch`), so memory holds one call (or query block) at
+            a time, not every site's weights for a batch; False analyses a kept capture.
+            The tables are the same either way.
+        max_memory: bytes (or ``"2GiB"``) one query block of explicitly computed attention
+            may use (:mod:`attnaudit.capturing.blocks`; default 1 GiB).
 
     Raises:
         TargetError: the target's callables fail or return the wrong shapes, or there is
@@ -109,15 +134,17 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                         {e.name: RegionAnalyser()
                          for e in (target.expectations if regions else ())})
     data = TextsDigest()  # what every rank must agree on
+    keep = keep_examples if keep_example else 0
+    options = _Options(timing, checks_only, keep, streaming,
+                       DEFAULT_MAX_MEMORY if max_memory is None else parse_memory(max_memory))
     with display(None, enabled=progress, name=f"audit {target.name}"), \
             shard.together("the validity audit"):
         phase("validity")
-        keep, seen = keep_examples if keep_example else 0, 0
+        seen = 0
         for index, batch in enumerate(_batches(target, limit)):
             data.update(batch.texts)
             if shard.owns(index):
-                _audit_batch(target, batch, index, state, timing=timing,
-                             checks_only=checks_only, keep=keep, first=seen)
+                _audit_batch(target, batch, index, state, options, first=seen)
             # else another rank's batch, audited at the same time
             seen += len(batch)
             advance(len(batch))
@@ -147,33 +174,60 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     )
 
 
-def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditState, *,
-                 timing: bool, checks_only: bool, keep: int, first: int) -> None:
+def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditState,
+                 options: _Options, *, first: int) -> None:
     """Audit the target's batch number ``index`` into ``state``: greedy decoding, the
-    teacher-forced passes, every captured site under its declared rule, the performance
-    row and, while fewer than ``keep`` are kept, its examples' maps (``first``: the
-    position of its first example in the data)."""
-    emitted, greedy_times = greedy_timed(target, batch, timing)
+    teacher-forced passes, every captured site under its declared rule (call by call as
+    capture hands them over when streaming, see :mod:`attnaudit.validity.batch`), the
+    performance row and, while fewer than ``options.keep`` are kept, its examples' maps
+    (``first``: the position of its first example in the data)."""
+    emitted, greedy_times = greedy_timed(target, batch, options.timing)
     step_mask = target.step_mask(emitted)
     state.degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
+    kept_rows = max(min(options.keep - len(state.kept), len(batch)), 0)
+    analysis = _batch_analysis(target, batch, emitted, step_mask, state, kept_rows)
     with torch.no_grad():
-        cap, passes = forward_passes(target, batch, emitted, keep=not checks_only,
-                                     timing=timing, plain_first=index % 2 == 0)
-    roles = site_roles(cap.records, batch.source_ids.shape[1], emitted.shape[1])
-    for name, record in cap.records.items():
-        declared, rows = declared_rule(roles[name], batch, step_mask)
-        state.sites.setdefault(name, SiteFacts(record.site)).update(record, roles[name], index)
-        state.analysers.update(record, eligible=declared, rows=rows)
-        if roles[name] == "cross" and state.regions:
-            _update_regions(target, state.regions, declared_rows(record, declared), batch,
-                            emitted, step_mask)
-    for row in range(min(keep - len(state.kept), len(batch))):
-        state.kept.append(_kept_example(target, cap.records, roles, batch, emitted, step_mask,
-                                        row, first + row))
+        cap, passes = forward_passes(target, batch, emitted, keep=not options.checks_only,
+                                     timing=options.timing, plain_first=index % 2 == 0,
+                                     on_call=analysis.on_call if options.streaming else None,
+                                     max_memory=options.max_memory)
+        if options.streaming and not analysis.verified():  # analyse a kept capture instead
+            analysis = _batch_analysis(target, batch, emitted, step_mask, state, kept_rows)
+            cap = kept_pass(target, batch, emitted, keep=not options.checks_only,
+                            max_memory=options.max_memory)
+        if not options.streaming or cap.records:
+            analysis.add_records(cap.records)
+    for name, facts in analysis.passes.items():
+        state.sites.setdefault(name, SiteFacts(facts.site)).update(facts, analysis.roles[name],
+                                                                    index)
+    for mine, theirs in zip(state.analysers.all, analysis.analysers.all, strict=True):
+        mine.merge(theirs)
+    state.analysers.merge_tolerances(analysis.analysers.site_row_sum_tolerance)
+    for name, regions in analysis.regions.items():
+        state.regions[name].merge(regions)
+    for row, builder in enumerate(analysis.maps):
+        state.kept.append(_kept_example(target, builder, batch, emitted, row, first + row))
         state.example = state.kept[0]
-    state.performance.append(performance_row(index, batch, step_mask, greedy_times, passes,
-                                             cap.records))
+    kept = capture_bytes(cap.records.values()) if cap.records else analysis.largest_call_bytes
+    state.performance.append(performance_row(
+        index, batch, step_mask, greedy_times, passes, kept,
+        sum(f.site.mechanism in MATERIALISED_BY_CAPTURE for f in analysis.passes.values())))
     state.examples += len(batch)
+
+
+def _batch_analysis(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
+                    step_mask: torch.Tensor, state: _AuditState, kept_rows: int
+                    ) -> BatchAnalysis:
+    """A fresh analysis of one batch, with analysers configured as the audit's and a map
+    builder for each of its first ``kept_rows`` examples."""
+    mine = state.analysers
+    return BatchAnalysis(
+        target, batch, emitted, step_mask,
+        ValidityAnalysers(mine.max_masked_mass, mine.row_sum_tolerance,
+                          checks_only=mine.scores is None),
+        {name: RegionAnalyser() for name in state.regions},
+        [MapBuilder(batch.source_mask[row].bool(), step_mask[row], example=row)
+         for row in range(kept_rows)])
 
 
 def _merge_shards(shard: Shard, state: _AuditState) -> None:
@@ -212,23 +266,6 @@ def _batches(target: Seq2SeqTarget, limit: int | None) -> Iterator[Batch]:
     yield from target.iter_batches(limit)
 
 
-def _update_regions(target: Seq2SeqTarget, analysers: dict[str, RegionAnalyser],
-                    data: AttentionRows, batch: Batch, emitted: torch.Tensor,
-                    step_mask: torch.Tensor) -> None:
-    """Feed each expectation's region analyser the rows per head and averaged over heads."""
-    for expectation in target.expectations:
-        if expectation.name not in analysers:
-            continue
-        expected = call_target(target.name, f"expectation {expectation.name!r}",
-                               expectation.keys, batch, emitted)
-        rows = step_mask.clone()
-        if expectation.rows is not None:
-            rows[:, expectation.rows:] = False
-        analyser = analysers[expectation.name]
-        analyser.update(data, expected=expected, rows=rows)
-        analyser.update(mean_over_heads(data), expected=expected, rows=rows)
-
-
 def _regions_frame(analysers: dict[str, RegionAnalyser]) -> pd.DataFrame:
     frames = [a.compute().assign(expectation=name) for name, a in analysers.items()]
     frames = [f for f in frames if not f.empty]
@@ -237,17 +274,14 @@ def _regions_frame(analysers: dict[str, RegionAnalyser]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _kept_example(target: Seq2SeqTarget, records: dict[str, AttentionRecord],
-                  roles: dict[str, str], batch: Batch, emitted: torch.Tensor,
-                  step_mask: torch.Tensor, row: int, index: int) -> ExampleMaps:
+def _kept_example(target: Seq2SeqTarget, maps: MapBuilder, batch: Batch,
+                  emitted: torch.Tensor, row: int, index: int) -> ExampleMaps:
     """The maps of the batch's example ``row`` (``index`` in the data) at every site,
-    labelled with the target's own token names, with each site's declared key rule."""
+    labelled with the target's own token names."""
     one = batch.select([row])
     source_tokens = call_target(target.name, "source_tokens", target.source_tokens, one)[0]
     target_tokens = call_target(target.name, "target_tokens", target.target_tokens,
                                 emitted[row:row + 1])[0]
     words, rule = source_words(target, one)
-    declared = {name: declared_rule(roles[name], batch, step_mask)[0] for name in records}
-    return example_maps(records, roles, batch.texts[row], source_tokens, target_tokens,
-                        batch.source_mask[row], step_mask[row], words[0], rule, example=row,
-                        declared=declared, index=index)
+    return maps.maps(batch.texts[row], source_tokens, target_tokens, words[0], rule,
+                     index=index)

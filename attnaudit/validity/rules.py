@@ -75,13 +75,26 @@ def site_roles(records: Mapping[str, AttentionRecord], n_source: int, n_target: 
     """Each record's role (:func:`site_role`) for one batch of ``n_source`` source positions
     and ``n_target`` emitted steps; a self-attention site whose module also shows a
     cross-attention (prompt) view is a prefix view."""
-    prompt_views = {site_base(n) for n, r in records.items() if r.kind == "cross"}
-    roles = {}
-    for name, record in records.items():
-        _, _, queries, keys = record.weights.shape
-        roles[name] = site_role(name, record.kind, queries, keys, n_source, n_target,
-                                record.kind == "self" and site_base(name) in prompt_views)
-    return roles
+    return roles_of_shapes({name: (r.kind, *r.weights.shape[2:]) for name, r in records.items()},
+                           n_source, n_target)
+
+
+def roles_of_shapes(shapes: Mapping[str, tuple[str | None, int, int]], n_source: int,
+                    n_target: int) -> dict[str, str]:
+    """:func:`site_roles` from each site's (kind, stacked queries, keys)."""
+    prompt_views = {site_base(n) for n, (kind, *_) in shapes.items() if kind == "cross"}
+    return {name: site_role(name, kind, queries, keys, n_source, n_target,
+                            kind == "self" and site_base(name) in prompt_views)
+            for name, (kind, queries, keys) in shapes.items()}
+
+
+def rows_of(declared: torch.Tensor | None, rows: torch.Tensor | None, role: str, start: int,
+            stop: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """:func:`declared_rule`'s (eligible keys, rows that count) cut to a site's query rows
+    ``start:stop`` (one call of it, when calls are analysed as they arrive)."""
+    if declared is not None and role == "decoder_self":
+        declared = declared[:, :, start:stop]
+    return declared, None if rows is None else rows[:, start:stop]
 
 
 def declared_rule(role: str, batch: Batch, step_mask: torch.Tensor

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+import torch
 
 from attnaudit.analysis import layer_of
-from attnaudit.record import AttentionRecord, Site
+from attnaudit.record import AttentionCall, AttentionRecord, Site
 from attnaudit.validity.rules import CAPTURED_RULE, DECLARED_RULES
 
 # Mechanisms whose score matrix exists only because capture computed it explicitly
@@ -29,6 +30,63 @@ SITE_COLUMNS = ["site", "kind", "role", "mechanism", "module", "layer", "layout"
                 "heads", "queries", "keys", "scores_available", "values_available",
                 "key_mask_shape", "weights_dtype", "row_sum_tolerance", "eligibility",
                 "scores_materialised_by_capture", "sink_mass"]
+
+
+@dataclass
+class SitePass:
+    """What one pass showed of a site, gathered call by call: the shape its calls stack to
+    (heads, queries summed, the most keys), whether every call kept scores, the last
+    call's values and dtype, the shape of the stacked key mask
+    (:attr:`attnaudit.record.AttentionRecord.key_mask`), and the weight its rows put on
+    sink columns (summed over its ``rows``)."""
+
+    site: Site
+    calls: int = 0
+    heads: int = 0
+    queries: int = 0
+    keys: int = 0
+    key_counts: set[int] = field(default_factory=set)
+    scores: bool = True
+    values: torch.Tensor | None = None
+    dtype: torch.dtype | None = None
+    mask_shapes: list[tuple[int, ...] | None] = field(default_factory=list)
+    batch: int = 0
+    sink_sum: float = 0.0
+    rows: int = 0
+
+    @classmethod
+    def of(cls, record: AttentionRecord) -> SitePass:
+        facts = cls(record.site)
+        for call in record.calls:
+            facts.add(call)
+        return facts
+
+    def add(self, call: AttentionCall) -> None:
+        batch, self.heads, queries, keys = call.weights.shape
+        self.calls, self.queries, self.batch = self.calls + 1, self.queries + queries, batch
+        self.keys = max(self.keys, keys)
+        self.key_counts.add(keys)
+        self.rows += batch * self.heads * queries
+        if call.sink is not None:
+            self.sink_sum += float(call.sink.double().sum())
+        self.scores &= call.scores is not None
+        self.values, self.dtype = call.values, call.weights.dtype
+        mask = call.key_mask
+        if len(self.mask_shapes) < 2 or mask is not None:  # the rule needs no more
+            self.mask_shapes.append(None if mask is None else tuple(mask.shape))
+
+    @property
+    def key_mask_shape(self) -> str:
+        """The stacked key mask's shape, or ``none``: one call's own mask; none when no
+        call has one and every call saw every key; else (B or 1, H or 1, queries, keys)."""
+        shapes = self.mask_shapes
+        if all(m is None for m in shapes) and len(self.key_counts) == 1:
+            return "none"
+        if self.calls == 1:
+            return "none" if shapes[0] is None else str(shapes[0])
+        lead_b = self.batch if any(m is not None and m[0] != 1 for m in shapes) else 1
+        lead_h = self.heads if any(m is not None and m[1] != 1 for m in shapes) else 1
+        return str((lead_b, lead_h, self.queries, self.keys))
 
 
 @dataclass
@@ -51,23 +109,19 @@ class SiteFacts:
     sink_sum: float = 0.0  # weight on sink columns, summed over rows
     rows: int = 0
 
-    def update(self, record: AttentionRecord, role: str, batch: int) -> None:
+    def update(self, seen: SitePass, role: str, batch: int) -> None:
         if self.first_batch < 0:
             self.first_batch = batch
         self.last_batch = batch
-        _, h, q, k = record.weights.shape
-        self.heads, self.queries, self.keys = h, max(self.queries, q), max(self.keys, k)
-        self.scores_available &= record.scores is not None
-        self.values_available &= record.values is not None
-        mask = record.key_mask
-        self.key_mask_shape = "none" if mask is None else str(tuple(mask.shape))
-        self.weights_dtype = str(record.weights.dtype).removeprefix("torch.")
+        self.heads, self.queries = seen.heads, max(self.queries, seen.queries)
+        self.keys = max(self.keys, seen.keys)
+        self.scores_available &= seen.scores
+        self.values_available &= seen.values is not None
+        self.key_mask_shape = seen.key_mask_shape
+        self.weights_dtype = str(seen.dtype).removeprefix("torch.")
         self.roles.add(role)
         self.rules.add(DECLARED_RULES.get(role, CAPTURED_RULE))
-        sink = record.sink
-        self.rows += record.weights.shape[:3].numel()
-        if sink is not None:
-            self.sink_sum += float(sink.double().sum())
+        self.sink_sum, self.rows = self.sink_sum + seen.sink_sum, self.rows + seen.rows
 
     def merge(self, other: SiteFacts) -> None:
         """Fold in what another shard saw of the same site (its batches' facts); the

@@ -9,7 +9,8 @@ each time is the median with its smallest and largest value (``*_s``, ``*_s_min`
 ``*_s_max``); capture_overhead = captured / plain per repeat, its median and range; valid
 tokens (source + target) per second from the medians; peak memory above the level before
 the first pass in MiB, measured for CUDA models from the allocator and NaN (not measured)
-elsewhere; capture_mib, the exact size of the tensors capture kept; sites whose score
+elsewhere; capture_mib, the exact size of the tensors capture kept (streaming, where
+capture keeps nothing: of the largest call it handed over at once); sites whose score
 matrix capture materialised. Without timing every time is NaN.
 """
 
@@ -17,24 +18,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from attnaudit.capturing import Capture, capture
-from attnaudit.record import AttentionRecord
+from attnaudit.capturing.recorder import OnCall
 from attnaudit.runtime.measurement import (
     PeakMemory,
-    capture_bytes,
     ratio,
     repeat_count,
     spread,
     timed,
 )
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
-from attnaudit.validity.sites import MATERIALISED_BY_CAPTURE
 
 
 @dataclass
@@ -73,12 +71,16 @@ def _teacher_forced(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) 
 
 
 def forward_passes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
-                   keep: bool, timing: bool, plain_first: bool) -> tuple[Capture, TimedPasses]:
+                   keep: bool, timing: bool, plain_first: bool,
+                   on_call: OnCall | None = None, max_memory: int | None = None
+                   ) -> tuple[Capture, TimedPasses]:
     """The teacher-forced pass under capture whose records are analysed (``keep``: scores
     and values too) and, with ``timing``, timed passes without and with capture, as many
     of each as :func:`~attnaudit.runtime.measurement.repeat_count` asks for the first
     one, alternating which runs first so that warm-up favours neither; the analysed pass
-    is the first timed one with capture."""
+    is the first timed one with capture. With ``on_call`` the analysed pass streams its
+    calls to it and keeps none (its time then includes that analysis), and the other
+    captured passes keep none either. ``max_memory``: the capture's block budget."""
     passes = TimedPasses()
     kept: Capture | None = None
     repeats = 1
@@ -88,8 +90,10 @@ def forward_passes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *
             if captured:
                 with PeakMemory(target.model) as memory:
                     start = time.perf_counter()
+                    analysed = on_call if kept is None else None
                     with capture(target.model, target.sites, kinds=target.kinds,
-                                 scores=keep, values=keep) as cap:
+                                 scores=keep, values=keep, on_call=analysed,
+                                 keep=on_call is None, max_memory=max_memory) as cap:
                         _teacher_forced(target, batch, emitted)
                     passes.captured.append(time.perf_counter() - start)
                 if kept is None:
@@ -109,12 +113,23 @@ def forward_passes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *
     return kept, passes
 
 
+def kept_pass(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *, keep: bool,
+              max_memory: int | None) -> Capture:
+    """One untimed teacher-forced pass whose records are kept (``keep``: scores and values
+    too)."""
+    with capture(target.model, target.sites, kinds=target.kinds, scores=keep, values=keep,
+                 max_memory=max_memory) as cap:
+        _teacher_forced(target, batch, emitted)
+    return cap
+
+
 def performance_row(index: int, batch: Batch, step_mask: torch.Tensor,
-                    greedy_times: list[float], passes: TimedPasses,
-                    records: Mapping[str, AttentionRecord]) -> dict[str, Any]:
+                    greedy_times: list[float], passes: TimedPasses, kept_bytes: int,
+                    materialised: int) -> dict[str, Any]:
     """Batch ``index``'s row of the performance table (see the module docstring);
-    ``step_mask``: bool (B, T), the emitted steps up to EOS; ``records``: what capture
-    kept in the analysed pass."""
+    ``step_mask``: bool (B, T), the emitted steps up to EOS; ``kept_bytes``: what capture
+    kept in the analysed pass (streaming: the largest call it handed over);
+    ``materialised``: sites whose score matrix capture computed."""
     source_tokens, target_tokens = int(batch.source_mask.sum()), int(step_mask.sum())
     times = {**spread("greedy_s", greedy_times), **spread("plain_s", passes.plain),
              **spread("captured_s", passes.captured),
@@ -127,7 +142,6 @@ def performance_row(index: int, batch: Batch, step_mask: torch.Tensor,
         "tokens_per_s_captured": ratio(source_tokens + target_tokens, times["captured_s"]),
         "plain_peak_mib": passes.plain_peak_mib,
         "captured_peak_mib": passes.captured_peak_mib,
-        "capture_mib": capture_bytes(records.values()) / 2**20,
-        "materialised_sites": sum(r.site.mechanism in MATERIALISED_BY_CAPTURE
-                                  for r in records.values()),
+        "capture_mib": kept_bytes / 2**20,
+        "materialised_sites": materialised,
     }
