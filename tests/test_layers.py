@@ -32,6 +32,7 @@ TIERS: list[dict[str, tuple[str, ...]]] = [
     {"interventions": ("attnaudit.interventions",),
      "validity": ("attnaudit.validity", "attnaudit.testing")},
     {"attribution": ("attnaudit.attribution",), "checklist": ("attnaudit.checklist",)},
+    {"alignments": ("attnaudit.alignments",)},
     {"report": ("attnaudit.report",)},
     {"auditing": ("attnaudit.auditing",)},
     {"cli": ("attnaudit.cli",)},
