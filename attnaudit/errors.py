@@ -17,7 +17,8 @@ The hierarchy::
     │   ├── RankError                         an AttnauditError on one rank, on every rank
     │   ├── CollectiveError                   a collective failed (a peer died or timed out)
     │   ├── GateError                         the gate was asked for what it cannot do
-    │   └── AuditError                        an audit cannot give the view asked for
+    │   ├── AuditError                        an audit cannot give the view asked for
+    │   └── ContributionError (ValueError)    a contribution measure cannot be computed
     ├── RankFailed (RuntimeError)      an unexpected error on one rank, raised on every rank:
     │                                  a bug, not a refusal, so it keeps its traceback
     └── KeyboardInterrupt
@@ -90,6 +91,11 @@ class GateError(AttnauditError):
 
 class AuditError(AttnauditError):
     """An audit cannot give the view asked for (a loaded audit has no live parts)."""
+
+
+class ContributionError(AttnauditError, ValueError):
+    """A contribution measure cannot be computed for a target (no values, no output
+    projection, no decomposable block); the message names the sites and why."""
 
 
 class RankFailed(RuntimeError):

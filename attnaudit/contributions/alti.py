@@ -1,0 +1,201 @@
+"""ALTI: one attention block's output decomposed into per-input-token terms (Ferrando et
+al. 2022a), with a built-in exactness check.
+
+A block is the attention, its residual and, in a post-LN layer, the layer norm after them:
+
+- post-LN (BART, Marian): y_i = LN(z_i), z_i = x_i + Σ_j Σ_h a^h_ij f_h(x_j) + b_O; the norm is
+  linearised at the real sigma_i, LN(z_i) = s_i gamma ⊙ L(z_i) + beta with L centring (LayerNorm) or
+  not (RMSNorm) and s_i = 1/sigma_i, so term j is T_i(x_j) = s_i gamma ⊙ L(z_ij) and the rest
+  (s_i gamma ⊙ L(b_O) + beta) belongs to no token;
+- pre-LN (T5, GPT-2, Llama): y_i = x_i + Σ_j Σ_h a^h_ij f_h(LN(x_j)) + b_O, the norm being
+  inside f; T_i(x_j) = z_ij.
+
+z_ij is the heads' term for key j plus, for self-attention, the residual x_i at j = i; a
+cross-attention block's residual (the decoder stream) is one more term, after the source
+keys. Which norm belongs to the block, and whether it comes before or after, is read off the
+traced tensors: the next norm call in the layer after the attention takes z as its input, and
+the residual x is the attention's own input (post-LN) or the input of the norm that made it
+(pre-LN), whichever reproduces z. s_i is the least-squares scale mapping gamma ⊙ L(z_i) onto
+y_i - beta (= 1/sigma_i exactly, whatever the norm's epsilon).
+
+Contribution of term j (Ferrando's definition): max(0, ‖y_i‖₁ - ‖y_i - T_i(x_j)‖₁), normalised
+over j to sum to 1 (a row whose terms all score 0 stays 0). Exactness: Σ_j T_i(x_j) plus the
+rest must equal the block's real output; the largest relative error ‖Σ - y_i‖₂ / ‖y_i‖₂ over
+real query rows is reported per site (:class:`ExactnessCheck`), pass when at most
+:data:`RESUM_TOLERANCE` (for fp32; looser for fp16/bf16 models).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnaudit.contributions.projection import Projection, head_vectors
+from attnaudit.contributions.trace import Call, SiteTrace
+from attnaudit.contributions.value_norms import attention_terms
+
+RESUM_TOLERANCE = 1e-4
+HALF_RESUM_TOLERANCE = 2e-2  # fp16 / bf16 models: their own sums are this coarse
+RESUM_CHECK = "alti_resum"
+
+
+@dataclass(frozen=True)
+class ExactnessCheck:
+    """Does a site's decomposition re-sum to its block's real output? Laid out as a
+    validity finding: status ``pass`` / ``fail``, rows: failing (example, query) rows,
+    value: the largest relative error, detail: one sentence."""
+
+    site: str
+    check: str
+    status: str
+    rows: int
+    detail: str
+    value: float | None = None
+
+
+@dataclass
+class Block:
+    """An attention block's anatomy: placement ``post`` or ``pre`` LN, the residual (B, Q, d),
+    the real output y (B, Q, d), and for post-LN the norm's linearisation: scale s (B, Q, 1),
+    gamma and beta (d,), and whether it centres."""
+
+    placement: str
+    residual: torch.Tensor
+    output: torch.Tensor
+    scale: torch.Tensor | None = None
+    gamma: torch.Tensor | None = None
+    beta: torch.Tensor | None = None
+    centred: bool = False
+
+
+@dataclass
+class BlockContributions:
+    """One site's ALTI contributions: (B, Q, K) for self-attention, (B, Q, K + 1) for
+    cross-attention (the last column: the decoder stream's residual). Rows sum to 1."""
+
+    site: str
+    role: str
+    layer: str
+    placement: str
+    contributions: torch.Tensor
+    check: ExactnessCheck
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def _centre(u: torch.Tensor, centred: bool) -> torch.Tensor:
+    return u - u.mean(-1, keepdim=True) if centred else u
+
+
+def _linearised(call: Call) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, float]:
+    """(s (B, Q, 1), gamma, beta, centred, fit error) of a norm call, both norm forms tried."""
+    z, y = call.inputs.float(), call.output.float()
+    weight = getattr(call.module, "weight", None)
+    bias = getattr(call.module, "bias", None)
+    gamma = torch.ones_like(z[0, 0]) if weight is None else weight.detach().float()
+    beta = torch.zeros_like(z[0, 0]) if bias is None else bias.detach().float()
+    best = None
+    for centred in (True, False):
+        a = gamma * _centre(z, centred)
+        scale = ((a * (y - beta)).sum(-1, keepdim=True)
+                 / (a * a).sum(-1, keepdim=True).clamp_min(1e-30))
+        error = _relative(scale * a + beta, y)
+        if best is None or error < best[4]:
+            best = (scale, gamma, beta, centred, error)
+    assert best is not None
+    return best
+
+
+def block_of(site: SiteTrace) -> Block | str:
+    """The site's block (module docstring), or why it cannot be read."""
+    call = site.call
+    if call is None or call.inputs is None or call.output is None:
+        return f"the attention module {site.module_path} was not seen with its input"
+    if call.times != 1:
+        return f"{site.module_path} ran {call.times} times in one pass"
+    norms = sorted(site.norms.values(), key=lambda c: c.order)
+    if any(n.times != 1 for n in norms):
+        return f"a norm in {site.layer} ran more than once in one pass"
+    after = [n for n in norms if n.order > call.order]
+    if not after or after[0].inputs is None:
+        return f"no norm runs after the attention in {site.layer}: its block output is unseen"
+    nxt, out = after[0], call.output.float()
+    candidates = {"post": call.inputs}
+    before = [n for n in norms if n.order < call.order]
+    if before and before[-1].output is not None and before[-1].output.shape == call.inputs.shape \
+            and _relative(before[-1].output, call.inputs.float()) <= 1e-6:
+        candidates["pre"] = before[-1].inputs
+    z = nxt.inputs.float()
+    placement, residual = min(candidates.items(),
+                              key=lambda item: _relative(item[1].float() + out, z))
+    residual = residual.float()
+    if placement == "pre":
+        return Block("pre", residual, z)
+    scale, gamma, beta, centred, _ = _linearised(nxt)
+    return Block("post", residual, nxt.output.float(), scale, gamma, beta, centred)
+
+
+def decompose(site: SiteTrace, projection: Projection, block: Block, b: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Example ``b``'s terms T_i(x_j), (Q, K[+1], d) float32, and the part of the output that
+    belongs to no token (Q, d)."""
+    vectors = head_vectors(site, projection)[b : b + 1]
+    terms = next(attention_terms(site.weights[b : b + 1], vectors))
+    residual = block.residual[b]
+    if site.role == "cross":
+        terms = torch.cat([terms, residual[:, None]], dim=1)
+    else:
+        at = torch.arange(terms.shape[0], device=terms.device)
+        terms[at, at] += residual
+    rest = projection.bias.expand_as(residual)
+    if block.placement == "post":
+        assert block.scale is not None and block.gamma is not None and block.beta is not None
+        scale = block.scale[b][:, None]  # (Q, 1, 1)
+        terms = scale * block.gamma * _centre(terms, block.centred)
+        rest = scale[:, 0] * block.gamma * _centre(rest, block.centred) + block.beta
+    return terms, rest
+
+
+def _tolerance(site: SiteTrace) -> float:
+    return HALF_RESUM_TOLERANCE if site.module_dtype in (torch.float16, torch.bfloat16) \
+        else RESUM_TOLERANCE
+
+
+def alti_block(site: SiteTrace, projection: Projection, block: Block,
+               query_mask: torch.Tensor | None) -> BlockContributions:
+    """The site's normalised ALTI contributions and its exactness check.
+
+    query_mask: bool (B, Q), the rows the check counts (None: all)."""
+    rows, errors = [], []
+    for b in range(site.weights.shape[0]):
+        terms, rest = decompose(site, projection, block, b)
+        y = block.output[b]
+        resum = terms.sum(1) + rest
+        errors.append((resum - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30))
+        score = (y.abs().sum(-1, keepdim=True) - (y[:, None] - terms).abs().sum(-1))
+        score = score.clamp_min(0)
+        rows.append(score / score.sum(-1, keepdim=True).clamp_min(1e-30))
+    error = torch.stack(errors)
+    if query_mask is not None:
+        error = error[query_mask.to(error.device)]
+    tolerance = _tolerance(site)
+    worst = float(error.max()) if error.numel() else 0.0
+    failing = int((~(error <= tolerance)).sum())
+    status = "pass" if failing == 0 else "fail"
+    detail = (f"{block.placement}-LN block of {site.layer}: the terms re-sum to the real "
+              f"output within {worst:.2e} (relative, tolerance {tolerance:g})"
+              if status == "pass" else
+              f"{block.placement}-LN block of {site.layer}: {failing} row(s) re-sum with a "
+              f"relative error up to {worst:.2e} (tolerance {tolerance:g}): the block does "
+              "not decompose as attention + residual (+ a linearised norm)")
+    check = ExactnessCheck(site.name, RESUM_CHECK, status, failing, detail, worst)
+    return BlockContributions(site.name, site.role, site.layer, block.placement,
+                              torch.stack(rows), check)
+
+
+def unavailable(site: str, reason: str) -> ExactnessCheck:
+    """The check of a site ALTI cannot decompose: failed, with the reason."""
+    return ExactnessCheck(site, RESUM_CHECK, "fail", 0, f"not decomposed: {reason}", None)

@@ -1,0 +1,233 @@
+"""Contribution measures of one batch: value norms, ALTI / ALTI+, rollout, value zeroing,
+and :func:`measure_maps`, the per-layer source-side maps every measure gives alike.
+
+:func:`contributions` traces one teacher-forced pass and computes, per site, the output
+projection (or why not), the norm-based contributions and the ALTI block contributions with
+their exactness checks; :func:`composed` composes a measure's blocks across layers (ALTI+ for
+encoder-decoders, ALTI / rollout for decoder-only models).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from attnaudit.contributions.alti import (
+    BlockContributions,
+    ExactnessCheck,
+    alti_block,
+    block_of,
+    unavailable,
+)
+from attnaudit.contributions.composition import (
+    compose,
+    compose_decoder,
+    rollout_cross,
+    rollout_self,
+)
+from attnaudit.contributions.projection import Projection, projections_of
+from attnaudit.contributions.trace import Trace, trace
+from attnaudit.contributions.value_norms import ValueNorms, value_norms
+from attnaudit.contributions.zeroing import value_zeroing
+from attnaudit.errors import ContributionError
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
+
+MEASURES = ("weights", "value_norm", "alti", "rollout")
+ALL_MEASURES = (*MEASURES, "value_zeroing")
+
+
+@dataclass
+class Contributions:
+    """One batch's contribution measures, per site (by name).
+
+    projections: the output projection, or the reason there is none. value_norms,
+    blocks: where they could be computed. checks: each site's ALTI exactness check (a site
+    that could not be decomposed fails it, with the reason). reasons: per site, why a
+    measure is missing.
+    """
+
+    trace: Trace
+    projections: dict[str, Projection | str]
+    value_norms: dict[str, ValueNorms] = field(default_factory=dict)
+    blocks: dict[str, BlockContributions] = field(default_factory=dict)
+    checks: list[ExactnessCheck] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Composed:
+    """A measure composed across layers, read at the output steps.
+
+    layers: the decoder (or decoder-only) layers, bottom to top. source: (B, L, T, n), the
+    share of each source token (a decoder-only model's prompt tokens, P) in step t's
+    representation after layer l; prefix: (B, L, T, m), each prefix input's share (seq2seq:
+    the start token then ``emitted[:, :-1]``, m = T; decoder-only: the generated tokens fed
+    back, m = T - 1). Rows of source and prefix together sum to 1.
+    """
+
+    layers: list[str]
+    source: torch.Tensor
+    prefix: torch.Tensor
+
+    @property
+    def source_share(self) -> torch.Tensor:
+        """(B, L, T): the total source share of every step after every layer."""
+        return self.source.sum(-1)
+
+
+def contributions(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
+                  projections: Mapping[str, nn.Module] | None = None,
+                  alti: bool = True) -> Contributions:
+    """Trace one teacher-forced pass of ``emitted`` (B, T) and compute value norms and (with
+    ``alti``) the ALTI blocks with their exactness checks, per site.
+
+    projections: output projections declared by site name (with or without ``:kind``), for
+    models whose projection is not found by role (:mod:`attnaudit.contributions.projection`).
+    """
+    traced = trace(target, batch, emitted)
+    result = Contributions(traced, projections_of(traced.sites, projections))
+    for name, site in traced.sites.items():
+        projection = result.projections[name]
+        if isinstance(projection, str):
+            result.reasons[name] = projection
+            if alti:
+                result.checks.append(unavailable(name, projection))
+            continue
+        result.value_norms[name] = value_norms(site, projection)
+        if not alti:
+            continue
+        block = block_of(site)
+        if isinstance(block, str):
+            result.reasons[name] = block
+            result.checks.append(unavailable(name, block))
+            continue
+        done = alti_block(site, projection, block, traced.query_mask.get(site.role))
+        result.blocks[name] = done
+        result.checks.append(done.check)
+    return result
+
+
+def sites_by_role(traced: Trace, role: str) -> list[str]:
+    return [name for name, site in traced.sites.items() if site.role == role]
+
+
+def _need(result: Contributions, names: Sequence[str], have: Mapping[str, object],
+          measure: str) -> None:
+    missing = {n: result.reasons.get(n, "not computed") for n in names if n not in have}
+    if missing:
+        raise ContributionError(f"{measure} cannot be computed for "
+                                f"{result.trace.target.name}: {missing}")
+
+
+def composed(result: Contributions, blocks: Callable[[str], torch.Tensor]) -> Composed:
+    """A measure's blocks (``blocks(site)``: (B, Q, K) for self-attention, (B, T, n + 1)
+    for cross-attention) composed across layers and read at the output steps."""
+    traced = result.trace
+    steps = int(traced.emitted.shape[1])
+    if traced.causal:
+        names = sites_by_role(traced, "self")
+        full = compose([blocks(n) for n in names])
+        rows = [r[:, traced.prompt - 1 : traced.prompt - 1 + steps] for r in full]
+        stacked = torch.stack(rows, dim=1)
+        return Composed(names, stacked[..., : traced.prompt], stacked[..., traced.prompt:])
+    encoder = compose([blocks(n) for n in sites_by_role(traced, "encoder_self")])
+    selfs, crosses = sites_by_role(traced, "decoder_self"), sites_by_role(traced, "cross")
+    if not encoder or len(selfs) != len(crosses) or any(
+            traced.sites[s].layer != traced.sites[c].layer for s, c in zip(selfs, crosses,
+                                                                           strict=False)):
+        raise ContributionError(
+            f"{traced.target.name}: composition needs encoder self-attention and, in every "
+            f"decoder layer, one self- and one cross-attention site; found {list(traced.sites)}")
+    layers = compose_decoder([blocks(n) for n in selfs], [blocks(n) for n in crosses],
+                             encoder[-1])
+    stacked = torch.stack(layers, dim=1)
+    n = int(traced.batch.source_ids.shape[1])
+    return Composed([traced.sites[c].layer for c in crosses], stacked[..., :n],
+                    stacked[..., n:])
+
+
+def alti_plus(result: Contributions) -> Composed:
+    """ALTI composed across layers (ALTI+ for an encoder-decoder)."""
+    _need(result, list(result.trace.sites), result.blocks, "ALTI")
+    return composed(result, lambda name: result.blocks[name].contributions)
+
+
+def rollout(result: Contributions) -> Composed:
+    """Attention rollout composed across layers (cross-attention as in ALTI+)."""
+    sites = result.trace.sites
+    return composed(result, lambda name: rollout_cross(sites[name].weights)
+                    if sites[name].role == "cross" else rollout_self(sites[name].weights))
+
+
+def _reading_sites(traced: Trace) -> list[str]:
+    return sites_by_role(traced, "self" if traced.causal else "cross")
+
+
+def _steps(traced: Trace, per_site: torch.Tensor) -> torch.Tensor:
+    """A reading site's (B, Q, K) map at the output steps: decoder-only rows P-1.. ."""
+    if not traced.causal:
+        return per_site
+    steps = int(traced.emitted.shape[1])
+    return per_site[:, traced.prompt - 1 : traced.prompt - 1 + steps]
+
+
+def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
+                 measures: Sequence[str] = MEASURES, *,
+                 projections: Mapping[str, nn.Module] | None = None
+                 ) -> dict[str, torch.Tensor]:
+    """Source-side scores of every measure, per layer, for one batch.
+
+    Contract: ``emitted`` (B, T) long is the decoded output the protocols teacher-force
+    (``target.greedy(batch)``: start token excluded, EOS included, padding after it); each
+    returned map is float32 of shape (B, L, T, S) = (examples, layers, target steps, source
+    keys), row t scoring the keys for the step that *emits* ``emitted[:, t]``. Keys are
+    ``batch.source_ids`` positions for an encoder-decoder and the prompt + prefix tokens
+    (``cat(source_ids, emitted[:, :-1])``, S = P + T - 1) for a decoder-only model. Layers
+    are the decoder layers bottom to top, each read after that layer; L = 1 for a measure
+    without a per-layer reading (none so far). Rows of padding steps and padded keys are
+    left as computed (weights give padded keys 0); mask with ``target.step_mask(emitted)``
+    and ``batch.source_mask``.
+
+    Measures (``ALL_MEASURES``):
+        weights: the reading sites' attention, head mean (cross-attention; decoder-only:
+            the raw self-attention over all earlier positions).
+        value_norm: ‖Σ_h a^h_tj f_h(x_j)‖ at the same sites (Kobayashi et al. 2020), in
+            hidden-state units.
+        alti: ALTI+ composed through layer l (Ferrando et al. 2022b): each source key's
+            share, through the encoder, in step t's representation; decoder-only: ALTI
+            composed over prompt and prefix. Rows sum to the source share (seq2seq) or 1.
+        rollout: attention rollout composed the same way (Abnar & Zuidema 2020).
+        value_zeroing: cosine distance of layer l's output at step t when key j's value is
+            zeroed at that layer's reading site (Mohebbi et al. 2023); K re-runs per site
+            and example, so not in the default set.
+
+    Raises :class:`~attnaudit.errors.ContributionError` naming the sites and reasons when a
+    measure cannot be computed (values not exposed, no output projection, no decomposable
+    block). ALTI's exactness checks are in :func:`contributions`' result.
+    """
+    unknown = [m for m in measures if m not in ALL_MEASURES]
+    if unknown:
+        raise ContributionError(f"unknown measures {unknown}; known: {list(ALL_MEASURES)}")
+    result = contributions(target, batch, emitted, projections=projections,
+                           alti="alti" in measures)
+    traced = result.trace
+    reading = _reading_sites(traced)
+    maps: dict[str, torch.Tensor] = {}
+    for measure in measures:
+        if measure == "weights":
+            per = [_steps(traced, traced.sites[n].weights.mean(1)) for n in reading]
+        elif measure == "value_norm":
+            _need(result, reading, result.value_norms, "value_norm")
+            per = [_steps(traced, result.value_norms[n].summed) for n in reading]
+        elif measure in ("alti", "rollout"):
+            done = alti_plus(result) if measure == "alti" else rollout(result)
+            both = torch.cat([done.source, done.prefix], -1) if traced.causal else done.source
+            per = list(both.unbind(1))
+        else:
+            zeroed = value_zeroing(traced, reading)
+            per = [_steps(traced, zeroed[n]) for n in reading]
+        maps[measure] = torch.stack(per, dim=1).float()
+    return maps

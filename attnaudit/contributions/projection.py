@@ -1,0 +1,101 @@
+"""The output projection of an attention site, found by what it reads.
+
+A head's contribution f_h(x_j) = v_j^h W_O^h needs the module that maps the heads' weighted
+values, concatenated head-major ``(B, Q, H * d_v)``, to the model's width. Whatever it is
+called (``out_proj``, ``o_proj``, ``o``, ``c_proj``, ``dense``), it is the linear-like
+module inside the attention module whose input in the traced pass *is* that concatenation:
+each candidate's recorded input is compared with ``merge(weights @ values)``. A target may
+declare the module instead (``projections={site: module}``); a site where neither gives one
+gets a reason, never a guess.
+
+The module is read as the affine map it is: ``W = proj(I) - proj(0)``, ``b = proj(0)``, so
+``nn.Linear`` (``x W^T``) and GPT-2's ``Conv1D`` (``x W``) need no special case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attnaudit.contributions.trace import SiteTrace
+
+# Relative error within which a module's input is the heads' concatenated read.
+READS_VALUES = 1e-3
+
+
+@dataclass
+class Projection:
+    """A site's output projection as a map per head.
+
+    path: the module's path inside the attention module (or ``declared``). matrix:
+    (H, d_v, d) float32, head h's block of W_O. bias: (d,) float32.
+    """
+
+    path: str
+    matrix: torch.Tensor
+    bias: torch.Tensor
+
+
+def heads_read(site: SiteTrace) -> torch.Tensor:
+    """(B, Q, H * d_v) float32: the heads' weighted values, concatenated head-major."""
+    assert site.values is not None
+    read = torch.matmul(site.weights, site.values)  # (B, H, Q, d_v)
+    batch, heads, queries, width = read.shape
+    return read.transpose(1, 2).reshape(batch, queries, heads * width)
+
+
+def affine_map(module: nn.Module, d_in: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(W (d_in, d_out), b (d_out,))`` float32 with ``module(x) = x W + b``."""
+    param = next(module.parameters())
+    probe = torch.cat([torch.zeros(1, d_in), torch.eye(d_in)]).to(param.device, param.dtype)
+    with torch.no_grad():
+        out = module(probe).float()
+    return out[1:] - out[0], out[0]
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def output_projection(site: SiteTrace, declared: nn.Module | None = None
+                      ) -> Projection | str:
+    """The site's output projection, or a reason it cannot be had."""
+    if site.values is None:
+        return f"no values: {site.value_reason}"
+    heads, width = site.heads, int(site.values.shape[-1])
+    d_in = heads * width
+    if declared is not None:
+        matrix, bias = affine_map(declared, d_in)
+        return Projection("declared", matrix.reshape(heads, width, -1), bias)
+    read = heads_read(site)
+    tried = []
+    for path, call in site.linears.items():
+        if call.inputs is None or call.times != 1 or tuple(call.inputs.shape) != tuple(
+                read.shape):
+            continue
+        tried.append(path)
+        if _relative(call.inputs, read) <= READS_VALUES:
+            matrix, bias = affine_map(call.module, d_in)
+            return Projection(path, matrix.reshape(heads, width, -1), bias)
+    return (f"no module inside {site.module_path} reads the heads' weighted values "
+            f"(shape {tuple(read.shape)}; compared: {tried or 'none of that shape'}); "
+            "declare it with projections={site: module}")
+
+
+def projections_of(sites: Mapping[str, SiteTrace],
+                   declared: Mapping[str, nn.Module] | None = None
+                   ) -> dict[str, Projection | str]:
+    """Every site's output projection or reason; ``declared`` by site name (with or
+    without its ``:kind`` suffix)."""
+    declared = dict(declared or {})
+    return {name: output_projection(site, declared.get(name, declared.get(
+        name.split(":", 1)[0]))) for name, site in sites.items()}
+
+
+def head_vectors(site: SiteTrace, projection: Projection) -> torch.Tensor:
+    """(B, H, K, d) float32: f_h(x_j) = v_j^h W_O^h for every head and key."""
+    assert site.values is not None
+    return torch.einsum("bhkv,hvd->bhkd", site.values, projection.matrix)

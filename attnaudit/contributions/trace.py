@@ -1,0 +1,298 @@
+"""One teacher-forced pass, traced for contribution measures.
+
+:func:`trace` runs the target's model once on ``(batch, emitted)`` under
+:func:`~attnaudit.capturing.capture` with ``values=True`` and forward hooks, and keeps, per
+attention site: the weights, the values (where the mechanism exposes them), the attention
+module's query-side input and output, and the layer norms its layer called before and after
+it. What each site is and which norm belongs to it is read off the tensors, not off module
+names (:mod:`attnaudit.contributions.anatomy`).
+
+The pass: a seq2seq target's own ``teacher_forced``; a Hugging Face decoder-only target's
+model run on prompt + ``emitted[:, :-1]`` *without* prompt views, so that the records are
+the raw self-attention over every earlier position (the keys of a continuation step are the
+prompt tokens and the generated prefix, in that order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from weakref import WeakKeyDictionary
+
+import torch
+from torch import nn
+
+from attnaudit.capturing import Edit, capture
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
+from attnaudit.targets.hf.causal import is_causal_lm
+
+# Site -> attention module path, found once per model by a one-example pass.
+_SITE_MODULES: WeakKeyDictionary[nn.Module, dict[str, str]] = WeakKeyDictionary()
+
+
+@dataclass
+class Call:
+    """One module call: its first input and its output (first element), and when it ran."""
+
+    order: int
+    module: nn.Module
+    inputs: torch.Tensor | None
+    output: torch.Tensor | None
+    times: int = 1
+
+
+@dataclass
+class SiteTrace:
+    """What one attention site did in the traced pass.
+
+    role: ``encoder_self``, ``decoder_self``, ``cross`` (seq2seq) or ``self`` (a
+    decoder-only model's raw self-attention). layer: the path of the module holding the
+    site's layer (the first indexed module above it). weights: (B, H, Q, K) float32.
+    values: (B, H, K, d_v) float32 or None (``value_reason`` says why). call: the attention
+    module's query-side input (B, Q, d) and output (B, Q, d). linears: the input each
+    linear-like module inside the attention module read (role detection of the output
+    projection). norms: the layer's norm calls, by path.
+    """
+
+    name: str
+    role: str
+    layer: str
+    module: nn.Module
+    module_path: str
+    weights: torch.Tensor
+    values: torch.Tensor | None
+    value_reason: str
+    call: Call | None
+    linears: dict[str, Call] = field(default_factory=dict)
+    norms: dict[str, Call] = field(default_factory=dict)
+
+    @property
+    def heads(self) -> int:
+        return int(self.weights.shape[1])
+
+    @property
+    def module_dtype(self) -> torch.dtype | None:
+        """The dtype the attention module computes in (its first parameter's)."""
+        param = next(self.module.parameters(), None)
+        return None if param is None else param.dtype
+
+
+@dataclass
+class Trace:
+    """A traced pass: every site, in order of first call, and the token ids on each axis.
+
+    causal: the target is a decoder-only model (keys: prompt + prefix). prompt: P, its
+    prompt positions (0 for seq2seq). query_mask: per role, bool (B, Q) of rows that are
+    real tokens. key_ids: per role, (B, K) long ids of the keys (the decoder start token,
+    unknown to the contract, is -1). layer_outputs: each layer module's output (B, Q, d).
+    """
+
+    target: Seq2SeqTarget
+    batch: Batch
+    emitted: torch.Tensor
+    sites: dict[str, SiteTrace]
+    causal: bool
+    prompt: int
+    query_mask: dict[str, torch.Tensor]
+    key_ids: dict[str, torch.Tensor]
+    layer_outputs: dict[str, torch.Tensor]
+
+
+def is_causal_target(target: Seq2SeqTarget) -> bool:
+    """A decoder-only Hugging Face target (prompt -> continuation)."""
+    return target.first_prefix_input == 1 and is_causal_lm(getattr(target.model, "config",
+                                                                    None))
+
+
+def causal_inputs(batch: Batch, emitted: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Keyword inputs running prompt + ``emitted[:, :-1]`` through a causal LM in one pass,
+    position ids counting real tokens only (as ``generate`` sets them)."""
+    prefix = emitted[:, :-1]
+    ids = torch.cat([batch.source_ids, prefix], dim=1)
+    mask = torch.cat([batch.source_mask.long(), torch.ones_like(prefix)], dim=1)
+    return {"input_ids": ids, "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp_min(0), "use_cache": False}
+
+
+def run_pass(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) -> Any:
+    """The traced forward: ``teacher_forced``, or the raw causal pass (module docstring)."""
+    if is_causal_target(target):
+        return target.model(**causal_inputs(batch, emitted))
+    return target.teacher_forced(batch, emitted)
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, tuple | list) and value and isinstance(value[0], torch.Tensor):
+        return value[0]
+    return None
+
+
+def is_norm(module: nn.Module) -> bool:
+    """A normalisation layer: LayerNorm, RMSNorm and their model-specific variants."""
+    return "Norm" in type(module).__name__ and isinstance(getattr(module, "weight", None),
+                                                          torch.Tensor | type(None))
+
+
+def is_linear_like(module: nn.Module) -> bool:
+    """A module with a 2-D weight matrix (``nn.Linear``, GPT-2's ``Conv1D``...)."""
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, torch.Tensor) and weight.ndim == 2 and not isinstance(
+        module, nn.Embedding)
+
+
+def layer_path(path: str) -> str:
+    """The path of the first indexed module above ``path``: ``model.encoder.layers.0`` for
+    ``model.encoder.layers.0.self_attn``, ``encoder.block.0`` for T5's
+    ``encoder.block.0.layer.0.SelfAttention``; the parent when nothing is indexed."""
+    parts = path.split(".")
+    for at, part in enumerate(parts[:-1]):
+        if part.isdigit():
+            return ".".join(parts[: at + 1])
+    return ".".join(parts[:-1])
+
+
+def _site_modules(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
+                  sites: Any) -> dict[str, str]:
+    """Site name -> attention module path, from a one-example pass (kept per model)."""
+    known = _SITE_MODULES.setdefault(target.model, {})
+    if not known:
+        one = batch.select([0])
+        with torch.no_grad(), capture(target.model, sites, kinds=target.kinds) as cap:
+            run_pass(target, one, emitted[:1])
+        known.update({name: rec.site.module for name, rec in cap.records.items()})
+    return known
+
+
+class _Hooks:
+    """Forward hooks recording module calls in order; removed by :meth:`close`."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, Call] = {}
+        self.order = 0
+        self._handles: list[Any] = []
+
+    def _note(self, path: str, module: nn.Module, inputs: torch.Tensor | None,
+              output: torch.Tensor | None) -> None:
+        seen = self.calls.get(path)
+        if seen is not None:
+            seen.times += 1
+            return
+        self.order += 1
+        self.calls[path] = Call(self.order, module, inputs, output)
+
+    def watch(self, path: str, module: nn.Module, attention: bool = False) -> None:
+        if attention:  # order at entry: the norms called before it come first
+            def pre(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+                hidden = kwargs.get("hidden_states", args[0] if args else None)
+                self._note(path, mod, _first_tensor(hidden), None)
+
+            def post(mod: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+                call = self.calls[path]
+                if call.times == 1:
+                    call.output = _first_tensor(out)
+
+            self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            self._handles.append(module.register_forward_hook(post, with_kwargs=True))
+            return
+
+        def hook(mod: nn.Module, args: tuple, out: Any) -> None:
+            self._note(path, mod, _first_tensor(args), _first_tensor(out))
+
+        self._handles.append(module.register_forward_hook(hook))
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def _role(target: Seq2SeqTarget, causal: bool, kind: str | None, path: str) -> str:
+    if causal:
+        return "self"
+    if kind == "cross":
+        return "cross"
+    encoder_path = ""
+    get_encoder = getattr(target.model, "get_encoder", None)
+    if callable(get_encoder):
+        encoder = get_encoder()
+        encoder_path = next((p for p, m in target.model.named_modules() if m is encoder), "")
+    inside = encoder_path and (path == encoder_path or path.startswith(encoder_path + "."))
+    return "encoder_self" if inside else "decoder_self"
+
+
+def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
+          edit: Edit | None = None, sites: Any = None) -> Trace:
+    """Run one traced pass (module docstring) under ``torch.no_grad()``.
+
+    Args:
+        target, batch: the model and one batch of sources.
+        emitted: (B, T) long, the decoded output the pass teacher-forces.
+        edit: optional capture edit applied during the pass.
+        sites: capture site selection (default: the target's).
+    """
+    model, sites = target.model, target.sites if sites is None else sites
+    causal = is_causal_target(target)
+    paths = _site_modules(target, batch, emitted, sites)
+    modules = dict(model.named_modules())
+    hooks = _Hooks()
+    layers = {layer_path(p) for p in paths.values()}
+    try:
+        for path in set(paths.values()):
+            hooks.watch(path, modules[path], attention=True)
+            for sub, child in modules[path].named_modules():
+                if sub and is_linear_like(child):
+                    hooks.watch(f"{path}.{sub}", child)
+        for path, module in modules.items():
+            if is_norm(module) and any(path.startswith(f"{layer}.") for layer in layers):
+                hooks.watch(path, module)
+        for layer in layers:
+            if layer in modules:
+                hooks.watch(layer, modules[layer])
+        with torch.no_grad(), capture(model, sites, edit, kinds=target.kinds,
+                                      values=True) as cap:
+            run_pass(target, batch, emitted)
+    finally:
+        hooks.close()
+    out: dict[str, SiteTrace] = {}
+    for name, record in cap.records.items():
+        path = record.site.module
+        layer = layer_path(path)
+        values = record.values
+        reason = "" if values is not None else (
+            f"the {record.site.mechanism} path does not expose values (capture keeps them "
+            "for F.scaled_dot_product_attention calls): load the model with "
+            "attn_implementation='sdpa'")
+        if len(record.calls) != 1:
+            values, reason = None, f"called {len(record.calls)} times in one pass"
+        out[name] = SiteTrace(
+            name=name, role=_role(target, causal, record.kind, path), layer=layer,
+            module=modules[path], module_path=path, weights=record.weights.float(),
+            values=None if values is None else values.float(), value_reason=reason,
+            call=hooks.calls.get(path),
+            linears={p[len(path) + 1:]: c for p, c in hooks.calls.items()
+                     if p.startswith(f"{path}.")},
+            norms={p: c for p, c in hooks.calls.items()
+                   if p.startswith(f"{layer}.") and is_norm(modules[p])})
+    return Trace(target, batch, emitted, out, causal,
+                 int(batch.source_ids.shape[1]) if causal else 0,
+                 *_axes(target, batch, emitted, causal),
+                 {p: c.output for p, c in hooks.calls.items() if p in layers
+                  and c.output is not None})
+
+
+def _axes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, causal: bool
+          ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Query masks and key ids per role (see :class:`Trace`)."""
+    steps = target.step_mask(emitted)
+    source = batch.source_mask.bool()
+    if causal:
+        ids = causal_inputs(batch, emitted)
+        return ({"self": ids["attention_mask"].bool()}, {"self": ids["input_ids"]})
+    start = torch.full_like(emitted[:, :1], -1)
+    decoder_keys = torch.cat([start, emitted[:, :-1]], dim=1)
+    return ({"encoder_self": source, "cross": steps, "decoder_self": steps},
+            {"encoder_self": batch.source_ids, "cross": batch.source_ids,
+             "decoder_self": decoder_keys})
+

@@ -1,0 +1,75 @@
+"""Value zeroing (Mohebbi et al. 2023): how much does a layer's output move when one key's
+value is zeroed in every head of one attention site?
+
+Zeroing v_j is the weight edit a_ij -> 0 for every query and head *without* renormalising
+(the read Σ_j a_ij v_j loses exactly the term j), so it runs through capture's edit path: one
+example's batch is repeated K times, copy j zeroes key j, and the pass is re-run once per
+site. The score of key j for query i is the cosine distance 1 - cos(x̃_i^{¬j}, x_i) between
+the site's layer output (the first indexed module above the site, e.g. the whole decoder
+layer) with and without the edit. Scores are the raw distances (not renormalised per row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnaudit.capturing import capture
+from attnaudit.contributions.trace import Trace, run_pass
+from attnaudit.record import Site
+
+
+def _zero_own_key(site: Site, weights: torch.Tensor, key_mask: Any) -> torch.Tensor:
+    """Copy j (of K copies) reads a zero value at key j: column j of its weights is 0."""
+    del site, key_mask
+    copies = torch.arange(weights.shape[0], device=weights.device)
+    edited = weights.clone()
+    edited[copies, :, :, copies] = 0
+    return edited
+
+
+def _layer_output(model: nn.Module, layer: str, run: Any) -> torch.Tensor:
+    """The output (first tensor) of module ``layer`` while ``run()`` runs."""
+    module = dict(model.named_modules())[layer]
+    seen: list[torch.Tensor] = []
+
+    def hook(mod: nn.Module, args: tuple, out: Any) -> None:
+        first = out if isinstance(out, torch.Tensor) else out[0]
+        if not seen:
+            seen.append(first)
+
+    handle = module.register_forward_hook(hook)
+    try:
+        run()
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+def value_zeroing(trace: Trace, sites: Iterable[str]) -> dict[str, torch.Tensor]:
+    """Per site, (B, Q, K) float32: the cosine distance of query i's layer output when key
+    j's value is zeroed (module docstring)."""
+    target, batch, emitted = trace.target, trace.batch, trace.emitted
+    out: dict[str, torch.Tensor] = {}
+    for name in sites:
+        site = trace.sites[name]
+        reference = trace.layer_outputs[site.layer].float()  # (B, Q, d)
+        keys = int(site.weights.shape[-1])
+        rows = []
+        for b in range(len(batch)):
+            copies = batch.select([b]).repeat(keys)
+            repeated = emitted[b : b + 1].repeat(keys, 1)
+
+            def run(copies=copies, repeated=repeated, name=name) -> None:
+                with torch.no_grad(), capture(target.model, [name], _zero_own_key,
+                                              kinds=target.kinds):
+                    run_pass(target, copies, repeated)
+
+            zeroed = _layer_output(target.model, site.layer, run).float()  # (K, Q, d)
+            cos = torch.nn.functional.cosine_similarity(zeroed, reference[b][None], dim=-1)
+            rows.append((1 - cos).transpose(0, 1))  # (Q, K)
+        out[name] = torch.stack(rows)
+    return out
