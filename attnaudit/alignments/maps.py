@@ -10,7 +10,12 @@ CPU, larger = more. The measures:
   ``input_x_gradient``, ``integrated_gradients``, ...): their ``importance``, ``|score|``
   normalised over the eligible keys of each step; one layer (they attribute the output
   to the input embedding);
-- ``loo``: input leave-one-out (:func:`attnaudit.attribution.loo.leave_one_out`); one layer.
+- ``loo``: input leave-one-out (:func:`attnaudit.attribution.loo.leave_one_out`); one layer;
+- the contribution measures of :func:`attnaudit.contributions.measure_maps`
+  (``value_norm``, ``alti``, ``rollout``, ``value_zeroing``): one layer per decoder layer,
+  read after it; a decoder-only model's maps are cut to the prompt keys. A target they
+  cannot be computed for (no values or output projection at its sites, e.g. additive
+  attention) raises :class:`~attnaudit.errors.ContributionError` naming the sites.
 
 :func:`layer_map` picks one layer or combines them (``"mean"``: the mean over layers).
 """
@@ -25,11 +30,14 @@ from attnaudit.attribution.loo import leave_one_out
 from attnaudit.attribution.methods import attribute
 from attnaudit.attribution.options import ALL_METHODS, AttributionOptions
 from attnaudit.capturing.recorder import capture
+from attnaudit.contributions import ALL_MEASURES as CONTRIBUTION_MEASURES
+from attnaudit.contributions import measure_maps
 from attnaudit.errors import AlignmentError
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 WEIGHTS, LOO = "weights", "loo"
-MEASURES = (WEIGHTS, *ALL_METHODS, LOO)
+CONTRIBUTIONS = tuple(m for m in CONTRIBUTION_MEASURES if m != WEIGHTS)
+MEASURES = (WEIGHTS, *CONTRIBUTIONS, *ALL_METHODS, LOO)
 COMBINED = "mean"
 
 
@@ -85,6 +93,11 @@ def alignment_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                           contrast=options.contrast_ids(batch, emitted, target.eos_id),
                           max_memory=max_memory)
         out.update({m: found.importance[m].float().cpu()[:, None] for m in methods})
+    contributions = [m for m in measures if m in CONTRIBUTIONS]
+    if contributions:
+        n_keys = batch.source_ids.shape[1]  # a decoder-only model's maps go on to the prefix
+        out.update({m: found[..., :n_keys].float().cpu() for m, found in
+                    measure_maps(target, batch, emitted, contributions).items()})
     if LOO in measures:
         out[LOO] = leave_one_out(target, batch, emitted, max_memory=max_memory)[:, None].float()
     return {m: out[m] for m in measures}
