@@ -26,6 +26,7 @@ from attnaudit.attribution.agreement import agreement, summarise_agreement
 from attnaudit.attribution.loo import leave_one_out
 from attnaudit.attribution.methods import attribute
 from attnaudit.attribution.options import METHODS, AttributionOptions
+from attnaudit.auditing.contribution_suite import add_contribution_parts, contribution_tables
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.ablation import (
     cumulative_summary,
@@ -254,7 +255,8 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
             target, batch, ref.emitted, importances, ref.steps))
     rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
     rows_agree["example"] += ref.first_example
-    _per_batch(parts, "agreement", rows_agree)
+    _per_batch(parts, "agreement", rows_agree)  # before the contribution agreement
+    add_contribution_parts(target, batch, ref, importances, parts)
     if found.convergence_delta is not None:
         delta = found.delta_frame()
         delta["example"] += ref.first_example
@@ -306,6 +308,7 @@ def _assemble(parts: _BatchParts) -> dict[str, pd.DataFrame]:
         tables["cumulative_summary"] = cumulative_summary(tables["cumulative"])
     tables.update(joined)
     tables["agreement_summary"] = summarise_agreement(tables["agreement"])
+    tables.update(contribution_tables(tables))
     return tables
 
 

@@ -24,6 +24,7 @@ import pandas as pd
 
 from attnaudit.analysis.example_maps import ExampleMaps
 from attnaudit.checklist import Checklist
+from attnaudit.report.contributions import contributions_section
 from attnaudit.report.definitions import definition_blocks
 from attnaudit.report.html import render_summary, write_html
 from attnaudit.report.item_figures import item_figures
@@ -73,6 +74,7 @@ def write_report(out_dir: str | Path, *, checklist: Checklist,
         "all_tables": [v for item_views in views.values() for v in item_views],
         "summary_csvs": [csv_name(name) for name in SUMMARY_TABLES],
         "definitions": definition_blocks(),
+        "contributions": contributions_section(tables),
     }
     with folder.assembling() as out:
         write_csvs(tables, out)
