@@ -120,12 +120,13 @@ def contribution_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.Data
     out: dict[str, pd.DataFrame] = {}
     measures = tables["contribution_measures"].drop_duplicates("measure", keep="last")
     out["contribution_measures"] = measures.reset_index(drop=True)
-    agree = [tables["agreement_summary"]]
     if "contribution_agreement" in tables:
         out["contribution_agreement_summary"] = summarise_agreement(
             tables["contribution_agreement"])
-        agree.append(out["contribution_agreement_summary"])
-    summary = pd.concat(agree, ignore_index=True)
+    mine = out.get("contribution_agreement_summary",
+                   tables.get("contribution_agreement_summary"))
+    summary = pd.concat([tables["agreement_summary"], *([] if mine is None else [mine])],
+                        ignore_index=True)
     rows = tables["top_keys"]
     decided = rows[rows["loo_decided"]] if "loo_decided" in rows else rows.iloc[:0]
     records = []
