@@ -13,6 +13,9 @@ first batch. :func:`contribution_tables` turns those into the summary
 top-weight key, the share whose top key is the top leave-one-out key, and the mean rank
 agreement with leave-one-out.
 
+A target with ``gold_alignments`` also gets ``alignment_aer``: the alignment error rate of
+every measure's map (token units, both step conventions; :mod:`attnaudit.alignments`).
+
 A target the measures cannot be computed for (additive attention without values, no output
 projection) gets ``contribution_measures`` rows saying why, and no contribution numbers.
 """
@@ -20,10 +23,15 @@ projection) gets ``contribution_measures`` rows saying why, and no contribution 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
 
 import pandas as pd
 import torch
 
+from attnaudit.alignments.aer import AlignmentCounts, count_links
+from attnaudit.alignments.extract import links_from_maps
+from attnaudit.alignments.pharaoh import parse_line
+from attnaudit.alignments.units import CONVENTIONS, batch_units
 from attnaudit.attribution.agreement import ATTENTION, LOO, agreement, summarise_agreement
 from attnaudit.contributions import contributions, measure_maps, sink_table
 from attnaudit.errors import AttnauditError
@@ -35,6 +43,8 @@ READINGS = {"value_norm": "mean over the decoder layers' attention sites",
             "alti": "ALTI+ composed through every layer (after the last)",
             "rollout": "attention rollout composed through every layer (after the last)"}
 EXAMPLE_COLUMNS = ["measure", "step", "target_token", "key", "source_token", "value"]
+AER_COLUMNS = ["measure", "convention", "aer", "precision", "recall", "links", "sure",
+               "sentences"]
 SUMMARY_COLUMNS = ["measure", "reading", "rows", "top_differs_from_weights",
                    "top_is_loo_top", "kendall_tau_vs_loo", "top_k_overlap_vs_loo"]
 _Parts = dict[str, list[pd.DataFrame]]
@@ -88,6 +98,38 @@ def _example_frame(target: Seq2SeqTarget, ref: Reference,
     return pd.DataFrame(rows, columns=EXAMPLE_COLUMNS)
 
 
+def _name(measure: str) -> str:
+    return "weights" if measure == ATTENTION else measure
+
+
+def alignment_counts(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
+                     maps: Mapping[str, torch.Tensor]) -> pd.DataFrame:
+    """Per measure and step convention, the batch's link counts (token units) against
+    ``target.gold_alignments``; maps: measure -> (B, T, n)."""
+    gold = [parse_line(line, f"{target.name}: gold alignment of example {i}")
+            for i, line in enumerate(target.gold_alignments(batch, emitted))]
+    rows = []
+    for convention in CONVENTIONS:
+        units = batch_units(target, batch, emitted, "tokens", convention)
+        for name, values in maps.items():
+            counts = count_links(links_from_maps(values, units), gold)
+            rows.append({"measure": _name(name), "convention": convention, **asdict(counts)})
+    return pd.DataFrame(rows)
+
+
+def _aer_table(counts: pd.DataFrame) -> pd.DataFrame:
+    """The summed counts as AER, precision and recall per measure and convention."""
+    records = []
+    for (measure, convention), group in counts.groupby(["measure", "convention"], sort=False):
+        total = AlignmentCounts(*(int(group[c].sum()) for c in (
+            "predicted", "sure", "hit_sure", "hit_possible", "sentences")))
+        records.append({"measure": measure, "convention": convention, "aer": total.aer,
+                        "precision": total.precision, "recall": total.recall,
+                        "links": total.predicted, "sure": total.sure,
+                        "sentences": total.sentences})
+    return pd.DataFrame(records, columns=AER_COLUMNS)
+
+
 def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
                            importances: Mapping[str, torch.Tensor], parts: _Parts) -> None:
     """The batch's contribution tables, appended to ``parts`` (module docstring).
@@ -108,6 +150,8 @@ def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
         agree = agreement(every, keys, ref.steps, pairs=pairs)
         agree["example"] += ref.first_example
         _add(parts, "contribution_agreement", agree)
+    if target.gold_alignments is not None:
+        _add(parts, "alignment_counts", alignment_counts(target, batch, ref.emitted, every))
     if ref.first_example == 0:
         _add(parts, "contribution_example", _example_frame(target, ref, every))
         if found:  # the measures ran, so the traced pass does too
@@ -137,7 +181,7 @@ def contribution_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.Data
         vs_loo = summary[((summary["method_a"] == name) & (summary["method_b"] == LOO))
                          | ((summary["method_a"] == LOO) & (summary["method_b"] == name))]
         records.append({
-            "measure": "weights" if name == ATTENTION else name,
+            "measure": _name(name),
             "reading": READINGS.get(name, "mean over the cross-attention sites and heads"
                                     if name == ATTENTION else "gradient attribution"),
             "rows": len(rows),
@@ -150,4 +194,6 @@ def contribution_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.Data
             if len(vs_loo) else float("nan"),
         })
     out["weights_vs_contributions"] = pd.DataFrame(records, columns=SUMMARY_COLUMNS)
+    if "alignment_counts" in tables:
+        out["alignment_aer"] = _aer_table(tables["alignment_counts"])
     return out

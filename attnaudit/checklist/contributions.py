@@ -16,7 +16,7 @@ import pandas as pd
 # intervention item's evidence.
 CONTRIBUTION_TABLES = ("weights_vs_contributions", "contribution_measures",
                        "contribution_agreement_summary", "sinks", "contribution_agreement",
-                       "top_keys", "contribution_example")
+                       "top_keys", "contribution_example", "alignment_aer", "alignment_counts")
 PREFERRED = ("alti", "value_norm", "rollout")  # the contribution measure the verdict quotes
 MATERIAL_SHARE = 0.05  # top keys that differ in fewer rows than this count as agreeing
 

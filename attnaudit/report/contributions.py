@@ -32,6 +32,13 @@ TABLES = {
         "Rank agreement of the contribution measures",
         "Each contribution measure against leave-one-out and against the attention weights, "
         "over the eligible keys of every counted row (docs/metrics.md, agreement)."),
+    "alignment_aer": (
+        "Word alignments from each measure: alignment error rate",
+        "Each measure's map read as an alignment (every output token linked to the source "
+        "token with the largest value; token units) against the target's gold alignments: "
+        "AER = 1 - (|A∩S| + |A∩P|) / (|A| + |S|) (Och & Ney), precision |A∩P| / |A|, "
+        "recall |A∩S| / |S|; emit: the row of the step that emits the token, input: the row "
+        "where it is the decoder input (docs/alignments.md)."),
     "sinks": (
         "Attention sinks (first batch)",
         "Per site and head, the key with the most incoming mass; a sink when most query rows "

@@ -144,6 +144,11 @@ class Seq2SeqTarget:
             ``decode(batch, encoded, emitted)[:, t]``. Used only with ``decode_states``.
         device: where the model runs; batches are moved there (None: as yielded).
         truncation: one sentence on how sources were truncated, for the report.
+        gold_alignments: optional, (batch, emitted (B, T)) -> per example, its gold word
+            alignment as a Pharaoh line (``i-j`` sure, ``i-pj`` possible) in token units:
+            eligible source token i (``explain_keys``, in order), output token j (the
+            emitted tokens before the end of sequence); the audit then reports the
+            alignment error rate of every measure (docs/alignments.md).
     """
 
     name: str
@@ -170,6 +175,7 @@ class Seq2SeqTarget:
     target_embedding: nn.Module | None = None
     first_prefix_input: int = 0
     unk_id: int | None = None
+    gold_alignments: Callable[[Batch, torch.Tensor], list[str]] | None = None
 
     def step_mask(self, emitted: torch.Tensor) -> torch.Tensor:
         """Bool (B, T): steps up to and including the first ``eos_id``."""

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import torch
+
 from attnaudit.alignments.pharaoh import Alignment, Link, write_alignments
+from attnaudit.targets.contract import Batch
 
 from .data import MONTHS, make_splits
-from .target import AUDIT_SOURCES
 
 ISO = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 YEAR, MONTH, DAY = 0, 5, 8  # where each field starts in the output
@@ -83,9 +85,29 @@ def oracle(gold: Alignment, n_output: int) -> Alignment:
     return Alignment.of(links)
 
 
-def audit_gold(limit: int = AUDIT_SOURCES) -> list[Alignment]:
-    """Gold alignments of the bundled models' audit data (its ISO references as outputs)."""
-    return [gold_alignment(s, t) for s, t in make_splits().unambiguous("valid", limit)]
+def gold_lines(target_tokens: Callable[[torch.Tensor], list[list[str]]], eos_id: int
+               ) -> Callable[[Batch, torch.Tensor], list[str]]:
+    """A target's ``gold_alignments``: each source's gold alignment to its emitted output
+    (the output characters before the end of sequence), as Pharaoh lines."""
+
+    def lines(batch: Batch, emitted: torch.Tensor) -> list[str]:
+        out = []
+        for text, ids, tokens in zip(batch.texts, emitted.tolist(), target_tokens(emitted),
+                                     strict=True):
+            end = ids.index(eos_id) if eos_id in ids else len(ids)
+            out.append(gold_alignment(text, "".join(map(str, tokens[:end]))).to_line())
+        return out
+
+    return lines
+
+
+def audit_gold(limit: int | None = None) -> list[Alignment]:
+    """Gold alignments of the bundled models' audit data (its ISO references as outputs;
+    default: all audit sources)."""
+    from .target import AUDIT_SOURCES
+
+    pairs = make_splits().unambiguous("valid", AUDIT_SOURCES if limit is None else limit)
+    return [gold_alignment(s, t) for s, t in pairs]
 
 
 def write_audit_gold(path: str | Path = AUDIT_GOLD,

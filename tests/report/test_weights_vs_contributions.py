@@ -5,6 +5,7 @@ measures are reported as not computed, with the reason)."""
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from tests.helpers.report_page import read_page
 
@@ -44,3 +45,22 @@ def test_lstm_report_says_why_the_measures_are_not_computed(cli_reports):
     table = pd.read_csv(out / "weights_vs_contributions.csv")
     assert not {"value_norm", "alti", "rollout"} & set(table["measure"])
     assert {"weights", "saliency"} <= set(table["measure"])
+
+
+def test_bart_report_alignment_table_equals_attnaudit_align(cli_reports):
+    from attnaudit.alignments.pharaoh import read_alignments
+    from attnaudit.alignments.run import aer_table
+    from attnaudit.targets.loading import load_target
+    from tests.alignments.test_align_command import GOLD
+    from tests.conftest import BART_LIMIT, BUNDLED
+
+    out = cli_reports("date_transformer")
+    table = pd.read_csv(out / "alignment_aer.csv").set_index(["measure", "convention"])
+    assert any(t.csv == "alignment_aer.csv" for t in read_page(out / "index.html").tables)
+    target = load_target(BUNDLED["date_transformer"][0])
+    gold = read_alignments(GOLD)[:BART_LIMIT]
+    direct = aer_table(target, gold, ["weights", "loo"], units="tokens", layer="mean",
+                       limit=BART_LIMIT).set_index(["measure", "convention"])
+    for key in direct.index:
+        assert table.loc[key, "aer"] == pytest.approx(direct.loc[key, "aer"], abs=1e-9)
+        assert table.loc[key, "links"] == direct.loc[key, "links"]
