@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import torch
 
-from attnaudit.contributions.projection import Projection, head_vectors
 from attnaudit.contributions.trace import Call, SiteTrace
 from attnaudit.contributions.value_norms import attention_terms
 
@@ -138,25 +137,33 @@ def block_of(site: SiteTrace) -> Block | str:
     return Block("post", residual, nxt.output.float(), scale, gamma, beta, centred)
 
 
-def decompose(site: SiteTrace, projection: Projection, block: Block, b: int
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Example ``b``'s terms T_i(x_j), (Q, K[+1], d) float32, and the part of the output that
-    belongs to no token (Q, d)."""
-    vectors = head_vectors(site, projection)[b : b + 1]
-    terms = next(attention_terms(site.weights[b : b + 1], vectors))
-    residual = block.residual[b]
+def transformed_inputs(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tensor,
+                       block: Block) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                              torch.Tensor]:
+    """The block's map applied to each input before the weighted sum, which it commutes
+    with (L and gamma act per vector; s per query): weights (B, H, Q, K), head vectors
+    (B, H, K, d), residual (B, Q, d) and the rest (B, Q, d), so that
+    T_i(x_j) = Σ_h weights^h_ij vectors^h_j (+ the residual at j = i, or as its own term)."""
+    weights, residual = site.weights, block.residual
+    rest = bias.expand_as(residual)
+    if block.placement == "pre":
+        return weights, vectors, residual, rest
+    assert block.scale is not None and block.gamma is not None and block.beta is not None
+    scale, gamma = block.scale, block.gamma  # (B, Q, 1), (d,)
+    return (weights * scale[:, None], gamma * _centre(vectors, block.centred),
+            scale * gamma * _centre(residual, block.centred),
+            scale * gamma * _centre(rest, block.centred) + block.beta)
+
+
+def _with_residual(site: SiteTrace, terms: torch.Tensor, residual: torch.Tensor
+                   ) -> torch.Tensor:
+    """Attention terms (c, Q, K, d) with the residual (c, Q, d) added: at key i for
+    self-attention (in place), as one more term after the keys for cross-attention."""
     if site.role == "cross":
-        terms = torch.cat([terms, residual[:, None]], dim=1)
-    else:
-        at = torch.arange(terms.shape[0], device=terms.device)
-        terms[at, at] += residual
-    rest = projection.bias.expand_as(residual)
-    if block.placement == "post":
-        assert block.scale is not None and block.gamma is not None and block.beta is not None
-        scale = block.scale[b][:, None]  # (Q, 1, 1)
-        terms = scale * block.gamma * _centre(terms, block.centred)
-        rest = scale[:, 0] * block.gamma * _centre(rest, block.centred) + block.beta
-    return terms, rest
+        return torch.cat([terms, residual[:, :, None]], dim=2)
+    at = torch.arange(terms.shape[1], device=terms.device)
+    terms[:, at, at] += residual
+    return terms
 
 
 def _tolerance(site: SiteTrace) -> float:
@@ -164,21 +171,29 @@ def _tolerance(site: SiteTrace) -> float:
         else RESUM_TOLERANCE
 
 
-def alti_block(site: SiteTrace, projection: Projection, block: Block,
+def alti_block(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tensor, block: Block,
                query_mask: torch.Tensor | None) -> BlockContributions:
     """The site's normalised ALTI contributions and its exactness check.
 
+    vectors: the head vectors f_h(x_j) (B, H, K, d); bias: the output projection's (d,);
     query_mask: bool (B, Q), the rows the check counts (None: all)."""
+    weights, vectors, residual, rest = transformed_inputs(site, vectors, bias, block)
     rows, errors = [], []
-    for b in range(site.weights.shape[0]):
-        terms, rest = decompose(site, projection, block, b)
-        y = block.output[b]
-        resum = terms.sum(1) + rest
+    for part, attention in attention_terms(weights, vectors):
+        terms = _with_residual(site, attention, residual[part])
+        y = block.output[part]
+        resum = terms.sum(2) + rest[part]
         errors.append((resum - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30))
-        score = (y.abs().sum(-1, keepdim=True) - (y[:, None] - terms).abs().sum(-1))
-        score = score.clamp_min(0)
+        c, queries, keys, width = terms.shape
+        # ‖y‖₁ as the distance to one more, zero, term: the same arithmetic as a term that
+        # is zero (a padded key), so that such a term scores exactly 0
+        points = torch.cat([terms, terms.new_zeros(c, queries, 1, width)], dim=2)
+        distance = torch.cdist(y.reshape(c * queries, 1, width),
+                               points.reshape(c * queries, keys + 1, width), p=1)
+        distance = distance.reshape(c, queries, keys + 1)
+        score = (distance[..., -1:] - distance[..., :-1]).clamp_min(0)
         rows.append(score / score.sum(-1, keepdim=True).clamp_min(1e-30))
-    error = torch.stack(errors)
+    error = torch.cat(errors)
     if query_mask is not None:
         error = error[query_mask.to(error.device)]
     tolerance = _tolerance(site)
@@ -193,7 +208,7 @@ def alti_block(site: SiteTrace, projection: Projection, block: Block,
               "not decompose as attention + residual (+ a linearised norm)")
     check = ExactnessCheck(site.name, RESUM_CHECK, status, failing, detail, worst)
     return BlockContributions(site.name, site.role, site.layer, block.placement,
-                              torch.stack(rows), check)
+                              torch.cat(rows), check)
 
 
 def unavailable(site: str, reason: str) -> ExactnessCheck:

@@ -28,7 +28,7 @@ from attnaudit.contributions.composition import (
     rollout_cross,
     rollout_self,
 )
-from attnaudit.contributions.projection import Projection, projections_of
+from attnaudit.contributions.projection import Projection, head_vectors, projections_of
 from attnaudit.contributions.trace import Trace, trace
 from attnaudit.contributions.value_norms import ValueNorms, value_norms
 from attnaudit.contributions.zeroing import value_zeroing
@@ -96,7 +96,8 @@ def contributions(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
             if alti:
                 result.checks.append(unavailable(name, projection))
             continue
-        result.value_norms[name] = value_norms(site, projection)
+        vectors = head_vectors(site, projection)
+        result.value_norms[name] = value_norms(site, vectors)
         if not alti:
             continue
         block = block_of(site)
@@ -104,7 +105,8 @@ def contributions(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
             result.reasons[name] = block
             result.checks.append(unavailable(name, block))
             continue
-        done = alti_block(site, projection, block, traced.query_mask.get(site.role))
+        done = alti_block(site, vectors, projection.bias, block,
+                          traced.query_mask.get(site.role))
         result.blocks[name] = done
         result.checks.append(done.check)
     return result

@@ -22,8 +22,10 @@ from torch import nn
 
 from attnaudit.contributions.trace import SiteTrace
 
-# Relative error within which a module's input is the heads' concatenated read.
+# Relative error within which a module's input is the heads' concatenated read (the closest
+# candidate is taken; a module reading anything else is off by order 1).
 READS_VALUES = 1e-3
+HALF_READS_VALUES = 5e-2  # fp16 / bf16 models
 
 
 @dataclass
@@ -71,15 +73,18 @@ def output_projection(site: SiteTrace, declared: nn.Module | None = None
         matrix, bias = affine_map(declared, d_in)
         return Projection("declared", matrix.reshape(heads, width, -1), bias)
     read = heads_read(site)
-    tried = []
+    tolerance = HALF_READS_VALUES if site.module_dtype in (torch.float16, torch.bfloat16) \
+        else READS_VALUES
+    errors = {}
     for path, call in site.linears.items():
-        if call.inputs is None or call.times != 1 or tuple(call.inputs.shape) != tuple(
+        if call.inputs is not None and call.times == 1 and tuple(call.inputs.shape) == tuple(
                 read.shape):
-            continue
-        tried.append(path)
-        if _relative(call.inputs, read) <= READS_VALUES:
-            matrix, bias = affine_map(call.module, d_in)
-            return Projection(path, matrix.reshape(heads, width, -1), bias)
+            errors[path] = _relative(call.inputs, read)
+    best = min(errors, key=errors.__getitem__, default=None)
+    if best is not None and errors[best] <= tolerance:
+        matrix, bias = affine_map(site.linears[best].module, d_in)
+        return Projection(best, matrix.reshape(heads, width, -1), bias)
+    tried = list(errors)
     return (f"no module inside {site.module_path} reads the heads' weighted values "
             f"(shape {tuple(read.shape)}; compared: {tried or 'none of that shape'}); "
             "declare it with projections={site: module}")

@@ -15,6 +15,7 @@ prompt tokens and the generated prefix, in that order).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -22,7 +23,7 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import nn
 
-from attnaudit.capturing import Edit, capture
+from attnaudit.capturing import capture
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from attnaudit.targets.hf.causal import is_causal_lm
 
@@ -117,7 +118,11 @@ def causal_inputs(batch: Batch, emitted: torch.Tensor) -> dict[str, torch.Tensor
 def run_pass(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) -> Any:
     """The traced forward: ``teacher_forced``, or the raw causal pass (module docstring)."""
     if is_causal_target(target):
-        return target.model(**causal_inputs(batch, emitted))
+        model = target.model
+        # only the hidden states matter here: the last position's logits are the cheapest
+        keep = ({"logits_to_keep": 1}
+                if "logits_to_keep" in inspect.signature(model.forward).parameters else {})
+        return model(**causal_inputs(batch, emitted), **keep)
     return target.teacher_forced(batch, emitted)
 
 
@@ -140,6 +145,16 @@ def is_linear_like(module: nn.Module) -> bool:
     weight = getattr(module, "weight", None)
     return isinstance(weight, torch.Tensor) and weight.ndim == 2 and not isinstance(
         module, nn.Embedding)
+
+
+def _inside(path: str, sub: str) -> str:
+    """The path of submodule ``sub`` of the module at ``path`` (``""``: the root)."""
+    return f"{path}.{sub}" if path else sub
+
+
+def _under(path: str, ancestor: str) -> bool:
+    """``path`` is strictly inside the module at ``ancestor`` (``""``: the root)."""
+    return path != ancestor and (not ancestor or path.startswith(f"{ancestor}."))
 
 
 def layer_path(path: str) -> str:
@@ -223,13 +238,12 @@ def _role(target: Seq2SeqTarget, causal: bool, kind: str | None, path: str) -> s
 
 
 def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
-          edit: Edit | None = None, sites: Any = None) -> Trace:
+          sites: Any = None) -> Trace:
     """Run one traced pass (module docstring) under ``torch.no_grad()``.
 
     Args:
         target, batch: the model and one batch of sources.
         emitted: (B, T) long, the decoded output the pass teacher-forces.
-        edit: optional capture edit applied during the pass.
         sites: capture site selection (default: the target's).
     """
     model, sites = target.model, target.sites if sites is None else sites
@@ -243,14 +257,14 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
             hooks.watch(path, modules[path], attention=True)
             for sub, child in modules[path].named_modules():
                 if sub and is_linear_like(child):
-                    hooks.watch(f"{path}.{sub}", child)
+                    hooks.watch(_inside(path, sub), child)
         for path, module in modules.items():
-            if is_norm(module) and any(path.startswith(f"{layer}.") for layer in layers):
+            if is_norm(module) and any(_under(path, layer) for layer in layers):
                 hooks.watch(path, module)
         for layer in layers:
             if layer in modules:
                 hooks.watch(layer, modules[layer])
-        with torch.no_grad(), capture(model, sites, edit, kinds=target.kinds,
+        with torch.no_grad(), capture(model, sites, kinds=target.kinds,
                                       values=True) as cap:
             run_pass(target, batch, emitted)
     finally:
@@ -259,22 +273,23 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
     for name, record in cap.records.items():
         path = record.site.module
         layer = layer_path(path)
-        values = record.values
-        reason = "" if values is not None else (
-            f"the {record.site.mechanism} path does not expose values (capture keeps them "
-            "for F.scaled_dot_product_attention calls): load the model with "
-            "attn_implementation='sdpa'")
-        if len(record.calls) != 1:
-            values, reason = None, f"called {len(record.calls)} times in one pass"
+        values, reason = record.values, ""
+        if values is None:
+            reason = (f"the {record.site.mechanism} path does not expose values (capture keeps "
+                      "them for F.scaled_dot_product_attention calls): load the model with "
+                      "attn_implementation='sdpa'")
+        elif len(record.calls) != 1:
+            values, reason = None, (f"called {len(record.calls)} times in one pass (one "
+                                    "call per site is decomposed)")
         out[name] = SiteTrace(
             name=name, role=_role(target, causal, record.kind, path), layer=layer,
             module=modules[path], module_path=path, weights=record.weights.float(),
             values=None if values is None else values.float(), value_reason=reason,
             call=hooks.calls.get(path),
-            linears={p[len(path) + 1:]: c for p, c in hooks.calls.items()
-                     if p.startswith(f"{path}.")},
+            linears={p[len(_inside(path, "")):]: c for p, c in hooks.calls.items()
+                     if _under(p, path)},
             norms={p: c for p, c in hooks.calls.items()
-                   if p.startswith(f"{layer}.") and is_norm(modules[p])})
+                   if _under(p, layer) and is_norm(modules[p])})
     return Trace(target, batch, emitted, out, causal,
                  int(batch.source_ids.shape[1]) if causal else 0,
                  *_axes(target, batch, emitted, causal),

@@ -1,0 +1,202 @@
+"""Rollout against a numpy product of the eager weights, value zeroing against a hand re-run
+with v_j = 0 (a hook zeroing the value projection's output at j), the sink table on a planted
+sink, and what a site without values says."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import attnaudit
+from attnaudit.contributions import ALL_MEASURES, contributions, measure_maps, sink_table
+from attnaudit.contributions.sinks import SiteKeys, sink_rows
+from attnaudit.contributions.trace import causal_inputs
+from attnaudit.errors import ContributionError
+from attnaudit.targets.hf.loading import from_hf
+
+transformers = pytest.importorskip("transformers")
+
+from tests.helpers.tiny_targets import (  # noqa: E402
+    NEW_TOKENS,
+    SOURCES,
+    decoder_inputs,
+    eager_model,
+    save_tiny,
+)
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def bart(tmp_path_factory):
+    folder = save_tiny("bart", tmp_path_factory.mktemp("bart"))
+    target = from_hf(folder, SOURCES, max_new_tokens=NEW_TOKENS)
+    batch = next(target.iter_batches())
+    return folder, target, batch, target.greedy(batch)
+
+
+def _half_plus_identity(weights: np.ndarray) -> np.ndarray:
+    """½(Ā + I), rows normalised, Ā the head mean: (B, H, Q, Q) -> (B, Q, Q)."""
+    mean = weights.mean(1)
+    rows = 0.5 * (mean + np.eye(mean.shape[-1]))
+    return rows / rows.sum(-1, keepdims=True)
+
+
+def test_decoder_only_rollout_is_the_numpy_product_of_half_weights_plus_identity(tmp_path):
+    folder = save_tiny("gpt2", tmp_path)
+    target = from_hf(folder, SOURCES, max_new_tokens=NEW_TOKENS)
+    batch = next(target.iter_batches())
+    emitted = target.greedy(batch)
+    maps = measure_maps(target, batch, emitted, ["rollout", "weights"])
+    with torch.no_grad():
+        out = eager_model("gpt2", folder)(**causal_inputs(batch, emitted),
+                                          output_attentions=True)
+    prompt, steps = batch.source_ids.shape[1], emitted.shape[1]
+    product = None
+    for layer, weights in enumerate(out.attentions):
+        block = _half_plus_identity(weights.double().numpy())
+        product = block if product is None else block @ product
+        rows = slice(prompt - 1, prompt - 1 + steps)
+        np.testing.assert_allclose(maps["rollout"][:, layer].double().numpy(),
+                                   product[:, rows], atol=TOL, rtol=0)
+        np.testing.assert_allclose(maps["weights"][:, layer].double().numpy(),
+                                   weights.double().mean(1).numpy()[:, rows], atol=TOL, rtol=0)
+
+
+def test_encoder_decoder_rollout_composes_through_cross_attention(bart):
+    folder, target, batch, emitted = bart
+    maps = measure_maps(target, batch, emitted, ["rollout"])
+    model = eager_model("bart", folder)
+    with torch.no_grad():
+        out = model(input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
+                    decoder_input_ids=decoder_inputs(model, emitted), output_attentions=True)
+    encoder = None
+    for weights in out.encoder_attentions:
+        block = _half_plus_identity(weights.double().numpy())
+        encoder = block if encoder is None else block @ encoder
+    batch_size, n = batch.source_ids.shape
+    steps = emitted.shape[1]
+    # a step's representation over [source tokens | prefix inputs]; before layer 0, itself
+    current = np.concatenate([np.zeros((batch_size, steps, n)),
+                              np.broadcast_to(np.eye(steps), (batch_size, steps, steps))], -1)
+    for layer, (own, cross) in enumerate(zip(out.decoder_attentions, out.cross_attentions,
+                                             strict=True)):
+        self_part = _half_plus_identity(own.double().numpy()) @ current
+        source_part = 0.5 * cross.double().numpy().mean(1) @ encoder
+        current = 0.5 * self_part
+        current[..., :n] += source_part
+        current /= current.sum(-1, keepdims=True)
+        np.testing.assert_allclose(maps["rollout"][:, layer].double().numpy(),
+                                   current[..., :n], atol=TOL, rtol=0)
+
+
+def test_value_zeroing_equals_a_re_run_with_that_value_zeroed(bart):
+    folder, target, batch, emitted = bart
+    maps = measure_maps(target, batch, emitted, ["value_zeroing"])
+    model = eager_model("bart", folder)
+    layer = model.model.decoder.layers[1]
+    b = 0  # the longest source: no padding in a batch of one
+    inputs = {"input_ids": batch.source_ids[b:b + 1],
+              "attention_mask": batch.source_mask[b:b + 1].long(),
+              "decoder_input_ids": decoder_inputs(model, emitted[b:b + 1])}
+
+    def layer_output(zero_key: int | None) -> torch.Tensor:
+        seen = []
+        handles = [layer.register_forward_hook(lambda m, a, o: seen.append(
+            o if isinstance(o, torch.Tensor) else o[0]))]
+        if zero_key is not None:
+            def zero(mod, args, out):
+                out = out.clone()
+                out[:, zero_key] = 0
+                return out
+            handles.append(layer.encoder_attn.v_proj.register_forward_hook(zero))
+        try:
+            with torch.no_grad():
+                model(**inputs)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return seen[0][0]
+
+    reference = layer_output(None)
+    for key in range(batch.source_ids.shape[1]):
+        zeroed = layer_output(key)
+        distance = 1 - torch.nn.functional.cosine_similarity(zeroed, reference, dim=-1)
+        torch.testing.assert_close(maps["value_zeroing"][b, 1, :, key], distance,
+                                   atol=TOL, rtol=0)
+
+
+def test_measure_maps_share_one_shape_and_alti_rows_split_source_and_prefix(bart):
+    _, target, batch, emitted = bart
+    maps = measure_maps(target, batch, emitted, ALL_MEASURES)
+    shape = (len(batch), 2, emitted.shape[1], batch.source_ids.shape[1])
+    assert {name: tuple(m.shape) for name, m in maps.items()} == dict.fromkeys(ALL_MEASURES,
+                                                                             shape)
+    assert all(m.dtype == torch.float32 for m in maps.values())
+    share = maps["alti"].sum(-1)
+    assert bool(((share > 0) & (share <= 1 + 1e-5)).all())
+
+
+def test_the_sink_table_flags_a_planted_sink():
+    torch.manual_seed(0)
+    batch, heads, queries, keys = 3, 4, 5, 6
+    weights = torch.softmax(0.1 * torch.randn(batch, heads, queries, keys), -1)
+    weights[:, 1] = 0.1 * weights[:, 1] / weights[:, 1, :, [0, 1, 3, 4, 5]].sum(-1,
+                                                                                  keepdim=True)
+    weights[:, 1, :, 2] = 0.9
+    norms = torch.ones(batch, heads, keys)
+    norms[:, :, 2] = 0.2
+    special = torch.zeros(batch, keys, dtype=torch.bool)
+    special[:, 2] = True
+    labels = [[f"t{j}" if j != 2 else "</s>" for j in range(keys)] for _ in range(batch)]
+    rows = sink_rows(SiteKeys("toy", "cross", weights, norms, "f_h(x_j)",
+                              torch.ones(batch, queries, dtype=torch.bool),
+                              torch.ones(batch, keys, dtype=torch.bool), special, labels))
+    assert [row["sink"] for row in rows] == [False, True, False, False]
+    sink = rows[1]
+    assert (sink["token"], sink["position"], sink["special"]) == ("</s>", 2, True)
+    assert sink["share"] == pytest.approx(0.9) and sink["rows_over"] == 1.0
+    mean_norm = (0.2 + 5) / 6
+    assert sink["value_norm_ratio"] == pytest.approx(0.2 / mean_norm)
+
+
+def test_sink_table_covers_every_site_and_head(bart):
+    _, target, batch, emitted = bart
+    table = sink_table(contributions(target, batch, emitted))
+    assert len(table) == 6 * 4  # 6 sites, 4 heads
+    assert set(table["norm_of"]) == {"f_h(x_j)"}
+    assert table["share"].between(0, 1).all()
+
+
+def test_a_site_without_values_says_why_and_value_norms_are_refused(tmp_path):
+    folder = save_tiny("bart", tmp_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    model = eager_model("bart", folder)
+    target = from_hf(model, SOURCES, tokenizer=tokenizer, max_new_tokens=NEW_TOKENS)
+    batch = next(target.iter_batches())
+    emitted = target.greedy(batch)
+    result = contributions(target, batch, emitted)
+    assert not result.value_norms and len(result.reasons) == 6
+    assert all("attn_implementation='sdpa'" in r for r in result.reasons.values())
+    assert all(c.status == "fail" for c in result.checks)
+    with pytest.raises(ContributionError, match="value_norm cannot be computed"):
+        measure_maps(target, batch, emitted, ["value_norm"])
+    assert measure_maps(target, batch, emitted, ["weights"])["weights"].shape[1] == 2
+
+
+def test_a_custom_target_gets_its_weights_and_a_reason_for_the_rest():
+    from attnaudit_examples.date.target import make_target
+
+    target = make_target()
+    batch = next(target.iter_batches(4))
+    emitted = target.greedy(batch)
+    maps = measure_maps(target, batch, emitted, ["weights"])
+    with attnaudit.capture(target.model) as cap, torch.no_grad():
+        target.teacher_forced(batch, emitted)
+    (record,) = cap.records.values()
+    torch.testing.assert_close(maps["weights"][:, 0], record.weights.float().mean(1))
+    with pytest.raises(ContributionError, match="softmax path does not expose values"):
+        measure_maps(target, batch, emitted, ["value_norm"])
+    with pytest.raises(ContributionError, match="composition needs encoder self-attention"):
+        measure_maps(target, batch, emitted, ["rollout"])
