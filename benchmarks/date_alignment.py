@@ -6,7 +6,9 @@ gold rule of ``attnaudit_examples.date.gold`` on the 400 audit sources.
 
 Prints one markdown table per model (the README's and docs/alignments.md's), and the AER
 of the oracle: the best aligner that links every output character to one source
-character (the hyphens have no gold link, so no such aligner reaches 0).
+character (the hyphens have no gold link, so no such aligner reaches 0). A measure that
+cannot be computed for a model (the LSTM's additive attention exposes no values) is a row
+saying why.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from attnaudit.alignments.aer import count_links
 from attnaudit.alignments.maps import MEASURES
 from attnaudit.alignments.run import aer_table
 from attnaudit.alignments.units import output_lengths
+from attnaudit.errors import AttnauditError
 
-DEFAULT_MEASURES = ("weights", "saliency", "input_x_gradient", "integrated_gradients", "loo")
+DEFAULT_MEASURES = ("weights", "value_norm", "alti", "rollout", "saliency",
+                    "input_x_gradient", "integrated_gradients", "loo")
 
 
-def _markdown(table: pd.DataFrame) -> str:
+def _markdown(table: pd.DataFrame, missing: dict[str, str]) -> str:
     wide = table.pivot_table(index=["measure", "layer"], columns="convention",
                              values=["aer", "precision", "recall"], sort=False)
     lines = ["| measure | layer | AER (emit) | P / R (emit) | AER (input) |",
@@ -32,6 +36,7 @@ def _markdown(table: pd.DataFrame) -> str:
         lines.append(f"| {measure} | {layer} | {row[('aer', 'emit')]:.3f} | "
                      f"{row[('precision', 'emit')]:.3f} / {row[('recall', 'emit')]:.3f} | "
                      f"{row[('aer', 'input')]:.3f} |")
+    lines += [f"| {measure} | - | n/a | {reason} | n/a |" for measure, reason in missing.items()]
     return "\n".join(lines)
 
 
@@ -48,13 +53,19 @@ def main() -> None:
     gold = date_gold.audit_gold(args.limit)
     for name, make in (("date BART", bart), ("date LSTM", lstm)):
         target = make()
-        table = aer_table(target, gold, measures, units="tokens", limit=args.limit)
+        tables, missing = [], {}
+        for measure in measures:
+            try:
+                tables.append(aer_table(target, gold, [measure], units="tokens",
+                                        limit=args.limit))
+            except AttnauditError as exc:
+                missing[measure] = " ".join(str(exc).split())[:160]
         lengths = [n for batch in target.iter_batches(args.limit)
                    for n in output_lengths(target, target.greedy(batch))]
         oracle = count_links([date_gold.oracle(g, n) for g, n in zip(gold, lengths,
                                                                          strict=True)], gold)
         print(f"\n{name} ({args.limit} sources; oracle AER {oracle.aer:.3f})\n")
-        print(_markdown(table))
+        print(_markdown(pd.concat(tables, ignore_index=True), missing))
 
 
 if __name__ == "__main__":
