@@ -6,7 +6,8 @@ and test what they do and do not explain. The top level holds capture, the audit
 (docs/architecture.md): ``capturing``, ``targets``, ``analysis`` (streaming analysers),
 ``runtime`` (processes, progress, output folders), ``interventions`` (weight and value
 edits), ``validity`` (the validity pipeline, findings and the CI gate), ``attribution``
-(Captum methods, leave-one-out, agreement), ``checklist``, ``report`` (HTML/CSV),
+(Captum methods, leave-one-out, agreement), ``checklist``, ``alignments`` (word
+alignments and their error rate), ``report`` (HTML/CSV),
 ``auditing`` (the orchestration) and ``cli``; ``attnaudit.testing`` is a pytest helper.
 """
 
@@ -42,6 +43,7 @@ __all__ = [
     "Site",
     "SiteNotFound",
     "TargetError",
+    "align",
     "audit",
     "capture",
     "from_hf",
@@ -50,13 +52,17 @@ __all__ = [
 ]
 
 
+_LAZY = ("audit", "Audit", "align")
+
+
 def __getattr__(name: str) -> Any:
-    # audit and Audit bring in the interventions, report and plotting libraries (the extras
+    # audit, Audit and align bring in the interventions, report and plotting libraries (the extras
     # of attnaudit[all]); they are imported on first use so that ``import attnaudit``
     # (capture) stays light and works without them.
-    if name not in ("audit", "Audit"):
+    if name not in _LAZY:
         raise AttributeError(f"module 'attnaudit' has no attribute {name!r}")
     try:
+        from attnaudit.alignments.run import align
         from attnaudit.auditing.orchestration import audit
         from attnaudit.auditing.result import Audit
     except ModuleNotFoundError as exc:
@@ -66,8 +72,8 @@ def __getattr__(name: str) -> Any:
         if message is None:
             raise
         raise ModuleNotFoundError(message, name=exc.name) from None
-    return audit if name == "audit" else Audit
+    return {"audit": audit, "Audit": Audit, "align": align}[name]
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "audit", "Audit"})
+    return sorted({*globals(), *_LAZY})

@@ -16,6 +16,7 @@ PUBLIC = {
     "attnaudit.capturing.recorder": ("Capture", "Edit", "capture"),
     "attnaudit.capturing.tap": ("tap",),
     "attnaudit.auditing.orchestration": ("audit",),
+    "attnaudit.alignments.run": ("align",),
     "attnaudit.auditing.result": ("Audit",),
     "attnaudit.targets.contract": ("Batch", "Expectation", "Seq2SeqTarget"),
     "attnaudit.targets.hf.loading": ("from_hf",),
