@@ -46,12 +46,30 @@ TABLES = {
     "contribution_measures": (
         "Contribution measures computed",
         "How each measure is read as one map per step, and why one could not be computed."),
+    "contribution_agreement": (
+        "Rank agreement per row",
+        "Every contribution measure against leave-one-out and the weights, per (example, "
+        "step) row; excluded: why a row has no defined correlation."),
+    "top_keys": (
+        "Top key of every measure per row",
+        "The eligible key with the largest value under each measure (loo_decided: "
+        "leave-one-out is not constant over the row)."),
+    "alignment_counts": (
+        "Alignment link counts per batch",
+        "The counts the alignment error rates sum: predicted |A|, sure |S|, hit_sure "
+        "|A∩S|, hit_possible |A∩P|."),
+    "contribution_example": (
+        "First example's maps",
+        "Every measure's value per (step, source key) of the first example, as drawn above "
+        "before the rows are divided by their sums."),
 }
 
 
-def _example_figure(example: pd.DataFrame) -> list[figs.Figure]:
-    """The first example's maps, each row divided by its sum over the eligible keys."""
-    if example.empty:
+def contribution_figures(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figure]:
+    """The section's figures: the first example's maps side by side, each row divided by
+    its sum over the eligible keys (none without ``contribution_example``)."""
+    example = tables.get("contribution_example")
+    if example is None or example.empty:
         return []
     steps = example.drop_duplicates("step").set_index("step")["target_token"].sort_index()
     keys = example.drop_duplicates("key").set_index("key")["source_token"].sort_index()
@@ -87,8 +105,7 @@ def contributions_section(tables: Mapping[str, pd.DataFrame]) -> dict[str, Any] 
     measures = tables.get("contribution_measures", pd.DataFrame())
     missing = measures[measures["status"] != "computed"] if len(measures) else measures
     return {
-        "figures": _example_figure(tables.get("contribution_example", pd.DataFrame(
-            columns=["measure"]))),
+        "figures": contribution_figures(tables),
         "tables": [view(name, title, caption, tables[name])
                    for name, (title, caption) in TABLES.items() if name in tables],
         "status": None if judged is None else judged[0],
