@@ -6,12 +6,13 @@ Per batch, :func:`add_contribution_parts` computes the contribution measures of
 :func:`attnaudit.contributions.measure_maps` read as one key-level map per step, as the
 suite's ``attention`` is: ``value_norm`` averaged over the decoder layers (as the weights
 are averaged over sites), ``alti`` and ``rollout`` after the last layer (composed through
-the whole model). It adds their rank agreement with leave-one-out and with the weights,
-the top key of every measure per row, the first example's maps and the sink table of the
-first batch. :func:`contribution_tables` turns those into the summary
-``weights_vs_contributions``: per measure, the share of rows whose top key is not the
-top-weight key, the share whose top key is the top leave-one-out key, and the mean rank
-agreement with leave-one-out.
+the whole model), and, unless the audit is quick, ``value_zeroing`` (one re-run per key and
+decoder layer) averaged over the decoder layers. It adds their rank agreement with
+leave-one-out and with the weights, the top key of every measure per row, the first
+example's maps and the sink table of the first batch. :func:`contribution_tables` turns
+those into the summary ``weights_vs_contributions``: per measure, the share of rows whose
+top key is not the top-weight key, the share whose top key is the top leave-one-out key, and
+the mean rank agreement with leave-one-out.
 
 A target with ``gold_alignments`` also gets ``alignment_aer``: the alignment error rate of
 every measure's map (token units, both step conventions; :mod:`attnaudit.alignments`).
@@ -39,7 +40,10 @@ from attnaudit.interventions.reference_run import Reference
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 CONTRIBUTION_MEASURES = ("value_norm", "alti", "rollout")
+ZEROING = "value_zeroing"
+PER_LAYER = ("value_norm", ZEROING)  # read as the mean over layers, as the weights are
 READINGS = {"value_norm": "mean over the decoder layers' attention sites",
+            ZEROING: "mean over the decoder layers' attention sites (not in --quick)",
             "alti": "ALTI+ composed through every layer (after the last)",
             "rollout": "attention rollout composed through every layer (after the last)"}
 EXAMPLE_COLUMNS = ["measure", "step", "target_token", "key", "source_token", "value"]
@@ -54,15 +58,16 @@ def _add(parts: _Parts, name: str, frame: pd.DataFrame) -> None:
     parts.setdefault(name, []).append(frame)
 
 
-def contribution_importances(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor
+def contribution_importances(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
+                             measures: tuple[str, ...] = CONTRIBUTION_MEASURES
                              ) -> tuple[dict[str, torch.Tensor], str | None]:
     """Measure -> (B, T, n) key-level map (module docstring), or ({}, why not)."""
     try:
-        maps = measure_maps(target, batch, emitted, CONTRIBUTION_MEASURES)
+        maps = measure_maps(target, batch, emitted, measures)
     except AttnauditError as exc:
         return {}, str(exc)
     n_keys = batch.source_ids.shape[1]  # a decoder-only model's maps go on to the prefix
-    return {m: (found.mean(1) if m == "value_norm" else found[:, -1])[..., :n_keys].float().cpu()
+    return {m: (found.mean(1) if m in PER_LAYER else found[:, -1])[..., :n_keys].float().cpu()
             for m, found in maps.items()}, None
 
 
@@ -131,15 +136,18 @@ def _aer_table(counts: pd.DataFrame) -> pd.DataFrame:
 
 
 def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
-                           importances: Mapping[str, torch.Tensor], parts: _Parts) -> None:
+                           importances: Mapping[str, torch.Tensor], parts: _Parts, *,
+                           zeroing: bool = True) -> None:
     """The batch's contribution tables, appended to ``parts`` (module docstring).
 
     importances: the suite's maps (B, T, n): ``attention``, the gradient methods, ``loo``.
+    zeroing: compare value zeroing too.
     """
-    found, reason = contribution_importances(target, batch, ref.emitted)
+    measures = CONTRIBUTION_MEASURES + ((ZEROING,) if zeroing else ())
+    found, reason = contribution_importances(target, batch, ref.emitted, measures)
     _add(parts, "contribution_measures", pd.DataFrame(
         [{"measure": m, "reading": READINGS[m], "status": "computed" if found else
-          "not applicable", "reason": reason or ""} for m in CONTRIBUTION_MEASURES]))
+          "not applicable", "reason": reason or ""} for m in measures]))
     every = {**importances, **found}
     keys = target.explain_keys(batch)
     rows = top_keys(every, keys, ref.steps)

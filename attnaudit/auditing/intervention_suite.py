@@ -150,7 +150,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
                             first_example=starts[index], max_memory=max_memory)
             local.append((index, {}))
             variants = _run_batch(target, ref, batch, local[-1][1], methods, n_permutations,
-                                  cumulative_set, adversarial_set, progress, attribution)
+                                  cumulative_set, adversarial_set, progress, attribution,
+                                  zeroing=not quick)
             settle()
     shared = (_reference_facts(ref), variants) if ref is not None else None
     parts, (facts, attribution_variants) = _gathered(shard, local, shared)
@@ -228,8 +229,10 @@ def _reference_facts(ref: Reference) -> dict[str, Any]:
 def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
                parts: _BatchParts, methods: tuple[str, ...],
                n_permutations: int, cumulative_set: set[int], adversarial_set: set[int],
-               progress: bool, attribution: AttributionOptions) -> dict[str, str]:
-    """Run everything on one batch; returns each attribution method's variant in words."""
+               progress: bool, attribution: AttributionOptions, *, zeroing: bool = True
+               ) -> dict[str, str]:
+    """Run everything on one batch; returns each attribution method's variant in words.
+    zeroing: compare value zeroing with the other measures too (one re-run per key)."""
     _per_batch(parts, "degenerate", degenerate_table(ref.reasons, ref.eligible,
                                                      ref.first_example))
     rows = ref.rows()
@@ -256,7 +259,7 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
     rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
     rows_agree["example"] += ref.first_example
     _per_batch(parts, "agreement", rows_agree)  # before the contribution agreement
-    add_contribution_parts(target, batch, ref, importances, parts)
+    add_contribution_parts(target, batch, ref, importances, parts, zeroing=zeroing)
     if found.convergence_delta is not None:
         delta = found.delta_frame()
         delta["example"] += ref.first_example

@@ -21,7 +21,8 @@ from attnaudit.checklist.contributions import larger_score_judgement
 from attnaudit.report import figures as figs
 from attnaudit.report.tables import view
 
-PANELS = ("attention", "value_norm", "alti", "rollout", "loo")  # drawn, in this order
+# drawn, in this order
+PANELS = ("attention", "value_norm", "alti", "rollout", "value_zeroing", "loo")
 TABLES = {
     "weights_vs_contributions": (
         "Weights vs contributions, per measure",
@@ -92,7 +93,8 @@ def contribution_figures(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figure
         title="Weights vs contributions: first audited example",
         caption=("Left to right: the attention weights (mean over cross-attention sites and "
                  "heads), the value-norm contributions (mean over decoder layers), ALTI+ and "
-                 "rollout composed through the whole model, and input leave-one-out; each "
+                 "rollout composed through the whole model, value zeroing (mean over decoder "
+                 "layers; not in a quick audit) and input leave-one-out; each "
                  "row is divided by its sum over the eligible source keys so that the "
                  "panels share one scale. Rows are emitted tokens, columns source tokens."))]
 

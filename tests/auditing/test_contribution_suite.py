@@ -100,3 +100,26 @@ def test_suite_on_the_date_bart_against_eager_attention_and_direct_maps():
                       != int(eligible[norms[b, t, eligible].argmax()]))
     assert table.loc["value_norm", "rows"] == len(differ)
     assert table.loc["value_norm", "top_differs_from_weights"] == pytest.approx(np.mean(differ))
+
+
+def test_a_full_audit_compares_value_zeroing_too():
+    from attnaudit.auditing.contribution_suite import add_contribution_parts
+    from attnaudit.interventions.reference_run import reference
+
+    target = load_target(BART)
+    batch = next(target.iter_batches(2))
+    ref = reference(target, batch)
+    parts: dict[str, list[pd.DataFrame]] = {}
+    stand_in_loo = torch.rand(ref.attention.shape, generator=torch.Generator().manual_seed(0))
+    add_contribution_parts(target, batch, ref, {"attention": ref.attention, "loo": stand_in_loo},
+                           parts, zeroing=True)
+    measures = parts["contribution_measures"][0]
+    assert list(measures["measure"]) == ["value_norm", "alti", "rollout", "value_zeroing"]
+    rows = parts["top_keys"][0]
+    zeroed = measure_maps(target, batch, ref.emitted, ("value_zeroing",))["value_zeroing"]
+    zeroed = zeroed.mean(1)
+    keys = target.explain_keys(batch)
+    for row in rows.itertuples(index=False):
+        eligible = keys[row.example].nonzero().squeeze(1)
+        expected = int(eligible[zeroed[row.example, row.step, eligible].argmax()])
+        assert row.top_value_zeroing == expected
