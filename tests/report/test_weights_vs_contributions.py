@@ -45,6 +45,9 @@ def test_lstm_report_says_why_the_measures_are_not_computed(cli_reports):
     table = pd.read_csv(out / "weights_vs_contributions.csv")
     assert not {"value_norm", "alti", "rollout"} & set(table["measure"])
     assert {"weights", "saliency"} <= set(table["measure"])
+    aer = pd.read_csv(out / "alignment_aer.csv")  # the date LSTM declares gold alignments
+    assert {"weights", "loo"} <= set(aer["measure"]) and "value_norm" not in set(aer["measure"])
+    assert set(aer["sentences"]) == {12}
 
 
 def test_bart_report_alignment_table_equals_attnaudit_align(cli_reports):
