@@ -152,7 +152,11 @@ class Layout:
 
     def values_to_record(self, value: torch.Tensor) -> torch.Tensor:
         """Values ``(..., K, d_v)`` of a call whose weights are ``(..., Q, K)`` (keys last, as
-        in ``F.scaled_dot_product_attention``) as ``(B, H, K, d_v)``."""
+        in ``F.scaled_dot_product_attention``; leading axes broadcastable to the weights') as
+        ``(B, H, K, d_v)``."""
+        # values shared by every head (multi-query attention broadcast by SDPA) are
+        # broadcast to the weights' leading axes first
+        value = value.expand(*self.shape[:-2], *value.shape[-2:])
         d_v = value.shape[-1]
         *lead, queries, keys = self.groups
         queries = tuple((x, d_v if x == "q" else n) for x, n in queries)

@@ -3,10 +3,11 @@ al. 2022a), with a built-in exactness check.
 
 A block is the attention, its residual and, in a post-LN layer, the layer norm after them:
 
-- post-LN (BART, Marian): y_i = LN(z_i), z_i = x_i + Σ_j Σ_h a^h_ij f_h(x_j) + b_O; the norm is
-  linearised at the real sigma_i, LN(z_i) = s_i gamma ⊙ L(z_i) + beta with L centring (LayerNorm) or
-  not (RMSNorm) and s_i = 1/sigma_i, so term j is T_i(x_j) = s_i gamma ⊙ L(z_ij) and the rest
-  (s_i gamma ⊙ L(b_O) + beta) belongs to no token;
+- post-LN (BART, Marian): y_i = LN(z_i), z_i = x_i + Σ_j Σ_h a^h_ij f_h(x_j) + b_O; the
+  norm is linearised at the real sigma_i, LN(z_i) = s_i gamma ⊙ L(z_i) + beta with L
+  centring (LayerNorm) or not (RMSNorm) and s_i = 1/sigma_i, so term j is
+  T_i(x_j) = s_i gamma ⊙ L(z_ij) and the rest (s_i gamma ⊙ L(b_O) + beta) belongs to no
+  token;
 - pre-LN (T5, GPT-2, Llama): y_i = x_i + Σ_j Σ_h a^h_ij f_h(LN(x_j)) + b_O, the norm being
   inside f; T_i(x_j) = z_ij.
 
@@ -18,25 +19,27 @@ the residual x is the attention's own input (post-LN) or the input of the norm t
 (pre-LN), whichever reproduces z. s_i is the least-squares scale mapping gamma ⊙ L(z_i) onto
 y_i - beta (= 1/sigma_i exactly, whatever the norm's epsilon).
 
-Contribution of term j (Ferrando's definition): max(0, ‖y_i‖₁ - ‖y_i - T_i(x_j)‖₁), normalised
-over j to sum to 1 (a row whose terms all score 0 stays 0). Exactness: Σ_j T_i(x_j) plus the
-rest must equal the block's real output; the largest relative error ‖Σ - y_i‖₂ / ‖y_i‖₂ over
-real query rows is reported per site (:class:`ExactnessCheck`), pass when at most
-:data:`RESUM_TOLERANCE` (for fp32; looser for fp16/bf16 models).
+Contribution of term j (Ferrando's definition): max(0, ‖y_i‖₁ - ‖y_i - T_i(x_j)‖₁),
+normalised over j to sum to 1 (a row whose terms all score 0 stays 0). Exactness:
+Σ_j T_i(x_j) plus the rest must equal the block's real output; the largest relative error
+‖Σ - y_i‖₂ / ‖y_i‖₂ over real query rows is reported per site (:class:`ExactnessCheck`),
+pass when at most :data:`RESUM_TOLERANCE` (for fp32; looser for fp16/bf16 models).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from attnaudit.contributions.projection import Projection
 from attnaudit.contributions.trace import Call, SiteTrace
-from attnaudit.contributions.value_norms import attention_terms
 
 RESUM_TOLERANCE = 1e-4
 HALF_RESUM_TOLERANCE = 2e-2  # fp16 / bf16 models: their own sums are this coarse
 RESUM_CHECK = "alti_resum"
+TERMS_BUDGET = 2**24  # numbers per chunk of per-key terms: 64 MiB in float32
 
 
 @dataclass(frozen=True)
@@ -108,8 +111,10 @@ def _linearised(call: Call) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, b
     return best
 
 
-def block_of(site: SiteTrace) -> Block | str:
-    """The site's block (module docstring), or why it cannot be read."""
+def block_of(site: SiteTrace, projection: Projection) -> Block | str:
+    """The site's block (module docstring), or why it cannot be read. The attention's
+    output is the projection's (the attention module's own where the projection was
+    declared and not seen)."""
     call = site.call
     if call is None or call.inputs is None or call.output is None:
         return f"the attention module {site.module_path} was not seen with its input"
@@ -121,7 +126,11 @@ def block_of(site: SiteTrace) -> Block | str:
     after = [n for n in norms if n.order > call.order]
     if not after or after[0].inputs is None:
         return f"no norm runs after the attention in {site.layer}: its block output is unseen"
-    nxt, out = after[0], call.output.float()
+    out = projection.output if projection.output is not None else call.output
+    nxt, out = after[0], out.float()
+    if out.shape != nxt.inputs.shape:
+        return (f"the attention's output {tuple(out.shape)} is not the shape of the next "
+                f"norm's input {tuple(nxt.inputs.shape)} in {site.layer}")
     candidates = {"post": call.inputs}
     before = [n for n in norms if n.order < call.order]
     if before and before[-1].output is not None and before[-1].output.shape == call.inputs.shape \
@@ -155,15 +164,28 @@ def transformed_inputs(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tenso
             scale * gamma * _centre(rest, block.centred) + block.beta)
 
 
-def _with_residual(site: SiteTrace, terms: torch.Tensor, residual: torch.Tensor
-                   ) -> torch.Tensor:
-    """Attention terms (c, Q, K, d) with the residual (c, Q, d) added: at key i for
-    self-attention (in place), as one more term after the keys for cross-attention."""
+def _own_position(site: SiteTrace, queries: int, keys: int) -> torch.Tensor:
+    """Bool (Q, K): the residual's term (key i of query i) in self-attention, never unread."""
     if site.role == "cross":
-        return torch.cat([terms, residual[:, :, None]], dim=2)
-    at = torch.arange(terms.shape[1], device=terms.device)
-    terms[:, at, at] += residual
-    return terms
+        return torch.zeros(queries, keys, dtype=torch.bool, device=site.weights.device)
+    return torch.eye(queries, keys, dtype=torch.bool, device=site.weights.device)
+
+
+def attention_terms(weights: torch.Tensor, vectors: torch.Tensor
+                    ) -> Iterator[tuple[slice, torch.Tensor]]:
+    """Chunks of examples and their terms Σ_h weights^h_qk vectors^h_k, key-major
+    (c, K, Q, d) float32, from weights (B, H, Q, K) and head vectors (B, H, K, d); a chunk
+    holds at most :data:`TERMS_BUDGET` numbers (at least one example), so memory does not
+    grow with B."""
+    batch, _, queries, keys = weights.shape
+    chunk = max(1, TERMS_BUDGET // max(1, queries * keys * vectors.shape[-1]))
+    for start in range(0, batch, chunk):
+        part = slice(start, min(batch, start + chunk))
+        # one (Q, H) @ (H, d) product per (example, key), on contiguous copies: a strided
+        # operand makes the batched product several times slower
+        by_key = weights[part].permute(0, 3, 2, 1).contiguous()  # (c, K, Q, H)
+        heads = vectors[part].transpose(1, 2).contiguous()  # (c, K, H, d)
+        yield part, torch.matmul(by_key, heads)
 
 
 def _tolerance(site: SiteTrace) -> float:
@@ -176,25 +198,30 @@ def alti_block(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tensor, block
     """The site's normalised ALTI contributions and its exactness check.
 
     vectors: the head vectors f_h(x_j) (B, H, K, d); bias: the output projection's (d,);
-    query_mask: bool (B, Q), the rows the check counts (None: all)."""
+    query_mask: bool (B, Q), the rows the check counts (None, or a site whose queries are not
+    the role's, e.g. ProphetNet's n-gram stream: all)."""
     weights, vectors, residual, rest = transformed_inputs(site, vectors, bias, block)
+    # a key no head reads (padding) has a zero term, which contributes exactly 0
+    unread = (site.weights == 0).all(1)  # (B, Q, K)
     rows, errors = [], []
-    for part, attention in attention_terms(weights, vectors):
-        terms = _with_residual(site, attention, residual[part])
-        y = block.output[part]
-        resum = terms.sum(2) + rest[part]
+    for part, terms in attention_terms(weights, vectors):  # (c, K, Q, d)
+        y, own = block.output[part], residual[part]
+        keys, queries = terms.shape[1:3]
+        if site.role == "cross":  # the decoder stream: a term of its own, after the keys
+            resum = terms.sum(1) + own + rest[part]
+        else:  # the residual belongs to the query's own position
+            at = torch.arange(queries, device=terms.device)
+            terms[:, at, at] += own
+            resum = terms.sum(1) + rest[part]
         errors.append((resum - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30))
-        c, queries, keys, width = terms.shape
-        # ‖y‖₁ as the distance to one more, zero, term: the same arithmetic as a term that
-        # is zero (a padded key), so that such a term scores exactly 0
-        points = torch.cat([terms, terms.new_zeros(c, queries, 1, width)], dim=2)
-        distance = torch.cdist(y.reshape(c * queries, 1, width),
-                               points.reshape(c * queries, keys + 1, width), p=1)
-        distance = distance.reshape(c, queries, keys + 1)
-        score = (distance[..., -1:] - distance[..., :-1]).clamp_min(0)
+        distance = terms.sub_(y[:, None]).abs_().sum(-1).transpose(1, 2)  # (c, Q, K)
+        if site.role == "cross":
+            distance = torch.cat([distance, (y - own).abs().sum(-1, keepdim=True)], dim=-1)
+        score = (y.abs().sum(-1, keepdim=True) - distance).clamp_min(0)
+        score[..., :keys].masked_fill_(unread[part] & ~_own_position(site, queries, keys), 0)
         rows.append(score / score.sum(-1, keepdim=True).clamp_min(1e-30))
     error = torch.cat(errors)
-    if query_mask is not None:
+    if query_mask is not None and query_mask.shape == error.shape:  # else: every row
         error = error[query_mask.to(error.device)]
     tolerance = _tolerance(site)
     worst = float(error.max()) if error.numel() else 0.0

@@ -9,6 +9,7 @@ encoder-decoders, ALTI / rollout for decoder-only models).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -31,12 +32,13 @@ from attnaudit.contributions.composition import (
 from attnaudit.contributions.projection import Projection, head_vectors, projections_of
 from attnaudit.contributions.trace import Trace, trace
 from attnaudit.contributions.value_norms import ValueNorms, value_norms
+from attnaudit.contributions.values import values_by_role
 from attnaudit.contributions.zeroing import value_zeroing
 from attnaudit.errors import ContributionError
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 MEASURES = ("weights", "value_norm", "alti", "rollout")
-ALL_MEASURES = (*MEASURES, "value_zeroing")
+ALL_MEASURES = (*MEASURES, "alti_layer", "value_zeroing")
 
 
 @dataclass
@@ -78,6 +80,15 @@ class Composed:
         return self.source.sum(-1)
 
 
+def _check_emitted(batch: Batch, emitted: object) -> None:
+    """Refuse emitted ids that are not (B, T >= 1) integers for this batch."""
+    if not isinstance(emitted, torch.Tensor) or emitted.ndim != 2 or emitted.is_floating_point() \
+            or emitted.shape[0] != len(batch) or emitted.shape[1] < 1:
+        shape = tuple(emitted.shape) if isinstance(emitted, torch.Tensor) else type(emitted)
+        raise ContributionError(f"emitted must be integer ids of shape ({len(batch)}, T >= 1) "
+                                f"for this batch (target.greedy(batch)); got {shape}")
+
+
 def contributions(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
                   projections: Mapping[str, nn.Module] | None = None,
                   alti: bool = True) -> Contributions:
@@ -87,7 +98,14 @@ def contributions(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
     projections: output projections declared by site name (with or without ``:kind``), for
     models whose projection is not found by role (:mod:`attnaudit.contributions.projection`).
     """
+    _check_emitted(batch, emitted)
     traced = trace(target, batch, emitted)
+    for site in traced.sites.values():
+        if site.values is None and site.calls == 1:  # a softmax path: find them by role
+            found = values_by_role(site)
+            if found is not None:
+                site.values, site.values_from = found
+                site.value_reason = ""
     result = Contributions(traced, projections_of(traced.sites, projections))
     for name, site in traced.sites.items():
         projection = result.projections[name]
@@ -100,7 +118,7 @@ def contributions(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
         result.value_norms[name] = value_norms(site, vectors)
         if not alti:
             continue
-        block = block_of(site)
+        block = block_of(site, projection)
         if isinstance(block, str):
             result.reasons[name] = block
             result.checks.append(unavailable(name, block))
@@ -134,7 +152,8 @@ def composed(result: Contributions, blocks: Callable[[str], torch.Tensor]) -> Co
         full = compose([blocks(n) for n in names])
         rows = [r[:, traced.prompt - 1 : traced.prompt - 1 + steps] for r in full]
         stacked = torch.stack(rows, dim=1)
-        return Composed(names, stacked[..., : traced.prompt], stacked[..., traced.prompt:])
+        return Composed([traced.sites[n].layer for n in names], stacked[..., : traced.prompt],
+                        stacked[..., traced.prompt:])
     encoder = compose([blocks(n) for n in sites_by_role(traced, "encoder_self")])
     selfs, crosses = sites_by_role(traced, "decoder_self"), sites_by_role(traced, "cross")
     if not encoder or len(selfs) != len(crosses) or any(
@@ -170,10 +189,15 @@ def _reading_sites(traced: Trace) -> list[str]:
 
 def _steps(traced: Trace, per_site: torch.Tensor) -> torch.Tensor:
     """A reading site's (B, Q, K) map at the output steps: decoder-only rows P-1.. ."""
-    if not traced.causal:
-        return per_site
     steps = int(traced.emitted.shape[1])
-    return per_site[:, traced.prompt - 1 : traced.prompt - 1 + steps]
+    if traced.causal:
+        return per_site[:, traced.prompt - 1 : traced.prompt - 1 + steps]
+    if per_site.shape[1] != steps:
+        raise ContributionError(
+            f"{traced.target.name}: a cross-attention site has {per_site.shape[1]} query rows "
+            f"for {steps} steps (e.g. ProphetNet's n-gram streams), so its rows are not one "
+            "per step; per-step maps are not defined for it")
+    return per_site
 
 
 def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
@@ -202,20 +226,29 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
             share, through the encoder, in step t's representation; decoder-only: ALTI
             composed over prompt and prefix. Rows sum to the source share (seq2seq) or 1.
         rollout: attention rollout composed the same way (Abnar & Zuidema 2020).
+        alti_layer: layer l's own ALTI block at the reading site, not composed: each
+            source key's share of the cross-attention block's output (the rest is the
+            decoder stream's residual); decoder-only: the self-attention block's.
         value_zeroing: cosine distance of layer l's output at step t when key j's value is
             zeroed at that layer's reading site (Mohebbi et al. 2023); K re-runs per site
             and example, so not in the default set.
 
     Raises :class:`~attnaudit.errors.ContributionError` naming the sites and reasons when a
     measure cannot be computed (values not exposed, no output projection, no decomposable
-    block). ALTI's exactness checks are in :func:`contributions`' result.
+    block). ALTI's exactness checks are in :func:`contributions`' result; a site whose
+    decomposition does not re-sum to its real output is warned about, by name.
     """
     unknown = [m for m in measures if m not in ALL_MEASURES]
     if unknown:
         raise ContributionError(f"unknown measures {unknown}; known: {list(ALL_MEASURES)}")
     result = contributions(target, batch, emitted, projections=projections,
-                           alti="alti" in measures)
+                           alti=bool({"alti", "alti_layer"} & set(measures)))
     traced = result.trace
+    failing = [c.site for c in result.checks if c.status != "pass"]
+    if failing and result.blocks:
+        warnings.warn(f"attnaudit: ALTI's decomposition does not re-sum to the real output at "
+                      f"{failing} (contributions(...).checks says why); their maps are "
+                      "approximate", stacklevel=2)
     reading = _reading_sites(traced)
     maps: dict[str, torch.Tensor] = {}
     for measure in measures:
@@ -224,6 +257,10 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         elif measure == "value_norm":
             _need(result, reading, result.value_norms, "value_norm")
             per = [_steps(traced, result.value_norms[n].summed) for n in reading]
+        elif measure == "alti_layer":
+            _need(result, reading, result.blocks, "alti_layer")
+            keys = traced.key_ids["self" if traced.causal else "cross"].shape[1]
+            per = [_steps(traced, result.blocks[n].contributions[..., :keys]) for n in reading]
         elif measure in ("alti", "rollout"):
             done = alti_plus(result) if measure == "alti" else rollout(result)
             both = torch.cat([done.source, done.prefix], -1) if traced.causal else done.source

@@ -3,8 +3,10 @@
 A head's contribution f_h(x_j) = v_j^h W_O^h needs the module that maps the heads' weighted
 values, concatenated head-major ``(B, Q, H * d_v)``, to the model's width. Whatever it is
 called (``out_proj``, ``o_proj``, ``o``, ``c_proj``, ``dense``), it is the linear-like
-module inside the attention module whose input in the traced pass *is* that concatenation:
-each candidate's recorded input is compared with ``merge(weights @ values)``. A target may
+module whose input in the traced pass *is* that concatenation:
+each candidate's recorded input is compared with ``merge(weights @ values)``. Candidates
+are the linear-like modules of the site's layer, so a projection beside the attention
+module (BERT's ``attention.output.dense``) is found too. A target may
 declare the module instead (``projections={site: module}``); a site where neither gives one
 gets a reason, never a guess.
 
@@ -32,19 +34,21 @@ HALF_READS_VALUES = 5e-2  # fp16 / bf16 models
 class Projection:
     """A site's output projection as a map per head.
 
-    path: the module's path inside the attention module (or ``declared``). matrix:
-    (H, d_v, d) float32, head h's block of W_O. bias: (d,) float32.
+    path: the module's path (or ``declared``). matrix: (H, d_v, d) float32, head h's block
+    of W_O. bias: (d,) float32. output: what it returned in the traced pass, (B, Q, d)
+    (None for a declared module that was not seen).
     """
 
     path: str
     matrix: torch.Tensor
     bias: torch.Tensor
+    output: torch.Tensor | None = None
 
 
-def heads_read(site: SiteTrace) -> torch.Tensor:
-    """(B, Q, H * d_v) float32: the heads' weighted values, concatenated head-major."""
-    assert site.values is not None
-    read = torch.matmul(site.weights, site.values)  # (B, H, Q, d_v)
+def merged_read(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """(B, Q, H * d_v) float32: the heads' weighted values ``weights (B, H, Q, K) @ values
+    (B, H, K, d_v)``, concatenated head-major."""
+    read = torch.matmul(weights, values)  # (B, H, Q, d_v)
     batch, heads, queries, width = read.shape
     return read.transpose(1, 2).reshape(batch, queries, heads * width)
 
@@ -71,8 +75,10 @@ def output_projection(site: SiteTrace, declared: nn.Module | None = None
     d_in = heads * width
     if declared is not None:
         matrix, bias = affine_map(declared, d_in)
-        return Projection("declared", matrix.reshape(heads, width, -1), bias)
-    read = heads_read(site)
+        seen = next((c for c in site.linears.values() if c.module is declared), None)
+        return Projection("declared", matrix.reshape(heads, width, -1), bias,
+                          None if seen is None else seen.output)
+    read = merged_read(site.weights, site.values)
     tolerance = HALF_READS_VALUES if site.module_dtype in (torch.float16, torch.bfloat16) \
         else READS_VALUES
     errors = {}
@@ -82,10 +88,11 @@ def output_projection(site: SiteTrace, declared: nn.Module | None = None
             errors[path] = _relative(call.inputs, read)
     best = min(errors, key=errors.__getitem__, default=None)
     if best is not None and errors[best] <= tolerance:
-        matrix, bias = affine_map(site.linears[best].module, d_in)
-        return Projection(best, matrix.reshape(heads, width, -1), bias)
+        call = site.linears[best]
+        matrix, bias = affine_map(call.module, d_in)
+        return Projection(best, matrix.reshape(heads, width, -1), bias, call.output)
     tried = list(errors)
-    return (f"no module inside {site.module_path} reads the heads' weighted values "
+    return (f"no module in {site.layer} reads the heads' weighted values "
             f"(shape {tuple(read.shape)}; compared: {tried or 'none of that shape'}); "
             "declare it with projections={site: module}")
 
@@ -103,4 +110,9 @@ def projections_of(sites: Mapping[str, SiteTrace],
 def head_vectors(site: SiteTrace, projection: Projection) -> torch.Tensor:
     """(B, H, K, d) float32: f_h(x_j) = v_j^h W_O^h for every head and key."""
     assert site.values is not None
-    return torch.einsum("bhkv,hvd->bhkd", site.values, projection.matrix)
+    values = site.values
+    batch, heads, keys, width = values.shape
+    # one (B * K, d_v) @ (d_v, d) product per head, rather than B * H small ones
+    per_head = torch.matmul(values.transpose(0, 1).reshape(heads, batch * keys, width),
+                            projection.matrix)
+    return per_head.reshape(heads, batch, keys, -1).transpose(0, 1)

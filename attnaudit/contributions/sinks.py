@@ -111,8 +111,16 @@ def _keys_of(result: Contributions, name: str) -> SiteKeys:
         norms, norm_of = site.values.norm(dim=-1), "v_j"
     else:
         norms, norm_of = None, "unavailable"
-    return SiteKeys(name, site.role, site.weights, norms, norm_of,
-                    traced.query_mask[site.role], key_mask, special, labels)
+    batch, _, queries, keys = site.weights.shape
+    query_mask = traced.query_mask[site.role]
+    if tuple(query_mask.shape) != (batch, queries):  # queries not the role's: every row
+        query_mask = torch.ones(batch, queries, dtype=torch.bool, device=site.weights.device)
+    if tuple(key_mask.shape) != (batch, keys) or len(labels[0]) != keys:
+        key_mask = torch.ones(batch, keys, dtype=torch.bool, device=site.weights.device)
+        special = torch.zeros(batch, keys, dtype=torch.bool, device=site.weights.device)
+        labels = [[str(k) for k in range(keys)] for _ in range(batch)]
+    return SiteKeys(name, site.role, site.weights, norms, norm_of, query_mask, key_mask,
+                    special, labels)
 
 
 def sink_table(result: Contributions) -> pd.DataFrame:

@@ -49,10 +49,13 @@ class SiteTrace:
     role: ``encoder_self``, ``decoder_self``, ``cross`` (seq2seq) or ``self`` (a
     decoder-only model's raw self-attention). layer: the path of the module holding the
     site's layer (the first indexed module above it). weights: (B, H, Q, K) float32.
-    values: (B, H, K, d_v) float32 or None (``value_reason`` says why). call: the attention
-    module's query-side input (B, Q, d) and output (B, Q, d). linears: the input each
-    linear-like module inside the attention module read (role detection of the output
-    projection). norms: the layer's norm calls, by path.
+    values: (B, H, K, d_v) float32 or None (``value_reason`` says why); ``values_from``:
+    ``capture``, or the value projection's path where they were found by role. call: the attention
+    module's query-side input (B, Q, d) and output; calls: how often the site attended in the
+    pass. linears: the calls of every linear-like
+    module in the site's layer, by path (role detection of the output projection, which may
+    sit beside the attention module, as BERT's ``attention.output.dense``). norms: the
+    layer's norm calls, by path.
     """
 
     name: str
@@ -66,6 +69,8 @@ class SiteTrace:
     call: Call | None
     linears: dict[str, Call] = field(default_factory=dict)
     norms: dict[str, Call] = field(default_factory=dict)
+    values_from: str = "capture"
+    calls: int = 1
 
     @property
     def heads(self) -> int:
@@ -145,11 +150,6 @@ def is_linear_like(module: nn.Module) -> bool:
     weight = getattr(module, "weight", None)
     return isinstance(weight, torch.Tensor) and weight.ndim == 2 and not isinstance(
         module, nn.Embedding)
-
-
-def _inside(path: str, sub: str) -> str:
-    """The path of submodule ``sub`` of the module at ``path`` (``""``: the root)."""
-    return f"{path}.{sub}" if path else sub
 
 
 def _under(path: str, ancestor: str) -> bool:
@@ -255,13 +255,13 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
     try:
         for path in set(paths.values()):
             hooks.watch(path, modules[path], attention=True)
-            for sub, child in modules[path].named_modules():
-                if sub and is_linear_like(child):
-                    hooks.watch(_inside(path, sub), child)
+        for path, module in modules.items():  # where an output projection may be
+            if is_linear_like(module) and any(_under(path, layer) for layer in layers):
+                hooks.watch(path, module)
         for path, module in modules.items():
             if is_norm(module) and any(_under(path, layer) for layer in layers):
                 hooks.watch(path, module)
-        for layer in layers:
+        for layer in layers - set(paths.values()):  # an attention module is watched already
             if layer in modules:
                 hooks.watch(layer, modules[layer])
         with torch.no_grad(), capture(model, sites, kinds=target.kinds,
@@ -276,8 +276,7 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
         values, reason = record.values, ""
         if values is None:
             reason = (f"the {record.site.mechanism} path does not expose values (capture keeps "
-                      "them for F.scaled_dot_product_attention calls): load the model with "
-                      "attn_implementation='sdpa'")
+                      f"them for F.scaled_dot_product_attention calls): {_values_hint(model)}")
         elif len(record.calls) != 1:
             values, reason = None, (f"called {len(record.calls)} times in one pass (one "
                                     "call per site is decomposed)")
@@ -286,15 +285,24 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
             module=modules[path], module_path=path, weights=record.weights.float(),
             values=None if values is None else values.float(), value_reason=reason,
             call=hooks.calls.get(path),
-            linears={p[len(_inside(path, "")):]: c for p, c in hooks.calls.items()
-                     if _under(p, path)},
-            norms={p: c for p, c in hooks.calls.items()
-                   if _under(p, layer) and is_norm(modules[p])})
+            linears={p: c for p, c in hooks.calls.items()
+                     if _under(p, layer) and is_linear_like(modules[p])},
+            norms={p: c for p, c in hooks.calls.items()  # not the query/key norms inside
+                   if _under(p, layer) and not _under(p, path) and is_norm(modules[p])},
+            calls=len(record.calls))
     return Trace(target, batch, emitted, out, causal,
                  int(batch.source_ids.shape[1]) if causal else 0,
                  *_axes(target, batch, emitted, causal),
                  {p: c.output for p, c in hooks.calls.items() if p in layers
                   and c.output is not None})
+
+
+def _values_hint(model: nn.Module) -> str:
+    """What makes a model's values visible to capture."""
+    backend = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if isinstance(backend, str):  # a Hugging Face model
+        return "load the model with attn_implementation='sdpa'"
+    return "compute the attention with F.scaled_dot_product_attention"
 
 
 def _axes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, causal: bool

@@ -8,14 +8,11 @@ being no key's. Units: the model's hidden-state norm.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from attnaudit.contributions.trace import SiteTrace
-
-TERMS_BUDGET = 2**24  # numbers per chunk of per-key terms: 64 MiB in float32
 
 
 @dataclass
@@ -32,18 +29,6 @@ class ValueNorms:
     key_norms: torch.Tensor
 
 
-def attention_terms(weights: torch.Tensor, vectors: torch.Tensor
-                    ) -> Iterator[tuple[slice, torch.Tensor]]:
-    """Chunks of examples and their (c, Q, K, d) float32 terms Σ_h a^h_qk f_h(x_k), from
-    weights (B, H, Q, K) and head vectors (B, H, K, d); a chunk holds at most
-    :data:`TERMS_BUDGET` numbers (at least one example), so memory does not grow with B."""
-    batch, _, queries, keys = weights.shape
-    chunk = max(1, TERMS_BUDGET // max(1, queries * keys * vectors.shape[-1]))
-    for start in range(0, batch, chunk):
-        part = slice(start, min(batch, start + chunk))
-        yield part, torch.einsum("bhqk,bhkd->bqkd", weights[part], vectors[part])
-
-
 def value_norms(site: SiteTrace, vectors: torch.Tensor) -> ValueNorms:
     """The site's norm-based contributions (module docstring), from its head vectors
     f_h(x_j) (B, H, K, d) (:func:`~attnaudit.contributions.projection.head_vectors`)."""
@@ -51,7 +36,9 @@ def value_norms(site: SiteTrace, vectors: torch.Tensor) -> ValueNorms:
     per_head = site.weights * key_norms[:, :, None, :]
     # ‖Σ_h a_h f_h‖² = Σ_h Σ_g a_h a_g <f_h, f_g>: the heads' Gram matrix per key (B, K, H, H)
     # costs H² per (query, key) instead of the H * d of the summed vectors
-    gram = torch.einsum("bhkd,bgkd->bkhg", vectors, vectors)
-    squared = torch.einsum("bhqk,bgqk,bkhg->bqk", site.weights, site.weights, gram)
-    summed = squared.clamp_min(0).sqrt()
+    by_key = vectors.transpose(1, 2)  # (B, K, H, d)
+    gram = torch.matmul(by_key, by_key.transpose(-1, -2))  # (B, K, H, H)
+    weights = site.weights.permute(0, 3, 2, 1)  # (B, K, Q, H)
+    squared = (torch.matmul(weights, gram) * weights).sum(-1)  # (B, K, Q)
+    summed = squared.clamp_min(0).sqrt().transpose(1, 2)
     return ValueNorms(site.name, per_head, summed, key_norms)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnaudit.contributions import contributions
+from attnaudit.contributions import contributions, measure_maps
 from attnaudit.targets.hf.loading import from_hf
 
 pytest.importorskip("transformers")
@@ -125,3 +125,43 @@ def test_pre_ln_alti_equals_a_numpy_alti(tmp_path):
         expected = _alti(y, terms)
         got = result.blocks[name].contributions[b][real][:, real].double().numpy()
         np.testing.assert_allclose(got, expected, atol=TOL, rtol=0)
+
+
+def test_a_post_ln_cross_attention_block_equals_a_numpy_alti_with_the_stream_as_a_term(
+        tmp_path):
+    folder = save_tiny("bart", tmp_path, layers=1)
+    target = from_hf(folder, SOURCES, max_new_tokens=NEW_TOKENS)
+    batch = next(target.iter_batches())
+    emitted = target.greedy(batch)
+    maps = measure_maps(target, batch, emitted, ["alti_layer"])
+    layer = target.model.model.decoder.layers[0]
+    attn, ln = layer.encoder_attn, layer.encoder_attn_layer_norm
+    seen = {}
+
+    def keep(mod, args, kwargs):
+        seen["h"] = kwargs.get("hidden_states", args[0] if args else None)
+        seen["e"] = kwargs["key_value_states"]
+
+    handle = attn.register_forward_pre_hook(keep, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            target.teacher_forced(batch, emitted)
+    finally:
+        handle.remove()
+    heads = attn.num_heads
+    for b in range(len(batch)):
+        real = batch.source_mask[b].numpy()
+        h, e = _np(seen["h"][b]), _np(seen["e"][b])[real]
+        q = _heads(h @ _np(attn.q_proj.weight).T + _np(attn.q_proj.bias), heads)
+        k = _heads(e @ _np(attn.k_proj.weight).T + _np(attn.k_proj.bias), heads)
+        v = _heads(e @ _np(attn.v_proj.weight).T + _np(attn.v_proj.bias), heads)
+        weights = _softmax(q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1]))
+        w_o = _np(attn.out_proj.weight).T.reshape(heads, -1, h.shape[1])
+        terms = np.einsum("hqk,hkd->qkd", weights, np.einsum("hkv,hvd->hkd", v, w_o))
+        terms = np.concatenate([terms, h[:, None]], axis=1)  # the decoder stream, last
+        z = terms.sum(1) + _np(attn.out_proj.bias)
+        gamma, beta = _np(ln.weight), _np(ln.bias)
+        y, sigma = _layer_norm(z, gamma, beta, ln.eps)
+        expected = _alti(y, gamma * (terms - terms.mean(-1, keepdims=True)) / sigma[:, None])
+        got = maps["alti_layer"][b, 0][:, real].double().numpy()
+        np.testing.assert_allclose(got, expected[:, :-1], atol=TOL, rtol=0)

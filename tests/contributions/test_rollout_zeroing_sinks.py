@@ -1,6 +1,7 @@
 """Rollout against a numpy product of the eager weights, value zeroing against a hand re-run
 with v_j = 0 (a hook zeroing the value projection's output at j), the sink table on a planted
-sink, and what a site without values says."""
+sink, values found by role where capture cannot see them (the eager backend), and what a
+target whose values cannot be found gets."""
 
 from __future__ import annotations
 
@@ -169,20 +170,22 @@ def test_sink_table_covers_every_site_and_head(bart):
     assert table["share"].between(0, 1).all()
 
 
-def test_a_site_without_values_says_why_and_value_norms_are_refused(tmp_path):
-    folder = save_tiny("bart", tmp_path)
+def test_eager_attention_values_are_found_by_role_and_equal_the_sdpa_ones(bart):
+    folder, sdpa_target, batch, emitted = bart
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    model = eager_model("bart", folder)
-    target = from_hf(model, SOURCES, tokenizer=tokenizer, max_new_tokens=NEW_TOKENS)
-    batch = next(target.iter_batches())
-    emitted = target.greedy(batch)
-    result = contributions(target, batch, emitted)
-    assert not result.value_norms and len(result.reasons) == 6
-    assert all("attn_implementation='sdpa'" in r for r in result.reasons.values())
-    assert all(c.status == "fail" for c in result.checks)
-    with pytest.raises(ContributionError, match="value_norm cannot be computed"):
-        measure_maps(target, batch, emitted, ["value_norm"])
-    assert measure_maps(target, batch, emitted, ["weights"])["weights"].shape[1] == 2
+    target = from_hf(eager_model("bart", folder), SOURCES, tokenizer=tokenizer,
+                     max_new_tokens=NEW_TOKENS)
+    eager = contributions(target, batch, emitted)
+    sdpa = contributions(sdpa_target, batch, emitted)
+    assert {s.values_from for s in sdpa.trace.sites.values()} == {"capture"}
+    for name, site in eager.trace.sites.items():
+        assert site.values_from.endswith("v_proj"), site.values_from
+        assert name.rsplit(":", 1)[0] in site.values_from
+        torch.testing.assert_close(site.values, sdpa.trace.sites[name].values,
+                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(eager.value_norms[name].summed,
+                                   sdpa.value_norms[name].summed, atol=1e-5, rtol=1e-5)
+    assert [c.status for c in eager.checks] == ["pass"] * 6
 
 
 def test_a_custom_target_gets_its_weights_and_a_reason_for_the_rest():
@@ -200,3 +203,12 @@ def test_a_custom_target_gets_its_weights_and_a_reason_for_the_rest():
         measure_maps(target, batch, emitted, ["value_norm"])
     with pytest.raises(ContributionError, match="composition needs encoder self-attention"):
         measure_maps(target, batch, emitted, ["rollout"])
+
+
+def test_emitted_ids_that_do_not_fit_the_batch_are_refused(bart):
+    _, target, batch, emitted = bart
+    for wrong in (emitted[:1], emitted[:, :0], emitted.float(), emitted[0]):
+        with pytest.raises(ContributionError, match="emitted must be integer ids"):
+            measure_maps(target, batch, wrong)
+    with pytest.raises(ContributionError, match="unknown measures"):
+        measure_maps(target, batch, emitted, ["attention"])

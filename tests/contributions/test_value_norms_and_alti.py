@@ -106,6 +106,26 @@ def _eager_weights(out, role: str) -> list[torch.Tensor]:
 
 def test_value_norms_equal_a_hand_computation_from_the_layers_own_projections(traced):
     name, folder, _, batch, emitted, result = traced
+    _assert_hand_value_norms(name, folder, batch, emitted, result)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_eager_values_found_by_role_give_the_hand_computed_value_norms(name, tmp_path):
+    """GPT-2 fuses query, key and value in one projection; Llama shares value heads."""
+    folder = save_tiny(name, tmp_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    target = from_hf(eager_model(name, folder), SOURCES, tokenizer=tokenizer,
+                     max_new_tokens=NEW_TOKENS)
+    batch = next(target.iter_batches())
+    emitted = target.greedy(batch)
+    result = contributions(target, batch, emitted)
+    expected = {"gpt2": "attn.c_attn", "llama": "self_attn.v_proj"}[name]
+    assert all(s.values_from.endswith(expected) for s in result.trace.sites.values())
+    assert [c.status for c in result.checks] == ["pass"] * 2
+    _assert_hand_value_norms(name, folder, batch, emitted, result)
+
+
+def _assert_hand_value_norms(name: str, folder: Path, batch, emitted, result) -> None:
     model, key_inputs, out = _eager_run(name, folder, batch, emitted)
     modules = dict(model.named_modules())
     by_role: dict[str, int] = {}
@@ -159,11 +179,17 @@ def test_alti_plus_splits_every_step_between_source_and_prefix(traced):
         assert float(plus.source[padded].abs().sum()) == 0.0
 
 
+def _hook_counts(model: torch.nn.Module) -> list[int]:
+    return [len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()]
+
+
 def test_a_declared_projection_is_used_and_a_wrong_one_fails_the_re_sum_check(tmp_path):
     target = from_hf(save_tiny("bart", tmp_path), SOURCES, max_new_tokens=NEW_TOKENS)
     batch = next(target.iter_batches())
     emitted = target.greedy(batch)
+    hooks = _hook_counts(target.model)
     result = contributions(target, batch, emitted)
+    assert _hook_counts(target.model) == hooks  # the model is left as it was
     site = "model.decoder.layers.1.encoder_attn:cross"
     module = target.model.model.decoder.layers[1].encoder_attn
     right = contributions(target, batch, emitted, projections={site: module.out_proj})
@@ -175,6 +201,8 @@ def test_a_declared_projection_is_used_and_a_wrong_one_fails_the_re_sum_check(tm
     assert "re-sum with a relative error" in check.detail
     others = [c for c in wrong.checks if c.site != site]
     assert all(c.status == "pass" for c in others)
+    with pytest.warns(UserWarning, match="does not re-sum to the real output"):
+        measure_maps(target, batch, emitted, ["alti"], projections={site: module.q_proj})
 
 
 @pytest.mark.parametrize("name", ["bart", "llama"])

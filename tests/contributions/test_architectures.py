@@ -1,0 +1,42 @@
+"""Beyond the five families tested by hand: mBART (pre-LN with BART's module names), a
+BERT-to-BERT EncoderDecoderModel (its output projection sits beside the attention module, in
+``attention.output.dense``) and FSMT (eager-only attention over time-major hidden states,
+whose values neither capture nor the search by role finds) either decompose exactly at every
+site or say why at every site."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnaudit.contributions import contributions
+from attnaudit.targets.hf.loading import from_hf
+
+transformers = pytest.importorskip("transformers")
+
+from tests.helpers.tiny_hf import save_checkpoint, tiny_config  # noqa: E402
+from tests.helpers.tiny_targets import NEW_TOKENS, SOURCES  # noqa: E402
+
+CASES = {
+    "mbart": ("MBartConfig", "MBartForConditionalGeneration", {}, "pre"),
+    "bert2bert": ("EncoderDecoderConfig", "EncoderDecoderModel",
+                  {"decoder": {"is_decoder": True, "add_cross_attention": True}}, "post"),
+    "fsmt": ("FSMTConfig", "FSMTForConditionalGeneration", {}, None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_site_decomposes_or_says_why(case, tmp_path):
+    config_name, model_name, extra, placement = CASES[case]
+    config = tiny_config(getattr(transformers, config_name), extra)
+    save_checkpoint(getattr(transformers, model_name), config, tmp_path)
+    target = from_hf(tmp_path, SOURCES, max_new_tokens=NEW_TOKENS)
+    batch = next(target.iter_batches())
+    result = contributions(target, batch, target.greedy(batch))
+    assert len(result.checks) == len(result.trace.sites) == 6
+    if placement is None:
+        assert not result.blocks
+        assert all(c.status == "fail" and "does not expose values" in c.detail
+                   for c in result.checks)
+        return
+    assert all(c.status == "pass" for c in result.checks), result.checks
+    assert {b.placement for b in result.blocks.values()} == {placement}
