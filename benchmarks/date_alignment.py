@@ -23,7 +23,7 @@ from attnaudit.alignments.run import aer_table
 from attnaudit.alignments.units import output_lengths
 from attnaudit.errors import AttnauditError
 
-DEFAULT_MEASURES = ("weights", "value_norm", "alti", "rollout", "saliency",
+DEFAULT_MEASURES = ("weights", "value_norm", "alti", "rollout", "value_zeroing", "saliency",
                     "input_x_gradient", "integrated_gradients", "loo")
 
 
