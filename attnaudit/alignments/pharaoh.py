@@ -38,6 +38,9 @@ class Alignment:
         return cls(frozenset((int(i), int(j)) for i, j in sure),
                    frozenset((int(i), int(j)) for i, j in possible))
 
+    def __repr__(self) -> str:
+        return f"Alignment({self.to_line()!r})"
+
     def to_line(self) -> str:
         """The Pharaoh line: links ordered by source then target word, possible-only links
         written ``i-pj``."""

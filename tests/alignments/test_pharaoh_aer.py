@@ -71,3 +71,7 @@ def test_perfect_and_empty_predictions():
 def test_gold_of_another_length_is_refused():
     with pytest.raises(AlignmentError, match="2 predicted alignments but 1 gold"):
         count_links([Alignment(), Alignment()], [Alignment()])
+
+
+def test_repr_is_the_pharaoh_line():
+    assert repr(parse_line("1-p1 0-0")) == "Alignment('0-0 1-p1')"
