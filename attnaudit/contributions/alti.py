@@ -9,7 +9,10 @@ A block is the attention, its residual and, in a post-LN layer, the layer norm a
   T_i(x_j) = s_i gamma ⊙ L(z_ij) and the rest (s_i gamma ⊙ L(b_O) + beta) belongs to no
   token;
 - pre-LN (T5, GPT-2, Llama): y_i = x_i + Σ_j Σ_h a^h_ij f_h(LN(x_j)) + b_O, the norm being
-  inside f; T_i(x_j) = z_ij.
+  inside f; T_i(x_j) = z_ij;
+- sandwich (Gemma 2/3, OLMo 2): y_i = x_i + N(A_i), a norm N on the attention's output
+  A_i = Σ_j Σ_h a^h_ij f_h(x_j) + b_O before the residual; N is linearised like a post-LN
+  norm and maps the attention terms only, the residual staying x_i.
 
 z_ij is the heads' term for key j plus, for self-attention, the residual x_i at j = i; a
 cross-attention block's residual (the decoder stream) is one more term, after the source
@@ -58,9 +61,9 @@ class ExactnessCheck:
 
 @dataclass
 class Block:
-    """An attention block's anatomy: placement ``post`` or ``pre`` LN, the residual (B, Q, d),
-    the real output y (B, Q, d), and for post-LN the norm's linearisation: scale s (B, Q, 1),
-    gamma and beta (d,), and whether it centres."""
+    """An attention block's anatomy: placement ``post``, ``pre`` or ``sandwich``, the residual
+    (B, Q, d), the real output y (B, Q, d), and for a norm after the attention its
+    linearisation: scale s (B, Q, 1), gamma and beta (d,), and whether it centres."""
 
     placement: str
     residual: torch.Tensor
@@ -93,20 +96,24 @@ def _centre(u: torch.Tensor, centred: bool) -> torch.Tensor:
 
 
 def _linearised(call: Call) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, float]:
-    """(s (B, Q, 1), gamma, beta, centred, fit error) of a norm call, both norm forms tried."""
+    """(s (B, Q, 1), gamma, beta, centred, fit error) of a norm call: centring (LayerNorm) or
+    not (RMSNorm), and gamma the weight or 1 + weight (Gemma's RMSNorm), whichever form
+    reproduces the call's output."""
     z, y = call.inputs.float(), call.output.float()
     weight = getattr(call.module, "weight", None)
     bias = getattr(call.module, "bias", None)
-    gamma = torch.ones_like(z[0, 0]) if weight is None else weight.detach().float()
+    gammas = [torch.ones_like(z[0, 0])] if weight is None else [
+        weight.detach().float(), 1 + weight.detach().float()]
     beta = torch.zeros_like(z[0, 0]) if bias is None else bias.detach().float()
     best = None
     for centred in (True, False):
-        a = gamma * _centre(z, centred)
-        scale = ((a * (y - beta)).sum(-1, keepdim=True)
-                 / (a * a).sum(-1, keepdim=True).clamp_min(1e-30))
-        error = _relative(scale * a + beta, y)
-        if best is None or error < best[4]:
-            best = (scale, gamma, beta, centred, error)
+        for gamma in gammas:
+            a = gamma * _centre(z, centred)
+            scale = ((a * (y - beta)).sum(-1, keepdim=True)
+                     / (a * a).sum(-1, keepdim=True).clamp_min(1e-30))
+            error = _relative(scale * a + beta, y)
+            if best is None or error < best[4]:
+                best = (scale, gamma, beta, centred, error)
     assert best is not None
     return best
 
@@ -137,6 +144,12 @@ def block_of(site: SiteTrace, projection: Projection) -> Block | str:
             and _relative(before[-1].output, call.inputs.float()) <= 1e-6:
         candidates["pre"] = before[-1].inputs
     z = nxt.inputs.float()
+    if _relative(z, out) <= 1e-6 and nxt.output is not None:
+        # the norm takes the attention's own output: y = x + N(attention)
+        residual = candidates.get("pre", call.inputs).float()
+        scale, gamma, beta, centred, _ = _linearised(nxt)
+        return Block("sandwich", residual, residual + nxt.output.float(), scale, gamma, beta,
+                     centred)
     placement, residual = min(candidates.items(),
                               key=lambda item: _relative(item[1].float() + out, z))
     residual = residual.float()
@@ -159,8 +172,9 @@ def transformed_inputs(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tenso
         return weights, vectors, residual, rest
     assert block.scale is not None and block.gamma is not None and block.beta is not None
     scale, gamma = block.scale, block.gamma  # (B, Q, 1), (d,)
-    return (weights * scale[:, None], gamma * _centre(vectors, block.centred),
-            scale * gamma * _centre(residual, block.centred),
+    if block.placement == "post":  # the norm is after the residual: it maps it too
+        residual = scale * gamma * _centre(residual, block.centred)
+    return (weights * scale[:, None], gamma * _centre(vectors, block.centred), residual,
             scale * gamma * _centre(rest, block.centred) + block.beta)
 
 

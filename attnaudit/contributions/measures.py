@@ -250,6 +250,10 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                       f"{failing} (contributions(...).checks says why); their maps are "
                       "approximate", stacklevel=2)
     reading = _reading_sites(traced)
+    if not reading:
+        raise ContributionError(
+            f"{target.name}: no {'self' if traced.causal else 'cross'}-attention site reads "
+            f"the source (sites found: {list(traced.sites)}), so there is no per-step map")
     maps: dict[str, torch.Tensor] = {}
     for measure in measures:
         if measure == "weights":

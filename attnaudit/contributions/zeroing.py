@@ -3,15 +3,16 @@ value is zeroed in every head of one attention site?
 
 Zeroing v_j is the weight edit a_ij -> 0 for every query and head *without* renormalising
 (the read Σ_j a_ij v_j loses exactly the term j), so it runs through capture's edit path: one
-example's batch is repeated K times, copy j zeroes key j, and the pass is re-run once per
-site. The score of key j for query i is the cosine distance 1 - cos(x̃_i^{¬j}, x_i) between
-the site's layer output (the first indexed module above the site, e.g. the whole decoder
-layer) with and without the edit. Scores are the raw distances (not renormalised per row).
+example's batch is repeated (K copies, at most :data:`COPIES` per pass), copy j zeroes key
+j, and the pass is re-run. The score of key j for query i is the cosine distance
+1 - cos(x̃_i^{¬j}, x_i) between the site's layer output (the first indexed module above the
+site, e.g. the whole decoder layer) with and without the edit. Scores are the raw distances
+(not renormalised per row).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -21,14 +22,23 @@ from attnaudit.capturing import capture
 from attnaudit.contributions.trace import Trace, run_pass
 from attnaudit.record import Site
 
+# Edited copies run in one pass: bounds the memory of a long source (a pass's logits alone
+# are copies * steps * vocabulary numbers).
+COPIES = 16
 
-def _zero_own_key(site: Site, weights: torch.Tensor, key_mask: Any) -> torch.Tensor:
-    """Copy j (of K copies) reads a zero value at key j: column j of its weights is 0."""
-    del site, key_mask
-    copies = torch.arange(weights.shape[0], device=weights.device)
-    edited = weights.clone()
-    edited[copies, :, :, copies] = 0
-    return edited
+
+def _zeroing(first: int) -> Callable[[Site, torch.Tensor, Any], torch.Tensor]:
+    """The edit under which copy c of a chunk reads a zero value at key ``first + c``: that
+    column of its weights is 0 (not renormalised)."""
+
+    def edit(site: Site, weights: torch.Tensor, key_mask: Any) -> torch.Tensor:
+        del site, key_mask
+        copies = torch.arange(weights.shape[0], device=weights.device)
+        edited = weights.clone()
+        edited[copies, :, :, first + copies] = 0
+        return edited
+
+    return edit
 
 
 def _layer_output(model: nn.Module, layer: str, run: Any) -> torch.Tensor:
@@ -60,16 +70,20 @@ def value_zeroing(trace: Trace, sites: Iterable[str]) -> dict[str, torch.Tensor]
         keys = int(site.weights.shape[-1])
         rows = []
         for b in range(len(batch)):
-            copies = batch.select([b]).repeat(keys)
-            repeated = emitted[b : b + 1].repeat(keys, 1)
+            distances = []
+            for first in range(0, keys, COPIES):  # at most COPIES re-runs at once
+                count = min(COPIES, keys - first)
+                copies = batch.select([b]).repeat(count)
+                repeated = emitted[b : b + 1].repeat(count, 1)
 
-            def run(copies=copies, repeated=repeated, name=name) -> None:
-                with torch.no_grad(), capture(target.model, [name], _zero_own_key,
-                                              kinds=target.kinds):
-                    run_pass(target, copies, repeated)
+                def run(copies=copies, repeated=repeated, name=name, first=first) -> None:
+                    with torch.no_grad(), capture(target.model, [name], _zeroing(first),
+                                                  kinds=target.kinds):
+                        run_pass(target, copies, repeated)
 
-            zeroed = _layer_output(target.model, site.layer, run).float()  # (K, Q, d)
-            cos = torch.nn.functional.cosine_similarity(zeroed, reference[b][None], dim=-1)
-            rows.append((1 - cos).transpose(0, 1))  # (Q, K)
+                zeroed = _layer_output(target.model, site.layer, run).float()  # (c, Q, d)
+                distances.append(1 - torch.nn.functional.cosine_similarity(
+                    zeroed, reference[b][None], dim=-1))
+            rows.append(torch.cat(distances).transpose(0, 1))  # (Q, K)
         out[name] = torch.stack(rows)
     return out

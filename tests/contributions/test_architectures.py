@@ -1,8 +1,9 @@
 """Beyond the five families tested by hand: mBART (pre-LN with BART's module names), a
 BERT-to-BERT EncoderDecoderModel (its output projection sits beside the attention module, in
 ``attention.output.dense``) and FSMT (eager-only attention over time-major hidden states,
-whose values neither capture nor the search by role finds) either decompose exactly at every
-site or say why at every site."""
+whose values neither capture nor the search by role finds), and OLMo 2 and Gemma 3 (a norm on
+the attention's output before the residual) either decompose exactly at every site or say
+why at every site."""
 
 from __future__ import annotations
 
@@ -21,18 +22,24 @@ CASES = {
     "bert2bert": ("EncoderDecoderConfig", "EncoderDecoderModel",
                   {"decoder": {"is_decoder": True, "add_cross_attention": True}}, "post"),
     "fsmt": ("FSMTConfig", "FSMTForConditionalGeneration", {}, None),
+    # decoder-only, a norm on the attention's output before the residual (Gemma's with
+    # gamma = 1 + weight)
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}, "sandwich"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {}, "sandwich"),
 }
+CAUSAL = ("olmo2", "gemma3")
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_site_decomposes_or_says_why(case, tmp_path):
     config_name, model_name, extra, placement = CASES[case]
     config = tiny_config(getattr(transformers, config_name), extra)
-    save_checkpoint(getattr(transformers, model_name), config, tmp_path)
+    save_checkpoint(getattr(transformers, model_name), config, tmp_path,
+                    eos_after=case not in CAUSAL)
     target = from_hf(tmp_path, SOURCES, max_new_tokens=NEW_TOKENS)
     batch = next(target.iter_batches())
     result = contributions(target, batch, target.greedy(batch))
-    assert len(result.checks) == len(result.trace.sites) == 6
+    assert len(result.checks) == len(result.trace.sites) == (2 if case in CAUSAL else 6)
     if placement is None:
         assert not result.blocks
         assert all(c.status == "fail" and "does not expose values" in c.detail
