@@ -129,3 +129,14 @@ def test_align_on_a_decoder_only_model_equals_eager_attention(tmp_path, capsys):
 
 def read_alignments_line(line: str) -> list[tuple[int, int]]:
     return [tuple(map(int, token.split("-"))) for token in line.split()]
+
+
+def test_an_unreadable_or_short_gold_file_is_one_line_error(tmp_path, capsys):
+    bad = tmp_path / "bad.gold"
+    bad.write_text("0-0 1-x\n")
+    assert main(["align", BART, "--limit", "1", "--gold", str(bad), "--quiet"]) == 2
+    assert "bad.gold, line 1: '1-x' is not a link" in capsys.readouterr().err
+    short = tmp_path / "short.gold"
+    short.write_text("0-0\n")
+    assert main(["align", BART, "--limit", "2", "--gold", str(short), "--quiet"]) == 2
+    assert "2 predicted alignments but 1 gold" in capsys.readouterr().err
