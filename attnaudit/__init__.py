@@ -6,7 +6,8 @@ and test what they do and do not explain. The top level holds capture, the audit
 (docs/architecture.md): ``capturing``, ``targets``, ``analysis`` (streaming analysers),
 ``runtime`` (processes, progress, output folders), ``interventions`` (weight and value
 edits), ``validity`` (the validity pipeline, findings and the CI gate), ``attribution``
-(Captum methods, leave-one-out, agreement), ``checklist``, ``report`` (HTML/CSV),
+(Captum methods, leave-one-out, agreement), ``checklist``, ``alignments`` (word
+alignments and their error rate), ``report`` (HTML/CSV),
 ``auditing`` (the orchestration) and ``cli``; ``attnaudit.testing`` is a pytest helper.
 """
 
@@ -43,6 +44,7 @@ __all__ = [
     "Site",
     "SiteNotFound",
     "TargetError",
+    "align",
     "audit",
     "beam_path",
     "beam_records",
@@ -54,13 +56,17 @@ __all__ = [
 ]
 
 
+_LAZY = ("audit", "Audit", "show", "align")
+
+
 def __getattr__(name: str) -> Any:
-    # audit, Audit and show bring in the interventions, report and plotting libraries (the extras
-    # of attnaudit[all]); they are imported on first use so that ``import attnaudit``
+    # audit, Audit, show and align bring in the interventions, report and plotting libraries
+    # (the extras of attnaudit[all]); they are imported on first use so that ``import attnaudit``
     # (capture) stays light and works without them.
     if name not in _LAZY:
         raise AttributeError(f"module 'attnaudit' has no attribute {name!r}")
     try:
+        from attnaudit.alignments.run import align
         from attnaudit.auditing.orchestration import audit
         from attnaudit.auditing.result import Audit
         from attnaudit.report.capture_view import show
@@ -71,7 +77,7 @@ def __getattr__(name: str) -> Any:
         if message is None:
             raise
         raise ModuleNotFoundError(message, name=exc.name) from None
-    return {"audit": audit, "Audit": Audit, "show": show}[name]
+    return {"audit": audit, "Audit": Audit, "show": show, "align": align}[name]
 
 
 def __dir__() -> list[str]:

@@ -10,6 +10,7 @@ The hierarchy::
     │   ├── EditError (ValueError)            an edit returned something unusable
     │   ├── TargetError                       a target cannot be loaded or lacks a part
     │   ├── DataFileError                     a data file is not source[<TAB>target] lines
+    │   ├── AlignmentError (ValueError)       a word-alignment file or request is unusable
     │   ├── TokenizerError                    a checkpoint's tokenizer is missing or useless
     │   ├── InterventionError (ValueError)    an intervention cannot run on this target
     │   ├── OutputFolderError                 an output location cannot take the output
@@ -58,6 +59,11 @@ class TargetError(AttnauditError):
 
 class DataFileError(AttnauditError):
     """A data file cannot be read as ``source[<TAB>target]`` lines."""
+
+
+class AlignmentError(AttnauditError, ValueError):
+    """A Pharaoh alignment file cannot be read, does not match the data, or an alignment was
+    asked of a measure, layer or convention that does not exist."""
 
 
 class TokenizerError(AttnauditError):

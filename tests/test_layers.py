@@ -33,6 +33,7 @@ TIERS: list[dict[str, tuple[str, ...]]] = [
      "validity": ("attnaudit.validity", "attnaudit.testing"),
      "contributions": ("attnaudit.contributions",)},
     {"attribution": ("attnaudit.attribution",), "checklist": ("attnaudit.checklist",)},
+    {"alignments": ("attnaudit.alignments",)},
     {"report": ("attnaudit.report",)},
     {"auditing": ("attnaudit.auditing",)},
     {"cli": ("attnaudit.cli",)},

@@ -17,6 +17,7 @@ PUBLIC = {
     "attnaudit.capturing.tap": ("tap",),
     "attnaudit.capturing.beams": ("beam_path", "beam_records"),
     "attnaudit.auditing.orchestration": ("audit",),
+    "attnaudit.alignments.run": ("align",),
     "attnaudit.auditing.result": ("Audit",),
     "attnaudit.report.capture_view": ("show",),
     "attnaudit.targets.contract": ("Batch", "Expectation", "Seq2SeqTarget"),

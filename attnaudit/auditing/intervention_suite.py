@@ -29,6 +29,7 @@ from attnaudit.attribution.agreement import agreement, summarise_agreement
 from attnaudit.attribution.loo import leave_one_out
 from attnaudit.attribution.methods import attribute
 from attnaudit.attribution.options import METHODS, AttributionOptions
+from attnaudit.auditing.contribution_suite import add_contribution_parts, contribution_tables
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.ablation import (
     cumulative_summary,
@@ -159,7 +160,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
             local.append((index, {}))
             variants = _run_batch(target, ref, batch, local[-1][1], methods, n_permutations,
                                   cumulative_set, adversarial_set, progress, attribution,
-                                  sequence_effects)
+                                  sequence_effects, zeroing=not quick)
             settle()
     shared = (_reference_facts(ref), variants) if ref is not None else None
     parts, (facts, attribution_variants) = _gathered(shard, local, shared)
@@ -249,8 +250,9 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
                parts: _BatchParts, methods: tuple[str, ...],
                n_permutations: int, cumulative_set: set[int], adversarial_set: set[int],
                progress: bool, attribution: AttributionOptions,
-               sequence_effects: bool = False) -> dict[str, str]:
-    """Run everything on one batch; returns each attribution method's variant in words."""
+               sequence_effects: bool = False, *, zeroing: bool = True) -> dict[str, str]:
+    """Run everything on one batch; returns each attribution method's variant in words.
+    zeroing: compare value zeroing with the other measures too (one re-run per key)."""
     _per_batch(parts, "degenerate", degenerate_table(ref.reasons, ref.eligible,
                                                      ref.first_example))
     rows = ref.rows()
@@ -276,7 +278,8 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
             target, batch, ref.emitted, importances, ref.steps))
     rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
     rows_agree["example"] += ref.first_example
-    _per_batch(parts, "agreement", rows_agree)
+    _per_batch(parts, "agreement", rows_agree)  # before the contribution agreement
+    add_contribution_parts(target, batch, ref, importances, parts, zeroing=zeroing)
     if found.convergence_delta is not None:
         delta = found.delta_frame()
         delta["example"] += ref.first_example
@@ -333,6 +336,7 @@ def _assemble(parts: _BatchParts) -> dict[str, pd.DataFrame]:
         tables["cumulative_summary"] = cumulative_summary(tables["cumulative"])
     tables.update(joined)
     tables["agreement_summary"] = summarise_agreement(tables["agreement"])
+    tables.update(contribution_tables(tables))
     return tables
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 from torch import nn
 
@@ -20,6 +21,7 @@ from attnaudit.attribution.options import AttributionOptions
 from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
 from attnaudit.auditing.result import Audit
 from attnaudit.checklist import build_checklist
+from attnaudit.checklist.contributions import CONTRIBUTION_TABLES
 from attnaudit.errors import AttnauditError, TargetError
 from attnaudit.report.explorer import DEFAULT_EXAMPLES as DEFAULT_EXPLORER_EXAMPLES
 from attnaudit.report.manifest import build_manifest
@@ -171,12 +173,21 @@ def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: b
         {"ran": True, "edited_items": suite.metadata["edited_items"]} if suite is not None
         else {"ran": False, "reason": reason})
     result = Audit(target=target.name, description=target.description,
-                   tables=checklist.all_tables(), manifest=manifest, validity=validity,
+                   tables={**checklist.all_tables(), **section_tables(suite)},
+                   manifest=manifest, validity=validity,
                    suite=suite, suite_reason=reason, checklist=checklist)
     if progress:
         print(f"audit {target.name}: {time.perf_counter() - started:.1f} s in all",
               file=sys.stderr, flush=True)
     return result
+
+
+def section_tables(suite: InterventionSuite | None) -> dict[str, pd.DataFrame]:
+    """The suite's "weights vs contributions" tables (not the intervention item's
+    evidence), for the report's section of that name and its CSVs."""
+    if suite is None:
+        return {}
+    return {name: suite.tables[name] for name in CONTRIBUTION_TABLES if name in suite.tables}
 
 
 def _run_suite(target: Seq2SeqTarget, quick: bool, limit: int | None, progress: bool,

@@ -31,6 +31,7 @@ from attnaudit.checklist import Checklist
 from attnaudit.errors import AuditError
 from attnaudit.report import summary_html, write_report
 from attnaudit.report.capture_view import examples_page
+from attnaudit.report.contributions import contribution_figures
 from attnaudit.report.explorer_page import ExplorerPage
 from attnaudit.report.figures import Figure
 from attnaudit.report.item_figures import item_figures
@@ -155,8 +156,9 @@ class Audit:
     def figure(self, name: str) -> MplFigure:
         """The report's figure ``name`` (see :meth:`figure_names`) as a matplotlib figure:
         ``example_map_<i>`` (first example, site i), ``entropy_by_head``, ``masked_mass``,
-        ``permutation_tvd``, ``agreement`` and, with target-side attribution,
-        ``attribution_sides``. Example maps need a live audit."""
+        ``permutation_tvd``, ``agreement``, with target-side attribution
+        ``attribution_sides``, and with contribution measures ``contribution_maps``. Example
+        maps need a live audit."""
         if name not in self._figures:
             raise KeyError(f"no figure {name!r} in this audit; it has "
                            f"{', '.join(self._figures) or 'none'}")
@@ -167,8 +169,9 @@ class Audit:
         """The report's figures by name, drawn once, on first use."""
         example = None if self.validity is None else self.validity.example
         tolerance = self.manifest.get("thresholds", {}).get("max_masked_mass")
-        return {f.name: f for group in item_figures(self.tables, example, tolerance).values()
-                for f in group}
+        groups = [*item_figures(self.tables, example, tolerance).values(),
+                  contribution_figures(self.tables)]
+        return {f.name: f for group in groups for f in group}
 
     def _repr_html_(self) -> str:
         summary = summary_html(self.tables, self.manifest)

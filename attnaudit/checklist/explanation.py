@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
+from attnaudit.checklist.contributions import CONTRIBUTION_TABLES, contribution_lines
 from attnaudit.checklist.items import (
     FAIL,
     ITEM_BY_KEY,
@@ -45,7 +46,7 @@ def interventions_item(suite: SuiteTables) -> ItemResult:
     tables = dict(suite.tables)
     evidence = [Evidence(name, name.replace("_", " ").capitalize(),
                          "From the intervention suite (docs/metrics.md protocols).", frame)
-                for name, frame in tables.items()]
+                for name, frame in tables.items() if name not in CONTRIBUTION_TABLES]
     observations = [line for line, _ in intervention_lines(tables)]
     return ItemResult(
         ITEM_BY_KEY["interventions"], explanation_status(tables),
@@ -173,7 +174,7 @@ def intervention_lines(tables: Mapping[str, pd.DataFrame]) -> list[tuple[str, st
                       + ". Jain & Wallace report 0.24-0.44 between attention and gradients "
                       "for BiLSTM classifiers with additive attention (a different task).",
                       "causal_explanation"))
-    return lines
+    return lines + contribution_lines(tables)
 
 
 # Mean eps-max JSD (of at most ln 2) from which the adversarial search counts as having

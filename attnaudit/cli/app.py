@@ -20,6 +20,7 @@ from typing import NoReturn, TextIO
 from attnaudit.attribution.options import ALL_METHODS
 from attnaudit.attribution.step_gradients import OUTPUTS
 from attnaudit.auditing.intervention_suite import QUICK_PERMUTATIONS
+from attnaudit.cli.align import add_align_arguments, align_command
 from attnaudit.cli.commands import check_command, demo_command, intervene_command, report_command
 from attnaudit.cli.exits import INTERRUPTED, USAGE_ERROR
 from attnaudit.errors import AttnauditError, Terminated
@@ -198,6 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sequence_argument(intervene)
     _add_attribution_arguments(intervene)
     intervene.set_defaults(run=intervene_command)
+
+    align = commands.add_parser(
+        "align", parents=[debug],
+        help="word alignments (Pharaoh) from attention or another measure; AER with --gold")
+    _add_target_arguments(align)
+    _add_memory_argument(align)
+    add_align_arguments(align)
+    align.set_defaults(run=align_command)
 
     report = commands.add_parser("report", parents=[debug], help="write an HTML/CSV audit report")
     _add_target_arguments(report)

@@ -9,7 +9,8 @@ from attnaudit.attribution.agreement import beside_reference
 from attnaudit.auditing.intervention_suite import InterventionSuite
 
 SUITE_TABLES = ("summary", "permutation_bins", "zeroing_flips", "cumulative_summary",
-                "value_controls", "agreement_summary")
+                "value_controls", "agreement_summary", "weights_vs_contributions",
+                "alignment_aer")
 
 
 def print_suite(suite: InterventionSuite) -> None:

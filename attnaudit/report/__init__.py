@@ -26,6 +26,7 @@ import pandas as pd
 
 from attnaudit.analysis.example_maps import ExampleMaps
 from attnaudit.checklist import Checklist
+from attnaudit.report.contributions import contributions_section
 from attnaudit.report.definitions import definition_blocks
 from attnaudit.report.explorer import (
     CSV_NAME,
@@ -87,6 +88,7 @@ def write_report(out_dir: str | Path, *, checklist: Checklist,
         "summary_csvs": [csv_name(name) for name in SUMMARY_TABLES],
         "definitions": definition_blocks(),
         "explorer": None,
+        "contributions": contributions_section(tables),
     }
     views = explorer_views(examples)
     if views:

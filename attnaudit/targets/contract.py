@@ -151,6 +151,11 @@ class Seq2SeqTarget:
         truncation: one sentence on how sources were truncated, for the report.
         decoding: the decoding settings ``greedy`` runs with, for the manifest and the
             report (None: the target's own greedy function).
+        gold_alignments: optional, (batch, emitted (B, T)) -> per example, its gold word
+            alignment as a Pharaoh line (``i-j`` sure, ``i-pj`` possible) in token units:
+            eligible source token i (``explain_keys``, in order), output token j (the
+            emitted tokens before the end of sequence); the audit then reports the
+            alignment error rate of every measure (docs/alignments.md).
     """
 
     name: str
@@ -178,6 +183,7 @@ class Seq2SeqTarget:
     first_prefix_input: int = 0
     unk_id: int | None = None
     decoding: Decoding | None = None
+    gold_alignments: Callable[[Batch, torch.Tensor], list[str]] | None = None
 
     def step_mask(self, emitted: torch.Tensor) -> torch.Tensor:
         """Bool (B, T): steps up to and including the first ``eos_id``."""

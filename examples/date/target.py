@@ -23,6 +23,7 @@ from .data import (
     vocabularies,
     year_span,
 )
+from .gold import gold_lines
 from .model import TARGET_STEPS, load_model
 
 AUDIT_SOURCES = 400
@@ -116,6 +117,7 @@ def make_target(limit: int = AUDIT_SOURCES, batch_size: int = 100) -> Seq2SeqTar
         kinds={"attend": "cross"},
         expectations=(Expectation("source year", year_keys, rows=YEAR_CHARS),),
         seed=SEED,
+        gold_alignments=gold_lines(target_tokens, EOS),
         encode=encode,
         decode=decode,
         decode_states=decode_states,

@@ -13,6 +13,7 @@ from attnaudit.targets.contract import Expectation, Seq2SeqTarget
 from attnaudit.targets.hf.loading import from_hf
 
 from ..date.data import SEED, YEAR_CHARS, make_splits
+from ..date.gold import gold_lines
 from ..date.target import AUDIT_SOURCES, year_keys
 from .model import MAX_NEW_TOKENS, MODEL_DIR
 
@@ -30,6 +31,7 @@ def make_target() -> Seq2SeqTarget:
     return target.with_options(
         expectations=(Expectation("source year", year_keys, rows=YEAR_CHARS),),
         seed=SEED,
+        gold_alignments=gold_lines(target.target_tokens, target.eos_id),
         description=(
             "Hugging Face BART (2 + 2 layers, 4 heads, character tokenizer) normalising "
             "free-form English dates to ISO 8601 (examples/date_transformer); audit data: "

@@ -1,0 +1,125 @@
+"""Weights vs contributions in the suite: top keys and the per-measure summary against hand
+computations, and the suite on the date BART against the models' own eager attention and
+the contribution maps computed directly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from attnaudit.auditing.contribution_suite import contribution_tables, top_keys
+from attnaudit.auditing.intervention_suite import run_suite
+from attnaudit.contributions import measure_maps
+from attnaudit.targets.loading import load_target
+
+transformers = pytest.importorskip("transformers")
+
+BART = "attnaudit_examples.date_transformer.target:make_target"
+
+
+def test_top_keys_equal_a_numpy_argmax_over_eligible_keys():
+    gen = torch.Generator().manual_seed(0)
+    values = {"attention": torch.rand(3, 4, 5, generator=gen),
+              "alti": torch.rand(3, 4, 5, generator=gen),
+              "loo": torch.rand(3, 4, 5, generator=gen)}
+    values["loo"][1, 2] = 0.25  # constant over the eligible keys: undecided
+    keys = torch.tensor([[True, True, False, True, True], [False, True, True, True, False],
+                         [False, False, False, False, False]])
+    steps = torch.tensor([[True, True, True, False], [True, True, True, True],
+                          [True, True, False, False]])
+    found = top_keys(values, keys, steps)
+    expected = []
+    for b in range(3):
+        for t in range(4):
+            if not steps[b, t] or not keys[b].any():
+                continue
+            eligible = np.nonzero(keys[b].numpy())[0]
+            row = {"example": b, "step": t}
+            for name, v in values.items():
+                row[f"top_{name}"] = int(eligible[np.argmax(v[b, t].numpy()[eligible])])
+            loo = values["loo"][b, t].numpy()[eligible]
+            row["loo_decided"] = bool(loo.max() > loo.min())
+            expected.append(row)
+    pd.testing.assert_frame_equal(found, pd.DataFrame(expected), check_dtype=False)
+
+
+def test_summary_shares_equal_a_hand_count():
+    rows = pd.DataFrame({"example": [0, 0, 1, 1], "step": [0, 1, 0, 1],
+                         "top_attention": [0, 1, 2, 3], "top_alti": [0, 2, 2, 0],
+                         "top_loo": [0, 2, 1, 0], "loo_decided": [True, True, True, False]})
+    summary = pd.DataFrame({"method_a": ["attention"], "method_b": ["loo"], "n": [4],
+                            "kendall_tau_mean": [0.5], "top_k_overlap_mean": [0.7]})
+    mine = pd.DataFrame({"method_a": ["alti"], "method_b": ["loo"], "n": [4],
+                         "kendall_tau_mean": [0.25], "top_k_overlap_mean": [0.6]})
+    measures = pd.DataFrame({"measure": ["alti", "alti"], "reading": ["r", "r"],
+                             "status": ["computed"] * 2, "reason": ["", ""]})
+    out = contribution_tables({"top_keys": rows, "agreement_summary": summary,
+                               "contribution_agreement_summary": mine,
+                               "contribution_measures": measures})
+    table = out["weights_vs_contributions"].set_index("measure")
+    # alti's top key differs from the weights' in rows 1 and 3 of 4; among the 3 decided
+    # rows, the weights' top key is the leave-one-out one in row 0 only, alti's in 0 and 1
+    assert table.loc["alti", "top_differs_from_weights"] == pytest.approx(2 / 4)
+    assert table.loc["weights", "top_differs_from_weights"] == 0.0
+    assert table.loc["weights", "top_is_loo_top"] == pytest.approx(1 / 3)
+    assert table.loc["alti", "top_is_loo_top"] == pytest.approx(2 / 3)
+    assert table.loc["weights", "kendall_tau_vs_loo"] == 0.5
+    assert table.loc["alti", "top_k_overlap_vs_loo"] == 0.6
+    assert len(out["contribution_measures"]) == 1
+
+
+def test_suite_on_the_date_bart_against_eager_attention_and_direct_maps():
+    from attnaudit_examples.date_transformer.model import MODEL_DIR
+
+    target = load_target(BART)
+    suite = run_suite(target, quick=True, limit=3, progress=False, n_permutations=2,
+                      cumulative_examples=0, attribution=None)
+    table = suite.tables["weights_vs_contributions"].set_index("measure")
+    assert {"weights", "value_norm", "alti", "rollout", "saliency"} <= set(table.index)
+    assert set(suite.tables["contribution_measures"]["status"]) == {"computed"}
+    assert len(suite.tables["sinks"]) == 24  # 6 sites x 4 heads
+
+    batch = next(target.iter_batches(3))
+    emitted = target.greedy(batch)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
+        MODEL_DIR, attn_implementation="eager").eval()
+    start = torch.full_like(emitted[:, :1], model.config.decoder_start_token_id)
+    with torch.no_grad():
+        out = model(input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
+                    decoder_input_ids=torch.cat([start, emitted[:, :-1]], 1),
+                    output_attentions=True)
+    weights = torch.stack(out.cross_attentions).mean((0, 2))  # (B, T, S)
+    norms = measure_maps(target, batch, emitted, ("value_norm",))["value_norm"].mean(1)
+    keys, steps = target.explain_keys(batch), target.step_mask(emitted)
+    differ = []
+    for b, t in steps.nonzero().tolist():
+        eligible = keys[b].nonzero().squeeze(1)
+        differ.append(int(eligible[weights[b, t, eligible].argmax()])
+                      != int(eligible[norms[b, t, eligible].argmax()]))
+    assert table.loc["value_norm", "rows"] == len(differ)
+    assert table.loc["value_norm", "top_differs_from_weights"] == pytest.approx(np.mean(differ))
+
+
+def test_a_full_audit_compares_value_zeroing_too():
+    from attnaudit.auditing.contribution_suite import add_contribution_parts
+    from attnaudit.interventions.reference_run import reference
+
+    target = load_target(BART)
+    batch = next(target.iter_batches(2))
+    ref = reference(target, batch)
+    parts: dict[str, list[pd.DataFrame]] = {}
+    stand_in_loo = torch.rand(ref.attention.shape, generator=torch.Generator().manual_seed(0))
+    add_contribution_parts(target, batch, ref, {"attention": ref.attention, "loo": stand_in_loo},
+                           parts, zeroing=True)
+    measures = parts["contribution_measures"][0]
+    assert list(measures["measure"]) == ["value_norm", "alti", "rollout", "value_zeroing"]
+    rows = parts["top_keys"][0]
+    zeroed = measure_maps(target, batch, ref.emitted, ("value_zeroing",))["value_zeroing"]
+    zeroed = zeroed.mean(1)
+    keys = target.explain_keys(batch)
+    for row in rows.itertuples(index=False):
+        eligible = keys[row.example].nonzero().squeeze(1)
+        expected = int(eligible[zeroed[row.example, row.step, eligible].argmax()])
+        assert row.top_value_zeroing == expected
