@@ -202,6 +202,9 @@ def contribution_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.Data
             if len(vs_loo) else float("nan"),
         })
     out["weights_vs_contributions"] = pd.DataFrame(records, columns=SUMMARY_COLUMNS)
-    if "alignment_counts" in tables:
-        out["alignment_aer"] = _aer_table(tables["alignment_counts"])
+    if "alignment_counts" in tables:  # summed over batches: no row depends on the batching
+        counts = tables["alignment_counts"].groupby(["measure", "convention"], sort=False,
+                                                    as_index=False).sum(numeric_only=True)
+        out["alignment_counts"] = counts
+        out["alignment_aer"] = _aer_table(counts)
     return out
