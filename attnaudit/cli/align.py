@@ -14,7 +14,7 @@ from attnaudit.alignments.pharaoh import read_alignments, write_alignments
 from attnaudit.alignments.run import aer_table, align
 from attnaudit.alignments.units import CONVENTIONS, UNITS
 from attnaudit.attribution.options import AttributionOptions
-from attnaudit.cli.loading import load_cli_target, memory_option
+from attnaudit.cli.loading import load_cli_target, memory_option, name_list
 from attnaudit.errors import AlignmentError
 
 ALL = "all"
@@ -22,7 +22,8 @@ ALL = "all"
 
 def add_align_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``attnaudit align`` beyond the target's."""
-    parser.add_argument("--measure", type=_measure_list, default=(WEIGHTS,), metavar="M[,M...]",
+    parser.add_argument("--measure", type=name_list(MEASURES, "measures"), default=(WEIGHTS,),
+                        metavar="M[,M...]",
                         help=f"what to align from, among {', '.join(MEASURES)} (default "
                              f"{WEIGHTS}); several need --gold")
     parser.add_argument("--layer", type=_layer, default=COMBINED, metavar="N|mean|all",
@@ -44,15 +45,6 @@ def add_align_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attribution-variant", choices=["attnaudit", "inseq"],
                         default="attnaudit",
                         help="variant of the gradient measures (see attnaudit intervene)")
-
-
-def _measure_list(text: str) -> tuple[str, ...]:
-    measures = tuple(m.strip() for m in text.split(",") if m.strip())
-    unknown = [m for m in measures if m not in MEASURES]
-    if unknown or not measures or len(set(measures)) != len(measures):
-        raise argparse.ArgumentTypeError(f"give distinct measures among {', '.join(MEASURES)}, "
-                                         f"got {text!r}")
-    return measures
 
 
 def _layer(text: str) -> int | str:

@@ -23,6 +23,7 @@ from attnaudit.auditing.intervention_suite import QUICK_PERMUTATIONS
 from attnaudit.cli.align import add_align_arguments, align_command
 from attnaudit.cli.commands import check_command, demo_command, intervene_command, report_command
 from attnaudit.cli.exits import INTERRUPTED, USAGE_ERROR
+from attnaudit.cli.loading import name_list
 from attnaudit.errors import AttnauditError, Terminated
 from attnaudit.interventions.permutation import N_PERMUTATIONS
 from attnaudit.report.explorer import DEFAULT_EXAMPLES
@@ -139,20 +140,11 @@ def _add_attribution_arguments(parser: argparse.ArgumentParser) -> None:
                              "over the embedding, <unk> baseline, gradients through attention")
     parser.add_argument("--target-side", action="store_true",
                         help="attribute to the output prefix as well as to the source")
-    parser.add_argument("--methods", type=method_list, metavar="M[,M...]",
+    parser.add_argument("--methods", type=name_list(ALL_METHODS, "methods"),
+                        metavar="M[,M...]",
                         help="attribution methods to run, among " + ", ".join(ALL_METHODS)
                              + " (default: saliency, input_x_gradient and, unless --quick, "
                                "integrated_gradients)")
-
-
-def method_list(text: str) -> tuple[str, ...]:
-    """``--methods a,b``: attribution method names, checked."""
-    methods = tuple(m.strip() for m in text.split(",") if m.strip())
-    unknown = [m for m in methods if m not in ALL_METHODS]
-    if unknown or not methods or len(set(methods)) != len(methods):
-        raise argparse.ArgumentTypeError(f"give distinct methods among {', '.join(ALL_METHODS)}"
-                                         f", got {text!r}")
-    return methods
 
 
 def build_parser() -> argparse.ArgumentParser:

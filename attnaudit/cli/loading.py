@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from attnaudit.attribution.options import AttributionOptions
@@ -103,3 +104,17 @@ def attribution_option(args: argparse.Namespace) -> AttributionOptions:
                           f"column (contrast) in {args.data}")
     return AttributionOptions.variant(args.attribution_variant, output=args.attribute,
                                       target_side=args.target_side, methods=args.methods)
+
+
+def name_list(allowed: tuple[str, ...], what: str) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type for ``--option a,b``: distinct names among ``allowed`` (``what``
+    names them in the message)."""
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(m.strip() for m in text.split(",") if m.strip())
+        unknown = [m for m in names if m not in allowed]
+        if unknown or not names or len(set(names)) != len(names):
+            raise argparse.ArgumentTypeError(f"give distinct {what} among "
+                                             f"{', '.join(allowed)}, got {text!r}")
+        return names
+    return parse
+

@@ -16,6 +16,7 @@ from attnaudit.targets.hf.loading import from_hf
 
 transformers = pytest.importorskip("transformers")
 
+from tests.helpers.date_bart_eager import eager_cross_attention  # noqa: E402
 from tests.helpers.tiny_hf import VOCAB, save_checkpoint  # noqa: E402
 
 BART = "attnaudit_examples.date_transformer.target:make_target"
@@ -40,20 +41,12 @@ def hand_aer(predicted: list[set], gold_lines: list[str]) -> float:
 def bart_eager_links() -> list[set]:
     """Per example, (source char, output char) at the argmax of the eager cross-attention
     mean over heads and layers, at the step that emits the character."""
-    from attnaudit_examples.date_transformer.model import MODEL_DIR
     from attnaudit_examples.date_transformer.target import make_target
 
     target = make_target()
     batch = next(target.iter_batches(N))
     emitted = target.greedy(batch)
-    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
-        MODEL_DIR, attn_implementation="eager").eval()
-    start = torch.full_like(emitted[:, :1], model.config.decoder_start_token_id)
-    with torch.no_grad():
-        out = model(input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
-                    decoder_input_ids=torch.cat([start, emitted[:, :-1]], 1),
-                    output_attentions=True)
-    mean = torch.stack(out.cross_attentions).mean((0, 2))  # (B, T, S)
+    mean = eager_cross_attention(batch, emitted)  # (B, T, S)
     found = []
     for b, text in enumerate(batch.texts):
         n_out = int((emitted[b] != target.eos_id).cumprod(0).sum())

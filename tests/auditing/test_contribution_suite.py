@@ -16,6 +16,8 @@ from attnaudit.targets.loading import load_target
 
 transformers = pytest.importorskip("transformers")
 
+from tests.helpers.date_bart_eager import eager_cross_attention  # noqa: E402
+
 BART = "attnaudit_examples.date_transformer.target:make_target"
 
 
@@ -71,8 +73,6 @@ def test_summary_shares_equal_a_hand_count():
 
 
 def test_suite_on_the_date_bart_against_eager_attention_and_direct_maps():
-    from attnaudit_examples.date_transformer.model import MODEL_DIR
-
     target = load_target(BART)
     suite = run_suite(target, quick=True, limit=3, progress=False, n_permutations=2,
                       cumulative_examples=0, attribution=None)
@@ -83,14 +83,7 @@ def test_suite_on_the_date_bart_against_eager_attention_and_direct_maps():
 
     batch = next(target.iter_batches(3))
     emitted = target.greedy(batch)
-    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
-        MODEL_DIR, attn_implementation="eager").eval()
-    start = torch.full_like(emitted[:, :1], model.config.decoder_start_token_id)
-    with torch.no_grad():
-        out = model(input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
-                    decoder_input_ids=torch.cat([start, emitted[:, :-1]], 1),
-                    output_attentions=True)
-    weights = torch.stack(out.cross_attentions).mean((0, 2))  # (B, T, S)
+    weights = eager_cross_attention(batch, emitted)  # (B, T, S)
     norms = measure_maps(target, batch, emitted, ("value_norm",))["value_norm"].mean(1)
     keys, steps = target.explain_keys(batch), target.step_mask(emitted)
     differ = []

@@ -28,6 +28,7 @@ from attnaudit.errors import CaptureError
 
 transformers = pytest.importorskip("transformers")
 
+from tests.helpers.threads import one_thread  # noqa: E402, F401  (module fixture)
 from tests.helpers.tiny_hf import VOCAB, save_checkpoint, tiny_config  # noqa: E402
 
 TOL = 1e-5
@@ -38,13 +39,6 @@ SEQ2SEQ = {"bart": ("BartConfig", "BartForConditionalGeneration"),
            "marian": ("MarianConfig", "MarianMTModel"),
            "t5": ("T5Config", "T5ForConditionalGeneration")}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module", params=[*SEQ2SEQ, "gpt2"])

@@ -42,6 +42,7 @@ from transformers import AutoModelForSeq2SeqLM  # noqa: E402
 from transformers.models.auto import modeling_auto  # noqa: E402
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
 
+from tests.helpers.threads import one_thread  # noqa: E402, F401  (module fixture)
 from tests.helpers.tiny_hf import LAYERS, save_checkpoint, tiny_config  # noqa: E402
 
 TOL = 1e-5
@@ -65,14 +66,6 @@ OUTCOMES: dict[str, str] = {}  # arch -> "covered" / "skipped: reason" (set by t
 _PASSED: dict[str, set[str]] = {}
 _RAN: set[str] = set()
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: intra-op threads only add synchronisation cost on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def skip(arch: str, reason: str) -> None:

@@ -1,0 +1,25 @@
+"""The date BART's cross-attention as Hugging Face's eager backend returns it, loaded
+again from its checkpoint folder: ground truth that never passes through capture."""
+
+from __future__ import annotations
+
+import torch
+
+from attnaudit.targets.contract import Batch
+
+
+def eager_cross_attention(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
+    """(B, T, S): the mean over layers and heads of the eager cross-attention of the date
+    BART, teacher-forced on ``emitted`` (B, T) (its start token, then emitted[:, :-1])."""
+    import transformers
+
+    from attnaudit_examples.date_transformer.model import MODEL_DIR
+
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
+        MODEL_DIR, attn_implementation="eager").eval()
+    start = torch.full_like(emitted[:, :1], model.config.decoder_start_token_id)
+    with torch.no_grad():
+        out = model(input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
+                    decoder_input_ids=torch.cat([start, emitted[:, :-1]], 1),
+                    output_attentions=True)
+    return torch.stack(out.cross_attentions).mean((0, 2))
