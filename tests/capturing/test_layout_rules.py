@@ -55,6 +55,10 @@ CASES = {
     "grouped-query heads packed on the query axis (HF decoding step)": (
         lambda t: t[:, :, :1].reshape(B, 1, H, K), -1,
         CallSite(names={"q_length": 1}, query_last=True), "b h (h q) k", "inferred"),
+    "multi-query heads packed on the query axis, head count known (GPT-BigCode step)": (
+        lambda t: t[:, :, :1].reshape(B, 1, H, K), -1,
+        CallSite(names={"q_length": 1}, owner_heads=H, query_last=True), "b h (h q) k",
+        "inferred"),
 }
 
 
@@ -72,6 +76,8 @@ def test_layout_rules_recover_batch_heads_queries_keys(case):
         "query-major (T, B, S)": full[:, :1],
         "keys first (S, B)": full[:, :1, :1],
         "grouped-query heads packed on the query axis (HF decoding step)": full[:, :, :1],
+        "multi-query heads packed on the query axis, head count known (GPT-BigCode step)":
+            full[:, :, :1],
     }.get(case, full)
     assert torch.equal(record, expected)
     edited = record + 1000
