@@ -253,15 +253,18 @@ def _groups(rest: list[int], site: CallSite) -> tuple[list[Group], str]:
         return [[("b", lead)], *tail], found
     if heads is not None and heads > 1 and lead % heads == 0:
         return [[("b", lead // heads), ("h", heads)], *tail], found
+    steps = site.first(QUERY_NAMES)
     if batch is not None:
         if lead == batch:
             return [[("b", lead)], *tail], found
-        if len(rest) == 2 and rest[1] == batch and not site.query_last:
+        # query-major (T, B, S) unless the query count is named and is not T: a one-query
+        # step of one sequence with heads folded, (H, 1, S), has B = Q = 1 too
+        if len(rest) == 2 and rest[1] == batch and not site.query_last \
+                and steps in (None, lead):
             return [[("q", lead)], [("b", batch)]], found
         if lead % batch == 0:  # (B*H, Q, K), or every decoder step at once: (B*T, K)
             fold = "h" if tail else "q"
             return [[("b", batch), (fold, lead // batch)], *tail], found
-    steps = site.first(QUERY_NAMES)
     if not tail and steps is not None and steps > 1 and lead % steps == 0 and lead != steps:
         return [[("b", lead // steps), ("q", steps)]], found
     owner = site.owner_heads
