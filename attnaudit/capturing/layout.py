@@ -20,6 +20,7 @@ leading axis is read as the batch and there is one head).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -206,7 +207,12 @@ def _many_axes(rest: list[int], site: CallSite) -> tuple[list[Group], str]:
     named = "stated" if site.heads else "call" if site.from_call else "inferred"
     letters = ["b", *["h"] * (len(rest) - 2), "q"]
     source = "call"
-    if heads is not None and rest[1] != heads:
+    queries = site.first(QUERY_NAMES) if site.query_last else None
+    packed = queries is not None and rest[-1] != queries and rest[-1] % queries == 0
+    # a step packing each key/value head's query heads along the queries (multi-query:
+    # (B, 1, H * Q)) splits the head count over those two axes: no other axis holds it
+    split = packed and heads == math.prod(rest[1:-1]) * rest[-1] // queries
+    if heads is not None and rest[1] != heads and not split:
         # the last axis is the queries unless nothing else can hold the heads
         elsewhere = [i for i in range(2, len(rest)) if rest[i] == heads]
         if elsewhere:
@@ -216,8 +222,7 @@ def _many_axes(rest: list[int], site: CallSite) -> tuple[list[Group], str]:
     elif heads is not None and len(rest) > 3:
         letters, source = ["b", "h", *["q"] * (len(rest) - 2)], named
     groups: list[Group] = [[(x, n)] for x, n in zip(letters, rest, strict=True)]
-    queries = site.first(QUERY_NAMES) if site.query_last else None
-    if queries is not None and rest[-1] != queries and rest[-1] % queries == 0:
+    if packed and letters[-1] == "q":
         groups[-1] = [("h", rest[-1] // queries), ("q", queries)]
         source = "call" if site.from_call else "inferred"
     return groups, source
@@ -248,15 +253,18 @@ def _groups(rest: list[int], site: CallSite) -> tuple[list[Group], str]:
         return [[("b", lead)], *tail], found
     if heads is not None and heads > 1 and lead % heads == 0:
         return [[("b", lead // heads), ("h", heads)], *tail], found
+    steps = site.first(QUERY_NAMES)
     if batch is not None:
         if lead == batch:
             return [[("b", lead)], *tail], found
-        if len(rest) == 2 and rest[1] == batch and not site.query_last:
+        # query-major (T, B, S) unless the query count is named and is not T: a one-query
+        # step of one sequence with heads folded, (H, 1, S), has B = Q = 1 too
+        if len(rest) == 2 and rest[1] == batch and not site.query_last \
+                and steps in (None, lead):
             return [[("q", lead)], [("b", batch)]], found
         if lead % batch == 0:  # (B*H, Q, K), or every decoder step at once: (B*T, K)
             fold = "h" if tail else "q"
             return [[("b", batch), (fold, lead // batch)], *tail], found
-    steps = site.first(QUERY_NAMES)
     if not tail and steps is not None and steps > 1 and lead % steps == 0 and lead != steps:
         return [[("b", lead // steps), ("q", steps)]], found
     owner = site.owner_heads

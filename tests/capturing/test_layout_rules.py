@@ -40,6 +40,9 @@ CASES = {
     "query-major (T, B, S)": (
         lambda t: t[:, 0].transpose(0, 1), -1, CallSite(names={"batch_size": B}), "q b k",
         "inferred"),
+    "heads folded, one query of one sequence (fairseq cached step)": (
+        lambda t: t[:1, :, :1].reshape(H, 1, K), -1,
+        CallSite(names={"bsz": 1, "tgt_len": 1}), "(b h) q k", "inferred"),
     "keys first (S, B)": (lambda t: t[:, 0, 0].T, 0, CallSite(), "k b", "default"),
     "heads third (LED encoder)": (
         lambda t: t.transpose(1, 2), -1, CallSite(owner_heads=H), "b q h k", "inferred"),
@@ -55,6 +58,10 @@ CASES = {
     "grouped-query heads packed on the query axis (HF decoding step)": (
         lambda t: t[:, :, :1].reshape(B, 1, H, K), -1,
         CallSite(names={"q_length": 1}, query_last=True), "b h (h q) k", "inferred"),
+    "multi-query heads packed on the query axis, head count known (GPT-BigCode step)": (
+        lambda t: t[:, :, :1].reshape(B, 1, H, K), -1,
+        CallSite(names={"q_length": 1}, owner_heads=H, query_last=True), "b h (h q) k",
+        "inferred"),
 }
 
 
@@ -71,7 +78,10 @@ def test_layout_rules_recover_batch_heads_queries_keys(case):
         "steps folded (OpenNMT global attention)": full[:, :1],
         "query-major (T, B, S)": full[:, :1],
         "keys first (S, B)": full[:, :1, :1],
+        "heads folded, one query of one sequence (fairseq cached step)": full[:1, :, :1],
         "grouped-query heads packed on the query axis (HF decoding step)": full[:, :, :1],
+        "multi-query heads packed on the query axis, head count known (GPT-BigCode step)":
+            full[:, :, :1],
     }.get(case, full)
     assert torch.equal(record, expected)
     edited = record + 1000
