@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnaudit.checklist import ITEM_KEYS, STATUSES
+from attnaudit.checklist.performance import overhead_status
 from attnaudit.report.explorer import DEFAULT_EXAMPLES
 from attnaudit_examples.date.data import (
     BOS,
@@ -111,16 +112,20 @@ def test_manifest_fields_and_hashes(date_report):
 
 
 
-# What the quick report on the first LIMIT sources says: every checklist item and verdict.
+# What the quick report on the first LIMIT sources says: every checklist item and verdict
+# but performance, which judges wall times (checked below against the report's own timings).
 QUICK_STATUSES = {"qkv": "pass", "scoring": "pass", "eligibility": "pass", "masks": "pass",
-                  "positions": "not recorded", "distributions": "pass", "performance": "pass",
+                  "positions": "not recorded", "distributions": "pass",
                   "interventions": "pass"}
 QUICK_VERDICTS = {"verdict-validity": "pass", "verdict-explanation": "pass"}
 
 
 def test_checklist_statuses_and_verdicts_are_pinned(date_report):
     page = read_page(date_report / "index.html")
-    assert page.sections == QUICK_STATUSES
+    # the capture overhead is a ratio of wall times, which a loaded machine can push past
+    # the pass threshold: the status must be the one the stated thresholds give it
+    overhead = pd.read_csv(date_report / "performance_totals.csv")["capture_overhead"][0]
+    assert page.sections == {**QUICK_STATUSES, "performance": overhead_status(overhead)}
     assert page.verdicts == QUICK_VERDICTS
     verdicts = pd.read_csv(date_report / "verdicts.csv")
     assert dict(zip("verdict-" + verdicts["verdict"], verdicts["status"], strict=True)) == \
