@@ -102,6 +102,10 @@ NOT_CAUSAL = ("parity: generate() is not causal decoding of the prompt (XLM appe
               "token, XLNet is a permutation LM)")
 OWN_GENERATE = ("parity: the model's own cached generate() without an image widens the mask "
                 "over image tokens it never cached (GIT)")
+# Capture-side (attnaudit/capturing/): sites eager's per-layer maps do not hold.
+DEPTH = ("capture: block attention residuals (attention over the layer blocks' outputs, not "
+         "over tokens) are captured as attention sites; eager's output_attentions leaves them "
+         "out")
 # The tiny config does not build yet (tests/helpers/tiny_causal.py): a harness gap.
 BUILD = "harness: no tiny config of this class builds yet"
 XFAIL: dict[str, str] = {
@@ -111,9 +115,8 @@ XFAIL: dict[str, str] = {
     "nemotron_h": SCAN, "zamba2": SCAN, "prophetnet": PASS_VS_STEPS,
     "reformer": PASS_VS_STEPS, "hrm_text": COMPOUNDED, "xlm": NOT_CAUSAL,
     "xlnet": NOT_CAUSAL, "git": OWN_GENERATE,
-    **dict.fromkeys(["blt", "cohere_compass_text", "dbrx", "dory", "dots3_note",
-                     "inkling2_loop_text", "inkling2_text", "longcat_flash", "qwen4_exp",
-                     "qwen4_exp_text", "zamba"], BUILD),
+    **dict.fromkeys(["inkling2_loop_text", "inkling2_text"], DEPTH),
+    **dict.fromkeys(["blt", "dots3_note"], BUILD),
 }
 
 OUTCOMES: dict[str, str] = {}  # arch -> "covered" / "skipped: ..." / "xfail: ..."
