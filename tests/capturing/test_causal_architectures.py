@@ -110,7 +110,7 @@ DEPTH = ("capture: block attention residuals (attention over the layer blocks' o
 BUILD = "harness: no tiny config of this class builds yet"
 XFAIL: dict[str, str] = {
     "rembert": ZERO_VIEW,
-    **dict.fromkeys(["cpmant", "deepseek_v4", "gemma4", "gemma4_unified"], IDS),
+    **dict.fromkeys(["cpmant", "deepseek_v4"], IDS),
     **dict.fromkeys(["deepseek_v32", "glm_moe_dsa", "dots3_note_text", "hy_v4"], INDEXER),
     "nemotron_h": SCAN, "zamba2": SCAN, "prophetnet": PASS_VS_STEPS,
     "reformer": PASS_VS_STEPS, "hrm_text": COMPOUNDED, "xlm": NOT_CAUSAL,

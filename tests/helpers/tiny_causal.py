@@ -50,6 +50,8 @@ CAUSAL_SIZES: dict[str, Any] = {
 # Per architecture: config arguments beyond the tiny sizes, read off each config class's
 # validation (layer patterns sized for two layers, head geometry that must add up).
 HYBRID_TWO = {"attn_layer_period": 2, "attn_layer_offset": 1}
+PLACEHOLDERS = {"image_token_id": VOCAB - 1, "video_token_id": VOCAB - 2,
+                "audio_token_id": VOCAB - 3}
 # Qwen4-Exp's token indexer, with a budget above the prompts' length
 QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": HEAD_DIM,
        "indexer_budget": 16, "indexer_compress_ratio": 4}
@@ -85,6 +87,9 @@ EXTRA: dict[str, dict[str, Any]] = {
     "longcat_flash": {"moe_topk": 2, "zero_expert_num": 1},
     "cohere_compass_text": {"rope_parameters": {
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    # the multimodal model embeds its placeholder tokens to find them among input
+    # embeddings: they must lie in the tiny vocabulary (its last ids, which no prompt uses)
+    **dict.fromkeys(["gemma4", "gemma4_unified"], PLACEHOLDERS),
     "qwen4_exp_text": QSA, "qwen4_exp": {"text_config": QSA},
 }
 
