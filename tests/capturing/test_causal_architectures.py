@@ -82,9 +82,7 @@ SKIP: dict[str, str] = {
 }
 
 # Known breaks, by class: the architecture runs and is expected to fail until its class is
-# fixed. Validity-side (attnaudit/validity/):
-ZERO_VIEW = ("gate: a prompt view whose mass underflows to 0 in the model's float32 weights is "
-             "a zero row, which the row-sum check fails (the model is healthy)")
+# fixed.
 # Target-side (attnaudit/targets/hf/causal.py):
 PROMPT_POSITIONS = ("target: CPM-Ant prepends its own learned prompt positions to every "
                     "sequence and takes padding from the ids (id 0; its attention_mask is a "
@@ -110,7 +108,7 @@ DEPTH = ("capture: block attention residuals (attention over the layer blocks' o
 # The tiny config does not build yet (tests/helpers/tiny_causal.py): a harness gap.
 BUILD = "harness: no tiny config of this class builds yet"
 XFAIL: dict[str, str] = {
-    "rembert": ZERO_VIEW, "cpmant": PROMPT_POSITIONS,
+    "cpmant": PROMPT_POSITIONS,
     **dict.fromkeys(["deepseek_v32", "glm_moe_dsa", "dots3_note_text", "hy_v4"], INDEXER),
     "nemotron_h": SCAN, "zamba2": SCAN, "prophetnet": PASS_VS_STEPS,
     "reformer": PASS_VS_STEPS, "hrm_text": COMPOUNDED, "xlm": NOT_CAUSAL,
