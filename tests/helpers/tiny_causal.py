@@ -52,6 +52,8 @@ CAUSAL_SIZES: dict[str, Any] = {
 HYBRID_TWO = {"attn_layer_period": 2, "attn_layer_offset": 1}
 PLACEHOLDERS = {"image_token_id": VOCAB - 1, "video_token_id": VOCAB - 2,
                 "audio_token_id": VOCAB - 3}
+BLT_PART = {"hidden_size": D_MODEL, "num_attention_heads": HEADS, "num_hidden_layers": 1,
+            "intermediate_size": FFN, "vocab_size": VOCAB, "max_position_embeddings": POSITIONS}
 # Qwen4-Exp's token indexer, with a budget above the prompts' length
 QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": HEAD_DIM,
        "indexer_budget": 16, "indexer_compress_ratio": 4}
@@ -90,6 +92,12 @@ EXTRA: dict[str, dict[str, Any]] = {
     # the multimodal model embeds its placeholder tokens to find them among input
     # embeddings: they must lie in the tiny vocabulary (its last ids, which no prompt uses)
     **dict.fromkeys(["gemma4", "gemma4_unified"], PLACEHOLDERS),
+    # BLT's four sub-configs are defaults its config fills in (not ``sub_configs``), so
+    # they are sized here, with a small hashed byte n-gram table (500,002 rows by default)
+    "blt": {**dict.fromkeys(["patcher_config", "encoder_config", "decoder_config",
+                             "global_config"], BLT_PART),
+            "encoder_hash_byte_group_vocab": 16, "encoder_hash_byte_group_size": [3],
+            "local_attention_window_len": 8},
     "qwen4_exp_text": QSA, "qwen4_exp": {"text_config": QSA},
 }
 
