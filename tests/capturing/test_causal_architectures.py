@@ -95,7 +95,7 @@ SCAN = ("parity: state-space layers give other logits in one pass than step by s
         "(> 1e-4)")
 PASS_VS_STEPS = ("parity: the model's own generate() ignores left padding where its one pass "
                  "does not (ProphetNet's cached steps give every row one position, past "
-                 "length + 1; Reformer's generate() drops the attention mask and position ids)")
+                 "length + 1; Reformer's generate() drops the attention mask)")
 COMPOUNDED = ("parity: layers run six times per pass compound rounding: eager's own one pass "
               "and its cached steps differ by up to 2e-5 in later runs' rows (> 1e-5)")
 NOT_CAUSAL = ("parity: generate() is not causal decoding of the prompt (XLM appends a mask "
