@@ -1,7 +1,8 @@
 """A causal LM that must be given token ids (DeepSeek-V4 routes experts by a fixed token ->
 expert table) runs on ids: its teacher-forced logits equal the model's own ids forward
-over prompt + prefix, its target declares no embedding, and gradient attribution says it
-cannot run instead of attributing embeddings the model never read."""
+over prompt + prefix, its target declares no embedding, gradient attribution says it
+cannot run instead of attributing embeddings the model never read, and leave-one-out
+(which edits ids) equals a hand-made replaced prompt."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import warnings
 import pytest
 import torch
 
+from attnaudit.attribution.loo import leave_one_out
 from attnaudit.attribution.methods import attribute
 from attnaudit.errors import InterventionError
 from attnaudit.targets.hf.loading import from_hf
@@ -54,3 +56,17 @@ def test_a_hash_routed_model_is_teacher_forced_on_its_ids(hash_routed):
     assert target.source_embedding is None and target.target_embedding is None
     with pytest.raises(InterventionError, match="declares no source_embedding"):
         attribute(target, batch, emitted, ("input_x_gradient",), detach_attention=())
+    # leave-one-out of the first prompt's last token, replaced by an ordinary id, by hand
+    key, other = batch.source_ids.shape[1] - 1, 7
+    with torch.no_grad():
+        scores = leave_one_out(target, batch, emitted, replace_with=other)
+        edited = batch.source_ids.clone()
+        edited[0, key] = other
+        ids = torch.cat([edited, emitted[:, :-1]], dim=1)
+        moved = target.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                             use_cache=False).logits[:, batch.source_ids.shape[1] - 1 :]
+    tvd = 0.5 * (moved[0].softmax(-1) - by_hand[0].softmax(-1)).abs().sum(-1)
+    steps = target.step_mask(emitted)[0]
+    torch.testing.assert_close(scores[0, steps, key], tvd[steps].to(scores.dtype),
+                               atol=1e-5, rtol=0)
+    assert tvd[steps].max() > 1e-4
