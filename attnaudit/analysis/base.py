@@ -30,7 +30,9 @@ class AttentionRows:
     axis in its own tensor (``Site.layout`` such as ``"b k q"``), which is how a softmax over
     the wrong axis of ``(B, Q, K)`` scores looks. sink: (batch, heads, queries) float64, the
     weight each row put on sink columns (no keys: a row's keys plus its sink sum to one),
-    None when the site has none.
+    None when the site has none. share: (batch, heads, queries) float64, for a prompt view
+    (``AttentionRecord.share``) the share of the raw row its keys held, None for any other
+    site.
     """
 
     site: str
@@ -41,6 +43,7 @@ class AttentionRows:
     dtype: torch.dtype | None = None
     keys_before_queries: bool = False
     sink: torch.Tensor | None = None
+    share: torch.Tensor | None = None
 
     @classmethod
     def of(cls, record: AttentionRecord | AttentionRows,
@@ -69,12 +72,13 @@ class AttentionRows:
             mask = record.eligible if eligible is None else eligible
             return cls(record.site, record.kind, weights,
                        _eligibility(record.site, weights, mask), record.step_offset, produced,
-                       record.keys_before_queries, record.sink)
+                       record.keys_before_queries, record.sink, record.share)
         mask = record.key_mask if eligible is None else eligible
-        sink = record.sink
+        sink, share = record.sink, record.share
         return cls(record.name, record.kind, weights, _eligibility(record.name, weights, mask),
                    dtype=produced, keys_before_queries=keys_before_queries(record.site.layout),
-                   sink=None if sink is None else sink[..., 0].detach().to(torch.float64))
+                   sink=None if sink is None else sink[..., 0].detach().to(torch.float64),
+                   share=None if share is None else share[..., 0].detach().to(torch.float64))
 
     @cached_property
     def n_valid(self) -> torch.Tensor:
@@ -85,6 +89,19 @@ class AttentionRows:
     def finite(self) -> torch.Tensor:
         """Bool (batch, heads, queries): every weight in the row is finite."""
         return torch.isfinite(self.weights).all(-1)
+
+    @cached_property
+    def zero_view(self) -> torch.Tensor:
+        """Bool (batch, heads, queries): prompt-view rows whose keys held exactly none of
+        the raw row: the view's mass underflowed to 0 in the weights' dtype (a float32 model
+        that put, say, 1e-46 of a row on the prompt), so the view is a zero row, no
+        distribution to judge. (A view of subnormal mass is renormalised exactly and sums
+        to one.) Interventions leave such rows out as ``negligible view mass``
+        (:mod:`attnaudit.analysis.degenerate`)."""
+        if self.share is None:
+            return torch.zeros(self.weights.shape[:3], dtype=torch.bool,
+                               device=self.weights.device)
+        return self.share.to(self.weights.device) == 0
 
     @cached_property
     def eligible_weights(self) -> torch.Tensor:

@@ -15,7 +15,10 @@ row_sum_rows / non_finite_rows / negative_rows: 1 for a row whose row_sum_error 
 (what a CI gate fails on).
 
 Rows without an eligible key or with non-finite weights are not judged, nor are key
-columns that no query may attend (padding).
+columns that no query may attend (padding), nor prompt-view rows whose keys held none of
+the raw row (``AttentionRows.zero_view``: the view's mass underflowed to exactly 0, a zero
+row with no distribution to judge). zero_view_rows: 1 for such a row (interventions leave
+it out as ``negligible view mass``, :mod:`attnaudit.analysis.degenerate`).
 
 With ``tolerance=None`` (what the validity audit and the gate use) the row-sum tolerance
 follows from the dtype the model produced the weights in and the number of keys K
@@ -62,6 +65,7 @@ class NumericsAnalyser(Analyser):
         MetricSpec("row_sum_rows", 0.0, 1.0),
         MetricSpec("non_finite_rows", 0.0, 1.0),
         MetricSpec("negative_rows", 0.0, 1.0),
+        MetricSpec("zero_view_rows", 0.0, 1.0),
     )
 
     def __init__(self, tolerance: float | None = SUM_TOLERANCE,
@@ -80,7 +84,8 @@ class NumericsAnalyser(Analyser):
         has_keys = rows.n_valid > 0
         sums = w.sum(-1) if rows.sink is None else w.sum(-1) + rows.sink.to(w.device)
         row_sum_error = (sums - 1).abs()
-        judged = has_keys & row_finite  # rows whose sum means something
+        zero_view = rows.zero_view
+        judged = has_keys & row_finite & ~zero_view  # rows whose sum means something
         all_masked = ~has_keys
         n_keys = w.shape[-1]
         nan_row = ~row_finite
@@ -109,4 +114,5 @@ class NumericsAnalyser(Analyser):
             "row_sum_rows": ((row_sum_error > tolerance).to(f64), judged),
             "non_finite_rows": ((non_finite > 0).to(f64), None),
             "negative_rows": ((negative > 0).to(f64), None),
+            "zero_view_rows": (zero_view.to(f64), None),
         }

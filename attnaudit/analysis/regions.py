@@ -152,4 +152,7 @@ def mean_over_heads(record_or_rows: AttentionRecord | AttentionRows,
         raise ValueError(f"site {data.site!r}: the key eligibility differs between heads; "
                          "average heads only under one key rule")
     sink = None if data.sink is None else data.sink.mean(1, keepdim=True)
-    return replace(data, site=data.site + suffix, weights=weights, eligible=first, sink=sink)
+    # the mean of a head whose view underflowed to zero sums below one: the least share
+    share = None if data.share is None else data.share.amin(1, keepdim=True)
+    return replace(data, site=data.site + suffix, weights=weights, eligible=first, sink=sink,
+                   share=share)

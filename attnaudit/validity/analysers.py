@@ -75,7 +75,9 @@ class ValidityAnalysers:
                            eligible=data.eligible[examples, :, start:stop],
                            step_offset=data.step_offset + start,
                            sink=None if data.sink is None
-                           else data.sink[examples, :, start:stop])
+                           else data.sink[examples, :, start:stop],
+                           share=None if data.share is None
+                           else data.share[examples, :, start:stop])
             for analyser in self.row_analysers:
                 analyser.update(part)
             if self.scores is None:

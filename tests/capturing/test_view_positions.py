@@ -2,7 +2,8 @@
 Mistral, eager and cached) gives the same views teacher-forced and step by step from its
 sliding-window cache, equal to the views of the model's own eager ``output_attentions``;
 a row whose prompt mass underflows float32 (~1e-39) is renormalised exactly (no floor),
-so the numerics check passes on it; a layer run twice in one pass gives a second set of
+so the numerics check passes on it, and one that underflows to 0 is a zero view, not judged
+by the row-sum check; a layer run twice in one pass gives a second set of
 views rather than twice the rows (also HRM-text's cycles); an n-gram predict stream
 (ProphetNet) is recorded as it is, not cut into views like the main stream."""
 
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 import attnaudit
+from attnaudit.analysis.base import AttentionRows
 from attnaudit.analysis.numerics import NumericsAnalyser
 from attnaudit.capturing.views import prompt_views
 
@@ -56,6 +58,37 @@ def test_a_row_whose_prompt_mass_underflows_is_renormalised_without_a_floor():
     analyser = NumericsAnalyser()
     analyser.update(cross)
     assert analyser.compute().query("metric == 'row_sum_rows'")["sum"].sum() == 0
+
+
+def test_a_view_whose_prompt_mass_underflows_to_zero_is_a_zero_view_not_a_row_sum_failure():
+    """exp(-110) ~ 1.7e-48 is 0 in float32: the last rows' prompt view holds nothing, a
+    zero row. The numerics check counts it as a zero view and does not judge its sum; the
+    same zero row outside a view still fails the row-sum check."""
+    prompt, n = 4, 6
+    scores = torch.zeros(1, 1, n, n)
+    scores[..., prompt:, :prompt] = -110.0
+    model = CausalAttention()
+    raw = model(scores)
+    assert (raw[0, 0, prompt:, :prompt] == 0).all()
+    with prompt_views(prompt), attnaudit.capture(model) as cap:
+        model(scores)
+    cross = cap.records["forward:cross"]
+    expected = hand_views(raw, prompt)["cross"]  # rows 1.. (steps from the prompt's end) zero
+    torch.testing.assert_close(cross.weights.double(), expected, rtol=1e-6, atol=0)
+    zero = (expected.sum(-1) == 0)[0, 0]
+    assert zero.tolist() == [False, True, True]
+    analyser = NumericsAnalyser(tolerance=None)
+    analyser.update(cross)
+    frame = analyser.compute().set_index("metric")
+    assert frame.loc["zero_view_rows", "sum"].sum() == 2
+    assert frame.loc["row_sum_rows", "sum"].sum() == 0
+    assert frame.loc["row_sum_rows", "n"].sum() == 1  # only the first row is judged
+    plain = NumericsAnalyser(tolerance=None)
+    plain.update(AttentionRows("plain", None, cross.weights,
+                               torch.ones_like(cross.weights, dtype=torch.bool)))
+    frame = plain.compute().set_index("metric")
+    assert frame.loc["row_sum_rows", "sum"].sum() == 2
+    assert frame.loc["zero_view_rows", "sum"].sum() == 0
 
 
 class TwiceRun(nn.Module):

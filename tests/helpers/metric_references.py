@@ -50,7 +50,7 @@ ENTROPY_METRICS = ("entropy", "entropy_norm", "effective_keys", "kl_to_uniform",
 MASKING_METRICS = ("masked_mass", "masked_rows")
 NUMERICS_METRICS = ("non_finite", "negative", "row_sum_error", "all_masked", "all_masked_nan",
                     "all_masked_zeros", "all_masked_uniform", "softmax_axis_suspect",
-                    "row_sum_rows", "non_finite_rows", "negative_rows")
+                    "row_sum_rows", "non_finite_rows", "negative_rows", "zero_view_rows")
 ALL_METRICS = ENTROPY_METRICS + MASKING_METRICS + NUMERICS_METRICS
 SCORE_METRICS = ("score_min", "score_max", "score_mean", "score_non_finite",
                  "masked_score_min", "masked_score_max", "masked_score_non_finite")
@@ -94,6 +94,7 @@ def row_metrics(w: Sequence[float], eligible: Sequence[bool],
     out["negative"] = float(sum(x < 0 for x in w))
     out["non_finite_rows"] = float(out["non_finite"] > 0)
     out["negative_rows"] = float(out["negative"] > 0)
+    out["zero_view_rows"] = 0.0  # a row of weights alone is no prompt view
     if finite and n_valid >= 1:
         out["row_sum_error"] = abs(sum(w) - 1.0)
         out["row_sum_rows"] = float(out["row_sum_error"] > SUM_TOLERANCE)

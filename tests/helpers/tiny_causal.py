@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.helpers.tiny_hf import D_MODEL, FFN, HEAD_DIM, HEADS, LAYERS, POSITIONS, TINY
+from tests.helpers.tiny_hf import D_MODEL, FFN, HEAD_DIM, HEADS, LAYERS, POSITIONS, TINY, VOCAB
 from tests.helpers.tiny_hf import tiny_config as _tiny_config
 
 CAUSAL_SIZES: dict[str, Any] = {
@@ -22,7 +22,7 @@ CAUSAL_SIZES: dict[str, Any] = {
     "n_embd": D_MODEL, "n_layer": LAYERS, "n_head": HEADS, "n_positions": POSITIONS,
     "n_ctx": POSITIONS, "n_inner": FFN, "rotary_dim": 4, "n_layers": LAYERS,
     "n_heads": HEADS, "emb_dim": D_MODEL, "ffn_dim": FFN, "ffn_hidden_size": FFN,
-    "embedding_size": D_MODEL,
+    "embedding_size": D_MODEL, "unpadded_vocab_size": VOCAB,
     # mixture of experts: two experts, one routed per token
     "num_experts_per_tok": 1, "moe_intermediate_size": FFN, "n_routed_experts": 2,
     "num_local_experts": 2, "n_shared_experts": 1, "num_shared_experts": 1, "n_group": 1,
@@ -50,6 +50,13 @@ CAUSAL_SIZES: dict[str, Any] = {
 # Per architecture: config arguments beyond the tiny sizes, read off each config class's
 # validation (layer patterns sized for two layers, head geometry that must add up).
 HYBRID_TWO = {"attn_layer_period": 2, "attn_layer_offset": 1}
+PLACEHOLDERS = {"image_token_id": VOCAB - 1, "video_token_id": VOCAB - 2,
+                "audio_token_id": VOCAB - 3}
+BLT_PART = {"hidden_size": D_MODEL, "num_attention_heads": HEADS, "num_hidden_layers": 1,
+            "intermediate_size": FFN, "vocab_size": VOCAB, "max_position_embeddings": POSITIONS}
+# Qwen4-Exp's token indexer, with a budget above the prompts' length
+QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": HEAD_DIM,
+       "indexer_budget": 16, "indexer_compress_ratio": 4}
 EXTRA: dict[str, dict[str, Any]] = {
     "jamba": {**HYBRID_TWO, "expert_layer_period": 2, "expert_layer_offset": 1},
     "bamba": {"attn_layer_indices": [1]},
@@ -57,7 +64,10 @@ EXTRA: dict[str, dict[str, Any]] = {
     "falcon_h1": {"mamba_d_ssm": 64},
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     "mamba2": {"head_dim": 16},
-    "zamba": {**HYBRID_TWO, "layers_block_type": ["linear_attention", "hybrid"]},
+    # two hybrid layers: Zamba ties every hybrid layer's shared block to the first one's
+    # attention reads the hidden states beside the embeddings: twice the width
+    "zamba": {"layers_block_type": ["hybrid", "hybrid"], "attention_hidden_size": 2 * D_MODEL,
+              "attention_head_dim": 2 * D_MODEL // HEADS},
     "zamba2": {"layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1]},
     "gemma3n_text": {"num_kv_shared_layers": 0,
                      "layer_types": ["sliding_attention", "full_attention"]},
@@ -70,6 +80,25 @@ EXTRA: dict[str, dict[str, Any]] = {
     "big_bird": {"attention_type": "original_full"},
     "xmod": {"default_language": "en_XX"},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    # the attention reads rope_theta off its sub-config, whose class does not define it,
+    # and clamps its projections with clip_qkv, which must be set
+    "dbrx": {"attn_config": {"kv_n_heads": 1, "rope_theta": 10000.0, "clip_qkv": 8.0}},
+    # input, looped and output layers must add up to the two layers
+    "dory": {"n_input_layers": 0, "n_output_layers": 1},
+    # a routed token's top-k is squeezed, so it must keep two experts per token
+    "longcat_flash": {"moe_topk": 2, "zero_expert_num": 1},
+    "cohere_compass_text": {"rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    # the multimodal model embeds its placeholder tokens to find them among input
+    # embeddings: they must lie in the tiny vocabulary (its last ids, which no prompt uses)
+    **dict.fromkeys(["gemma4", "gemma4_unified"], PLACEHOLDERS),
+    # BLT's four sub-configs are defaults its config fills in (not ``sub_configs``), so
+    # they are sized here, with a small hashed byte n-gram table (500,002 rows by default)
+    "blt": {**dict.fromkeys(["patcher_config", "encoder_config", "decoder_config",
+                             "global_config"], BLT_PART),
+            "encoder_hash_byte_group_vocab": 16, "encoder_hash_byte_group_size": [3],
+            "local_attention_window_len": 8},
+    "qwen4_exp_text": QSA, "qwen4_exp": {"text_config": QSA},
 }
 
 # Layer types without attention, in the names hybrid configs give them.

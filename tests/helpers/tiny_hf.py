@@ -95,7 +95,8 @@ def _tiny_kwargs(cls: type, default: Any, extra: dict[str, Any],
             continue
         sub_cls = type(sub_default) if sub_cls.__name__ == "AutoConfig" else sub_cls
         kwargs[name] = tiny_sub_config(sub_cls, sub_default, extra.get(name, {}), sizes)
-    kwargs.update({k: v for k, v in extra.items() if not isinstance(v, dict)})
+    subs = getattr(cls, "sub_configs", None) or {}
+    kwargs.update({k: v for k, v in extra.items() if not isinstance(v, dict) or k not in subs})
     return kwargs
 
 

@@ -19,7 +19,10 @@ config is not an encoder-decoder. The mapping:
   teacher-forced pass, so attribution and leave-one-out see the prompt positions;
   ``target_embedding`` is the same module, whose second call embeds the steps' inputs (the
   prompt's last token, then the emitted prefix), so target-side attribution scores the
-  generated prefix.
+  generated prefix. A model that must see the token ids themselves (:attr:`CausalLM.reads_ids`)
+  runs on ids instead, and its target declares neither embedding: gradient attribution
+  then says it cannot run (the target declares no source embedding), while capture,
+  interventions and leave-one-out (which edits ids) run as on any other model.
 
 Eligible prompt keys come from the attention mask (left padding is out) and the special
 tokens; causality holds by construction (every prompt key precedes every continuation row).
@@ -147,23 +150,40 @@ class CausalLM:
                                          pad_token_id=self.pad_id, eos_token_id=self.eos_id)
         return out[:, ids.shape[1]:]
 
+    @cached_property
+    def reads_ids(self) -> bool:
+        """True for a model that must be given the token ids, not their embeddings: its
+        forward takes no ``inputs_embeds`` (CPM-Ant), or it reads the ids again beyond the
+        embedding: experts routed by a fixed token -> expert table (``"hash_moe"`` in
+        ``config.mlp_layer_types``: DeepSeek-V4). Such a model runs on ids, and its target
+        declares no source or target embedding."""
+        params = inspect.signature(self.model.forward).parameters
+        layer_types = getattr(self.model.config, "mlp_layer_types", None) or ()
+        return "inputs_embeds" not in params or "hash_moe" in layer_types
+
+    def _inputs(self, ids: torch.Tensor, prefix: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The forward's input for prompt ``ids`` (B, P) + ``prefix`` (B, T-1): ids for a
+        model that :attr:`reads_ids`, else embeddings from two calls of the input
+        embedding: the prompt (B, P) first (the source embedding's call), then the steps'
+        inputs (B, T) as a seq2seq decoder's (the prompt's last token, then ``prefix``),
+        whose first position is not used again (the prompt's call holds it), so
+        target-side attribution gives it no score."""
+        if self.reads_ids:
+            return {"input_ids": torch.cat([ids, prefix], dim=1)}
+        embed = self.model.get_input_embeddings()
+        embedded_prompt = embed(ids)
+        inputs = embed(torch.cat([ids[:, -1:], prefix], dim=1))
+        return {"inputs_embeds": torch.cat([embedded_prompt, inputs[:, 1:]], dim=1)}
+
     def teacher_forced(self, ids: torch.Tensor, mask: torch.Tensor,
                        emitted: torch.Tensor) -> torch.Tensor:
-        """Logits (B, T, V): prompt + emitted[:, :-1] in one pass; position ids as the
-        model's generate() sets them (:meth:`_position_ids`). Two calls of the input
-        embedding: the prompt (B, P) first, then the steps' inputs (B, T) as a seq2seq
-        decoder's (the prompt's last token, then emitted[:, :-1]), whose first position is
-        not used again (the prompt's call holds it), so target-side attribution gives it no
-        score."""
-        embed = self.model.get_input_embeddings()
+        """Logits (B, T, V): prompt + emitted[:, :-1] in one pass (:meth:`_inputs`);
+        position ids as the model's generate() sets them (:meth:`_position_ids`)."""
         prompt, prefix = ids.shape[1], emitted[:, :-1]
-        embedded_prompt = embed(ids)  # first: the source embedding's call
-        inputs = embed(torch.cat([ids[:, -1:], prefix], dim=1))
-        embedded = torch.cat([embedded_prompt, inputs[:, 1:]], dim=1)
         full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
         positions = self._position_ids(torch.cat([ids, prefix], dim=1), full_mask)
         with prompt_views(prompt):
-            out = self.model(inputs_embeds=embedded, attention_mask=full_mask,
+            out = self.model(**self._inputs(ids, prefix), attention_mask=full_mask,
                              use_cache=False, **positions,
                              **self._logits_of(emitted.shape[1]))
         return out.logits[:, -emitted.shape[1]:]
@@ -174,11 +194,9 @@ class CausalLM:
         ``emitted[:, :-1]`` (P + T - 1 positions; position ``P-1 + t`` is the input of step
         ``t``), as :func:`~attnaudit.targets.hf.cache.cache_state` keeps it; a TargetError
         when the model returns no cache that can be cut back."""
-        embed = self.model.get_input_embeddings()
         prefix = emitted[:, :-1]
         full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
-        out = self.model(inputs_embeds=torch.cat([embed(ids), embed(prefix)], dim=1),
-                         attention_mask=full_mask, use_cache=True,
+        out = self.model(**self._inputs(ids, prefix), attention_mask=full_mask, use_cache=True,
                          **self._position_ids(torch.cat([ids, prefix], dim=1), full_mask),
                          **self._logits_of(1))
         cache = getattr(out, "cache", None)
@@ -240,6 +258,7 @@ class CausalLM:
         if self.limit is not None:
             truncation += " (a cut prompt keeps its last tokens)"
         where = next(self.model.parameters()).device
+        embedding = None if self.reads_ids else self.model.get_input_embeddings()
         return Seq2SeqTarget(
             name=name or label, model=self.model,
             batches=lambda: data.batches(batch_size, where, self.prompts, self.continuations),
@@ -255,10 +274,10 @@ class CausalLM:
                 batch.source_ids, batch.source_mask, emitted),
             decode_step=lambda batch, encoded, states, emitted, step: self.step(
                 batch.source_ids, batch.source_mask, states, emitted, step),
-            source_embedding=self.model.get_input_embeddings(),
+            source_embedding=embedding,
             source_tokens=lambda batch: self.tokens(batch.source_ids), target_tokens=self.tokens,
             eos_id=self.eos_id, special_ids=self.special_ids,
             description=self.description(origin, len(data.sources)), device=where,
-            truncation=truncation, target_embedding=self.model.get_input_embeddings(),
+            truncation=truncation, target_embedding=embedding,
             first_prefix_input=1, unk_id=self.tokenizer.unk_token_id,
             decoding=self.decoding)
