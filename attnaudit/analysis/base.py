@@ -159,8 +159,11 @@ class Analyser:
         rows = AttentionRows.of(record, eligible)
         if rows.weights.shape[0] == 0 or rows.weights.shape[2] == 0:
             return
-        for name, (values, defined) in self.rows_metrics(rows).items():
-            self._add(rows, name, values, defined)
+        metrics = self.rows_metrics(rows)
+        self.stats.add_many(rows.site, rows.kind, metrics, rows.step_offset)
+        if self.example_rows is not None:
+            for name, (values, defined) in metrics.items():
+                self._add_example_rows(rows, name, values, defined)
         self._done(rows)
 
     def rows_metrics(self, rows: AttentionRows
@@ -172,6 +175,11 @@ class Analyser:
              defined: torch.Tensor | None) -> None:
         """Fold one metric's per-row values (B, H, Q) of ``rows`` into the state."""
         self.stats.add(rows.site, rows.kind, name, values, defined, rows.step_offset)
+        self._add_example_rows(rows, name, values, defined)
+
+    def _add_example_rows(self, rows: AttentionRows, name: str, values: torch.Tensor,
+                          defined: torch.Tensor | None) -> None:
+        """Keep one metric's per-row values (B, H, Q) per example, if asked to."""
         if self.example_rows is not None:
             self.example_rows.add(rows.site, rows.kind, name, values,
                                   torch.ones((), dtype=torch.bool) if defined is None

@@ -8,6 +8,7 @@ the number of examples. Arrays grow along the step axis when a longer query axis
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,35 +85,59 @@ class RowStats:
         ``defined`` masks the rows that count; non-finite values never count (the numerics
         analyser counts non-finite weights), so no summary column is ever NaN or inf.
         """
+        self.add_many(site, kind, {metric: (values, defined)}, step_offset)
+
+    def add_many(self, site: str, kind: str | None,
+                 metrics: Mapping[str, tuple[torch.Tensor, torch.Tensor | None]],
+                 step_offset: int = 0) -> None:
+        """Fold several metrics' per-row values in at once: ``metric -> (values (batch,
+        heads, steps), defined or None)``, each as :meth:`add` folds it.
+
+        Metrics of one shape go through torch and numpy stacked on a leading metric axis,
+        one conversion and one histogram count for all of them; every cell receives the
+        same values, summed over the batch in the same order, as one :meth:`add` per metric.
+        """
         self.kinds.setdefault(site, kind)
-        values = values.detach().to(torch.float64)
-        if defined is None:
-            defined = torch.ones_like(values, dtype=torch.bool)
-        defined = defined.expand_as(values) & torch.isfinite(values)
-        _, heads, steps = values.shape
-        key = (site, metric)
-        cells = self.cells.get(key) or Cells.empty(heads, 0)
-        if cells.n.shape[0] != heads:
-            raise ValueError(f"site {site!r} had {cells.n.shape[0]} heads, now {heads}")
-        if cells.n.shape[1] < step_offset + steps:  # room to spare: calls come step by step
-            cells = cells.grown(max(step_offset + steps, 2 * cells.n.shape[1]))
-        cols = slice(step_offset, step_offset + steps)
+        if not metrics:
+            return
+        shapes = {tuple(values.shape) for values, _ in metrics.values()}
+        if len(shapes) > 1:  # stacking needs one shape: fold each on its own
+            for metric, item in metrics.items():
+                self.add_many(site, kind, {metric: item}, step_offset)
+            return
+        values = torch.stack([v.detach().to(torch.float64) for v, _ in metrics.values()])
+        defined = torch.stack([torch.ones((), dtype=torch.bool, device=values.device)
+                               .expand(values.shape[1:]) if d is None
+                               else d.to(values.device).expand(values.shape[1:])
+                               for _, d in metrics.values()]) & torch.isfinite(values)
+        count, _, heads, steps = values.shape
         d = defined.cpu().numpy()
         v = np.where(d, values.cpu().numpy(), 0.0)
-        cells.n[:, cols] += d.sum(0)
-        cells.total[:, cols] += v.sum(0)
-        cells.minimum[:, cols] = np.minimum(cells.minimum[:, cols],
-                                            np.where(d, v, np.inf).min(0, initial=np.inf))
-        cells.maximum[:, cols] = np.maximum(cells.maximum[:, cols],
-                                            np.where(d, v, -np.inf).max(0, initial=-np.inf))
-        spec = self.specs[metric]
-        bins = np.clip((v - spec.lo) / (spec.hi - spec.lo) * HIST_BINS, 0,
-                       HIST_BINS - 1).astype(np.int64)
-        flat = (np.arange(heads)[:, None] * steps + np.arange(steps)[None, :]) * HIST_BINS
-        index = (flat[None] + bins)[d]
-        counts = np.bincount(index, minlength=heads * steps * HIST_BINS)
-        cells.hist[:, cols] += counts.reshape(heads, steps, HIST_BINS)
-        self.cells[key] = cells
+        n, total = d.sum(1), v.sum(1)  # (metrics, heads, steps)
+        low = np.where(d, v, np.inf).min(1, initial=np.inf)
+        high = np.where(d, v, -np.inf).max(1, initial=-np.inf)
+        specs = [self.specs[metric] for metric in metrics]
+        lo = np.array([s.lo for s in specs])[:, None, None, None]
+        hi = np.array([s.hi for s in specs])[:, None, None, None]
+        bins = np.clip((v - lo) / (hi - lo) * HIST_BINS, 0, HIST_BINS - 1).astype(np.int64)
+        flat = (np.arange(count * heads)[:, None] * steps + np.arange(steps)[None, :])
+        index = (flat.reshape(count, 1, heads, steps) * HIST_BINS + bins)[d]
+        hist = np.bincount(index, minlength=count * heads * steps * HIST_BINS).reshape(
+            count, heads, steps, HIST_BINS)
+        cols = slice(step_offset, step_offset + steps)
+        for m, metric in enumerate(metrics):
+            key = (site, metric)
+            cells = self.cells.get(key) or Cells.empty(heads, 0)
+            if cells.n.shape[0] != heads:
+                raise ValueError(f"site {site!r} had {cells.n.shape[0]} heads, now {heads}")
+            if cells.n.shape[1] < step_offset + steps:  # room to spare: calls come step by step
+                cells = cells.grown(max(step_offset + steps, 2 * cells.n.shape[1]))
+            cells.n[:, cols] += n[m]
+            cells.total[:, cols] += total[m]
+            cells.minimum[:, cols] = np.minimum(cells.minimum[:, cols], low[m])
+            cells.maximum[:, cols] = np.maximum(cells.maximum[:, cols], high[m])
+            cells.hist[:, cols] += hist[m]
+            self.cells[key] = cells
 
     def merge(self, other: RowStats) -> None:
         for key, theirs in other.cells.items():
