@@ -159,37 +159,61 @@ class RowStats:
             self.kinds.setdefault(site, kind)
 
     def frame(self) -> pd.DataFrame:
-        """Tidy summary: one row per site x head x step x metric with its count ``n``."""
+        """Tidy summary: one row per site x head x step x metric with its count ``n``.
+
+        Built column by column over every cell at once (one frame, not one per cell); the
+        columns' dtypes are those a concatenation of per-cell frames gives."""
         columns = ["site", "kind", "layer", "head", "step", "metric", "n", "mean", "sum", "min",
                    "max", *(f"q{round(q * 100)}" for q in QUANTILES)]
-        parts = []
-        for (site, metric), c in self.cells.items():
-            heads, steps = np.nonzero(c.n)
-            if not len(heads):
-                continue
-            n, total = c.n[heads, steps], c.total[heads, steps]
-            low, high = c.minimum[heads, steps], c.maximum[heads, steps]
-            parts.append(pd.DataFrame({
-                "site": site, "kind": self.kinds.get(site), "layer": layer_of(site),
-                "head": heads, "step": steps, "metric": metric, "n": n.astype(np.int64),
-                "mean": total / n, "sum": total, "min": low, "max": high,
-                **_quantiles(c.hist[heads, steps], self.specs[metric], low, high)},
-                columns=columns))
-        frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
-        frame["layer"] = frame["layer"].astype("Int64")
+        keys, heads, steps = [], [], []
+        for key, c in self.cells.items():
+            h, s = np.nonzero(c.n)
+            if len(h):
+                keys.append(key)
+                heads.append(h)
+                steps.append(s)
+        if not keys:
+            frame = pd.DataFrame(columns=columns)
+            frame["layer"] = frame["layer"].astype("Int64")
+            return frame
+        counts = [len(h) for h in heads]
+
+        def gathered(field: str) -> np.ndarray:
+            return np.concatenate([getattr(self.cells[key], field)[h, s]
+                                   for key, h, s in zip(keys, heads, steps, strict=True)])
+
+        def repeated(values: list[object]) -> np.ndarray:
+            return np.repeat(np.array(values + [None], dtype=object)[:-1], counts)
+
+        n, total = gathered("n"), gathered("total")
+        low, high = gathered("minimum"), gathered("maximum")
+        specs = [self.specs[metric] for _, metric in keys]
+        kinds = [self.kinds.get(site) for site, _ in keys]
+        data = {
+            "site": pd.array(repeated([site for site, _ in keys]), dtype="str"),
+            "kind": (pd.array(repeated(kinds), dtype="str")
+                     if all(isinstance(k, str) for k in kinds) else repeated(kinds)),
+            "layer": pd.array(repeated([layer_of(site) for site, _ in keys]), dtype="Int64"),
+            "head": np.concatenate(heads), "step": np.concatenate(steps),
+            "metric": pd.array(repeated([metric for _, metric in keys]), dtype="str"),
+            "n": n.astype(np.int64), "mean": total / n, "sum": total, "min": low, "max": high,
+            **_quantiles(gathered("hist"), np.repeat([s.lo for s in specs], counts),
+                         np.repeat([s.hi for s in specs], counts), low, high)}
+        frame = pd.DataFrame(data, columns=columns)
         return frame.sort_values(["site", "metric", "head", "step"], ignore_index=True)
 
 
-def _quantiles(hist: np.ndarray, spec: MetricSpec, low: np.ndarray, high: np.ndarray
-               ) -> dict[str, np.ndarray]:
+def _quantiles(hist: np.ndarray, lo: np.ndarray, hi: np.ndarray, low: np.ndarray,
+               high: np.ndarray) -> dict[str, np.ndarray]:
     """Quantiles of m cells read off their histograms (m, HIST_BINS), linear within a bin,
-    clipped to each cell's exact [min, max] (m,).
+    clipped to each cell's exact [min, max] (m,); ``lo``, ``hi`` (m,): each cell's metric
+    range (:class:`MetricSpec`).
 
     Resolution is (hi - lo) / HIST_BINS of the metric's range; values outside the range
     fall in the edge bins (their min/max stay exact).
     """
     cum = np.cumsum(hist, axis=1)
-    width = (spec.hi - spec.lo) / HIST_BINS
+    width = (hi - lo) / HIST_BINS
     cells = np.arange(hist.shape[0])
     out = {}
     for q in QUANTILES:
@@ -198,5 +222,5 @@ def _quantiles(hist: np.ndarray, spec: MetricSpec, low: np.ndarray, high: np.nda
         below = np.where(b > 0, cum[cells, np.maximum(b - 1, 0)], 0.0)
         in_bin = hist[cells, b]
         frac = np.where(in_bin > 0, (target - below) / np.where(in_bin > 0, in_bin, 1.0), 0.0)
-        out[f"q{round(q * 100)}"] = np.clip(spec.lo + (b + frac) * width, low, high)
+        out[f"q{round(q * 100)}"] = np.clip(lo + (b + frac) * width, low, high)
     return out
