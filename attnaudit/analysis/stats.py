@@ -8,7 +8,7 @@ the number of examples. Arrays grow along the step axis when a longer query axis
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +17,8 @@ import torch
 
 HIST_BINS = 256
 QUANTILES = (0.1, 0.5, 0.9)
+# a metric's per-row values (batch, heads, steps) and the rows where it is defined (None: all)
+Metric = tuple[torch.Tensor, torch.Tensor | None]
 _LAYER = re.compile(r"\.(?:layers?|block|blocks|h)\.(\d+)(?:\.|:|$)")
 
 
@@ -85,38 +87,44 @@ class RowStats:
         ``defined`` masks the rows that count; non-finite values never count (the numerics
         analyser counts non-finite weights), so no summary column is ever NaN or inf.
         """
-        self.add_many(site, kind, {metric: (values, defined)}, step_offset)
+        self.add_parts(site, kind, [({metric: (values, defined)}, step_offset)])
 
-    def add_many(self, site: str, kind: str | None,
-                 metrics: Mapping[str, tuple[torch.Tensor, torch.Tensor | None]],
-                 step_offset: int = 0) -> None:
-        """Fold several metrics' per-row values in at once: ``metric -> (values (batch,
-        heads, steps), defined or None)``, each as :meth:`add` folds it.
+    def add_parts(self, site: str, kind: str | None,
+                  parts: Sequence[tuple[Mapping[str, Metric], int]]) -> None:
+        """Fold parts of one site's rows in, in order, each ``(metric -> (values (batch,
+        heads, steps), defined or None), step offset)`` as :meth:`add` folds each metric.
 
-        Metrics of one shape go through torch and numpy stacked on a leading metric axis,
-        one conversion and one histogram count for all of them; every cell receives the
-        same values, summed over the batch in the same order, as one :meth:`add` per metric.
+        The parts' metrics go through torch and numpy at once: stacked on a leading metric
+        axis, the parts side by side on the batch axis (each over the steps of all of them,
+        undefined outside its own), one conversion and one histogram count for them all.
+        Every cell receives the same values as from one :meth:`add` per metric and part:
+        counts, extremes and histograms are exact whatever the order, and each part's sum
+        over its batch is added to the running totals part after part, as before.
         """
         self.kinds.setdefault(site, kind)
-        if not metrics:
+        parts = [(metrics, offset) for metrics, offset in parts if metrics]
+        if not parts:
             return
-        shapes = {tuple(values.shape) for values, _ in metrics.values()}
-        if len(shapes) > 1:  # stacking needs one shape: fold each on its own
-            for metric, item in metrics.items():
-                self.add_many(site, kind, {metric: item}, step_offset)
+        names = list(parts[0][0])
+        shapes = {tuple(values.shape[1:2]) for metrics, _ in parts
+                  for values, _ in metrics.values()}
+        if len(shapes) > 1 or any(list(metrics) != names or len(
+                {tuple(values.shape) for values, _ in metrics.values()}) > 1
+                for metrics, _ in parts):  # stacking needs one layout: fold each on its own
+            for metrics, offset in parts:
+                for metric, item in metrics.items():
+                    self.add_parts(site, kind, [({metric: item}, offset)])
             return
-        values = torch.stack([v.detach().to(torch.float64) for v, _ in metrics.values()])
-        defined = torch.stack([torch.ones((), dtype=torch.bool, device=values.device)
-                               .expand(values.shape[1:]) if d is None
-                               else d.to(values.device).expand(values.shape[1:])
-                               for _, d in metrics.values()]) & torch.isfinite(values)
-        count, _, heads, steps = values.shape
-        d = defined.cpu().numpy()
-        v = np.where(d, values.cpu().numpy(), 0.0)
-        n, total = d.sum(1), v.sum(1)  # (metrics, heads, steps)
+        first = min(offset for _, offset in parts)
+        stop = max(offset + next(iter(metrics.values()))[0].shape[2]
+                   for metrics, offset in parts)
+        v, d, bounds = _side_by_side(parts, first, stop)
+        count, _, heads, steps = v.shape
+        n = d.sum(1)  # (metrics, heads, steps)
+        totals = [v[:, a:b].sum(1) for a, b in bounds]
         low = np.where(d, v, np.inf).min(1, initial=np.inf)
         high = np.where(d, v, -np.inf).max(1, initial=-np.inf)
-        specs = [self.specs[metric] for metric in metrics]
+        specs = [self.specs[metric] for metric in names]
         lo = np.array([s.lo for s in specs])[:, None, None, None]
         hi = np.array([s.hi for s in specs])[:, None, None, None]
         bins = np.clip((v - lo) / (hi - lo) * HIST_BINS, 0, HIST_BINS - 1).astype(np.int64)
@@ -124,16 +132,17 @@ class RowStats:
         index = (flat.reshape(count, 1, heads, steps) * HIST_BINS + bins)[d]
         hist = np.bincount(index, minlength=count * heads * steps * HIST_BINS).reshape(
             count, heads, steps, HIST_BINS)
-        cols = slice(step_offset, step_offset + steps)
-        for m, metric in enumerate(metrics):
+        cols = slice(first, stop)
+        for m, metric in enumerate(names):
             key = (site, metric)
             cells = self.cells.get(key) or Cells.empty(heads, 0)
             if cells.n.shape[0] != heads:
                 raise ValueError(f"site {site!r} had {cells.n.shape[0]} heads, now {heads}")
-            if cells.n.shape[1] < step_offset + steps:  # room to spare: calls come step by step
-                cells = cells.grown(max(step_offset + steps, 2 * cells.n.shape[1]))
+            if cells.n.shape[1] < stop:  # room to spare: calls come step by step
+                cells = cells.grown(max(stop, 2 * cells.n.shape[1]))
             cells.n[:, cols] += n[m]
-            cells.total[:, cols] += total[m]
+            for total in totals:
+                cells.total[:, cols] += total[m]
             cells.minimum[:, cols] = np.minimum(cells.minimum[:, cols], low[m])
             cells.maximum[:, cols] = np.maximum(cells.maximum[:, cols], high[m])
             cells.hist[:, cols] += hist[m]
@@ -183,7 +192,9 @@ class RowStats:
                                    for key, h, s in zip(keys, heads, steps, strict=True)])
 
         def repeated(values: list[object]) -> np.ndarray:
-            return np.repeat(np.array(values + [None], dtype=object)[:-1], counts)
+            each = np.empty(len(values), dtype=object)  # one object per cell, never split
+            each[:] = values
+            return np.repeat(each, counts)
 
         n, total = gathered("n"), gathered("total")
         low, high = gathered("minimum"), gathered("maximum")
@@ -201,6 +212,34 @@ class RowStats:
                          np.repeat([s.hi for s in specs], counts), low, high)}
         frame = pd.DataFrame(data, columns=columns)
         return frame.sort_values(["site", "metric", "head", "step"], ignore_index=True)
+
+
+def _side_by_side(parts: Sequence[tuple[Mapping[str, Metric], int]], first: int, stop: int
+                  ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """The parts' values (metrics, batch of every part, heads, ``stop - first`` steps)
+    float64, zero where not counted, the bool array of those counted (defined and finite;
+    nothing outside a part's own steps) and each part's (start, stop) on the batch axis."""
+    blocks_v, blocks_d, bounds, at = [], [], [], 0
+    for metrics, offset in parts:
+        values = torch.stack([v.detach().to(torch.float64) for v, _ in metrics.values()])
+        defined = torch.isfinite(values)
+        for m, (_, given) in enumerate(metrics.values()):
+            if given is not None:
+                defined[m] &= given.to(defined.device).expand(values.shape[1:])
+        count, batch, heads, steps = values.shape
+        v, d = values.cpu().numpy(), defined.cpu().numpy()
+        if offset != first or offset + steps != stop:
+            cols = slice(offset - first, offset - first + steps)
+            v = np.zeros((count, batch, heads, stop - first))
+            d = np.zeros(v.shape, dtype=bool)
+            v[..., cols], d[..., cols] = values.cpu().numpy(), defined.cpu().numpy()
+        blocks_v.append(v)
+        blocks_d.append(d)
+        bounds.append((at, at + batch))
+        at += batch
+    d = blocks_d[0] if len(blocks_d) == 1 else np.concatenate(blocks_d, axis=1)
+    v = blocks_v[0] if len(blocks_v) == 1 else np.concatenate(blocks_v, axis=1)
+    return np.where(d, v, 0.0), d, bounds
 
 
 def _quantiles(hist: np.ndarray, lo: np.ndarray, hi: np.ndarray, low: np.ndarray,
