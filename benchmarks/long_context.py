@@ -3,7 +3,7 @@
 
     python -m benchmarks.long_context [--lengths 512,1024,2048,4096,8192] [--layers 8]
         [--heads 16] [--width 512] [--batch 2] [--new-tokens 16] [--max-memory 1GiB]
-        [--no-seq2seq]
+        [--no-seq2seq] [--rounds 3]
 
 A decoder-only Llama-architecture model built from a config (``--layers`` x ``--heads``,
 ``--width``, vocabulary 1,000, seeded random weights) with a word-level tokenizer built
@@ -16,7 +16,8 @@ of that work; the parent reads each child's peak RSS. Printed per length: both t
 peaks, the ratios check / own, and whether check's peak stays within the model's own peak
 plus the memory budget. Then, unless ``--no-seq2seq``, the bundled date BART and the
 Marian model of :mod:`benchmarks.real_size` (opus-mt-en-de's size) through the same check,
-timed beside their own work in one process (:func:`benchmarks.harness.alternating`).
+timed beside their own work in one process (:func:`benchmarks.harness.alternating`, medians
+of ``--rounds`` rounds; more rounds steady the ratio on a busy machine).
 
 The machine may be shared: the load is printed at the start and end; only ratios measured
 in one run are meaningful.
@@ -130,7 +131,8 @@ def seq2seq(args: argparse.Namespace) -> None:
     max_memory = parse_memory(args.max_memory)
     date = make_target()
     own_work(date)  # warm-up
-    own, gate = alternating(lambda: own_work(date), lambda: check_work(date, max_memory), 3)
+    own, gate = alternating(lambda: own_work(date), lambda: check_work(date, max_memory),
+                            args.rounds)
     print(f"date BART ({date.name}): own {own:.2f} s, check {gate:.2f} s, ratio "
           f"{gate / own:.2f} (target <= 1.2)", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -141,7 +143,7 @@ def seq2seq(args: argparse.Namespace) -> None:
         marian = real_size.load_marian(directory, data, options)
         own_work(marian, 8)  # warm-up
         own, gate = alternating(lambda: own_work(marian, 16),
-                                lambda: check_work(marian, max_memory, 16), 3)
+                                lambda: check_work(marian, max_memory, 16), args.rounds)
         print(f"Marian (opus-mt-en-de size, 16 sources, 16 steps): own {own:.2f} s, check "
               f"{gate:.2f} s, ratio {gate / own:.2f} (target <= 1.2)")
 
@@ -159,6 +161,9 @@ def main() -> None:
     options.add_argument("--max-memory", default="1GiB", help="check's memory budget")
     options.add_argument("--no-seq2seq", action="store_true",
                          help="skip the date BART and Marian comparison")
+    options.add_argument("--rounds", type=int, default=3,
+                         help="timing rounds of the seq2seq comparison, alternating which "
+                              "runs first")
     options.add_argument("--child", choices=["own", "check"], help=argparse.SUPPRESS)
     options.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = options.parse_args()
