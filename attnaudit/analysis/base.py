@@ -8,6 +8,7 @@ merge by adding their states, so an audit can be sharded and combined.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import ClassVar, Self
@@ -176,9 +177,27 @@ class Analyser:
         rows = AttentionRows.of(record, eligible)
         if rows.weights.shape[0] == 0 or rows.weights.shape[2] == 0:
             return
-        for name, (values, defined) in self.rows_metrics(rows).items():
-            self._add(rows, name, values, defined)
+        metrics = self.rows_metrics(rows)
+        self.stats.add_parts(rows.site, rows.kind, [(metrics, rows.step_offset)])
+        if self.example_rows is not None:
+            for name, (values, defined) in metrics.items():
+                self._add_example_rows(rows, name, values, defined)
         self._done(rows)
+
+    def update_parts(self, parts: Sequence[AttentionRows]) -> None:
+        """Fold several batches of one site's rows in, in order, with the state
+        :meth:`update` on each in turn gives; their statistics are folded together
+        (:meth:`~attnaudit.analysis.stats.RowStats.add_parts`) where the analyser keeps no
+        per-example rows and does not override :meth:`update`."""
+        if self.example_rows is not None or type(self).update is not Analyser.update:
+            for part in parts:
+                self.update(part)
+            return
+        rows = [AttentionRows.of(part) for part in parts]
+        rows = [r for r in rows if r.weights.shape[0] and r.weights.shape[2]]
+        if rows:
+            self.stats.add_parts(rows[0].site, rows[0].kind,
+                                 [(self.rows_metrics(r), r.step_offset) for r in rows])
 
     def rows_metrics(self, rows: AttentionRows
                      ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
@@ -189,6 +208,11 @@ class Analyser:
              defined: torch.Tensor | None) -> None:
         """Fold one metric's per-row values (B, H, Q) of ``rows`` into the state."""
         self.stats.add(rows.site, rows.kind, name, values, defined, rows.step_offset)
+        self._add_example_rows(rows, name, values, defined)
+
+    def _add_example_rows(self, rows: AttentionRows, name: str, values: torch.Tensor,
+                          defined: torch.Tensor | None) -> None:
+        """Keep one metric's per-row values (B, H, Q) per example, if asked to."""
         if self.example_rows is not None:
             self.example_rows.add(rows.site, rows.kind, name, values,
                                   torch.ones((), dtype=torch.bool) if defined is None

@@ -80,7 +80,7 @@ class NumericsAnalyser(Analyser):
         tolerance = (row_sum_tolerance(rows.dtype, w.shape[-1]) if self.tolerance is None
                      else self.tolerance)
         finite = torch.isfinite(w)
-        row_finite = rows.finite
+        row_finite = finite.all(-1)
         has_keys = rows.n_valid > 0
         sums = w.sum(-1) if rows.sink is None else w.sum(-1) + rows.sink.to(w.device)
         row_sum_error = (sums - 1).abs()
@@ -89,8 +89,14 @@ class NumericsAnalyser(Analyser):
         all_masked = ~has_keys
         n_keys = w.shape[-1]
         nan_row = ~row_finite
-        zero_row = row_finite & (w == 0).all(-1)
-        uniform_row = row_finite & ((w - 1.0 / max(n_keys, 1)).abs() <= 1e-6).all(-1)
+        # zero_row and uniform_row count on all-masked rows only: on CPU, where looking is
+        # cheap, two passes over the weights are skipped when there are none (an
+        # accelerator would wait at every call for the answer, so they run regardless)
+        if w.device.type == "cpu" and not bool(all_masked.any()):
+            zero_row = uniform_row = all_masked
+        else:
+            zero_row = row_finite & (w == 0).all(-1)
+            uniform_row = row_finite & ((w - 1.0 / max(n_keys, 1)).abs() <= 1e-6).all(-1)
         rows_bad = (row_sum_error > tolerance) | ~judged
         # A key no query may attend (padding) is no column of the distribution: its sum is
         # not judged, so padding keys neither veto nor support the flag.

@@ -8,6 +8,7 @@ the number of examples. Arrays grow along the step axis when a longer query axis
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,8 @@ import torch
 
 HIST_BINS = 256
 QUANTILES = (0.1, 0.5, 0.9)
+# a metric's per-row values (batch, heads, steps) and the rows where it is defined (None: all)
+Metric = tuple[torch.Tensor, torch.Tensor | None]
 _LAYER = re.compile(r"\.(?:layers?|block|blocks|h)\.(\d+)(?:\.|:|$)")
 
 
@@ -84,35 +87,66 @@ class RowStats:
         ``defined`` masks the rows that count; non-finite values never count (the numerics
         analyser counts non-finite weights), so no summary column is ever NaN or inf.
         """
+        self.add_parts(site, kind, [({metric: (values, defined)}, step_offset)])
+
+    def add_parts(self, site: str, kind: str | None,
+                  parts: Sequence[tuple[Mapping[str, Metric], int]]) -> None:
+        """Fold parts of one site's rows in, in order, each ``(metric -> (values (batch,
+        heads, steps), defined or None), step offset)`` as :meth:`add` folds each metric.
+
+        The parts' metrics go through torch and numpy at once: stacked on a leading metric
+        axis, the parts side by side on the batch axis (each over the steps of all of them,
+        undefined outside its own), one conversion and one histogram count for them all.
+        Every cell receives the same values as from one :meth:`add` per metric and part:
+        counts, extremes and histograms are exact whatever the order, and each part's sum
+        over its batch is added to the running totals part after part, as before.
+        """
         self.kinds.setdefault(site, kind)
-        values = values.detach().to(torch.float64)
-        if defined is None:
-            defined = torch.ones_like(values, dtype=torch.bool)
-        defined = defined.expand_as(values) & torch.isfinite(values)
-        _, heads, steps = values.shape
-        key = (site, metric)
-        cells = self.cells.get(key) or Cells.empty(heads, 0)
-        if cells.n.shape[0] != heads:
-            raise ValueError(f"site {site!r} had {cells.n.shape[0]} heads, now {heads}")
-        if cells.n.shape[1] < step_offset + steps:  # room to spare: calls come step by step
-            cells = cells.grown(max(step_offset + steps, 2 * cells.n.shape[1]))
-        cols = slice(step_offset, step_offset + steps)
-        d = defined.cpu().numpy()
-        v = np.where(d, values.cpu().numpy(), 0.0)
-        cells.n[:, cols] += d.sum(0)
-        cells.total[:, cols] += v.sum(0)
-        cells.minimum[:, cols] = np.minimum(cells.minimum[:, cols],
-                                            np.where(d, v, np.inf).min(0, initial=np.inf))
-        cells.maximum[:, cols] = np.maximum(cells.maximum[:, cols],
-                                            np.where(d, v, -np.inf).max(0, initial=-np.inf))
-        spec = self.specs[metric]
-        bins = np.clip((v - spec.lo) / (spec.hi - spec.lo) * HIST_BINS, 0,
-                       HIST_BINS - 1).astype(np.int64)
-        flat = (np.arange(heads)[:, None] * steps + np.arange(steps)[None, :]) * HIST_BINS
-        index = (flat[None] + bins)[d]
-        counts = np.bincount(index, minlength=heads * steps * HIST_BINS)
-        cells.hist[:, cols] += counts.reshape(heads, steps, HIST_BINS)
-        self.cells[key] = cells
+        parts = [(metrics, offset) for metrics, offset in parts if metrics]
+        if not parts:
+            return
+        names = list(parts[0][0])
+        shapes = {tuple(values.shape[1:2]) for metrics, _ in parts
+                  for values, _ in metrics.values()}
+        if len(shapes) > 1 or any(list(metrics) != names or len(
+                {tuple(values.shape) for values, _ in metrics.values()}) > 1
+                for metrics, _ in parts):  # stacking needs one layout: fold each on its own
+            for metrics, offset in parts:
+                for metric, item in metrics.items():
+                    self.add_parts(site, kind, [({metric: item}, offset)])
+            return
+        first = min(offset for _, offset in parts)
+        stop = max(offset + next(iter(metrics.values()))[0].shape[2]
+                   for metrics, offset in parts)
+        v, d, bounds = _side_by_side(parts, first, stop)
+        count, _, heads, steps = v.shape
+        n = d.sum(1)  # (metrics, heads, steps)
+        totals = [v[:, a:b].sum(1) for a, b in bounds]
+        low = np.where(d, v, np.inf).min(1, initial=np.inf)
+        high = np.where(d, v, -np.inf).max(1, initial=-np.inf)
+        specs = [self.specs[metric] for metric in names]
+        lo = np.array([s.lo for s in specs])[:, None, None, None]
+        hi = np.array([s.hi for s in specs])[:, None, None, None]
+        bins = np.clip((v - lo) / (hi - lo) * HIST_BINS, 0, HIST_BINS - 1).astype(np.int64)
+        flat = (np.arange(count * heads)[:, None] * steps + np.arange(steps)[None, :])
+        index = (flat.reshape(count, 1, heads, steps) * HIST_BINS + bins)[d]
+        hist = np.bincount(index, minlength=count * heads * steps * HIST_BINS).reshape(
+            count, heads, steps, HIST_BINS)
+        cols = slice(first, stop)
+        for m, metric in enumerate(names):
+            key = (site, metric)
+            cells = self.cells.get(key) or Cells.empty(heads, 0)
+            if cells.n.shape[0] != heads:
+                raise ValueError(f"site {site!r} had {cells.n.shape[0]} heads, now {heads}")
+            if cells.n.shape[1] < stop:  # room to spare: calls come step by step
+                cells = cells.grown(max(stop, 2 * cells.n.shape[1]))
+            cells.n[:, cols] += n[m]
+            for total in totals:
+                cells.total[:, cols] += total[m]
+            cells.minimum[:, cols] = np.minimum(cells.minimum[:, cols], low[m])
+            cells.maximum[:, cols] = np.maximum(cells.maximum[:, cols], high[m])
+            cells.hist[:, cols] += hist[m]
+            self.cells[key] = cells
 
     def merge(self, other: RowStats) -> None:
         for key, theirs in other.cells.items():
@@ -134,37 +168,91 @@ class RowStats:
             self.kinds.setdefault(site, kind)
 
     def frame(self) -> pd.DataFrame:
-        """Tidy summary: one row per site x head x step x metric with its count ``n``."""
+        """Tidy summary: one row per site x head x step x metric with its count ``n``.
+
+        Built column by column over every cell at once (one frame, not one per cell); the
+        columns' dtypes are those a concatenation of per-cell frames gives."""
         columns = ["site", "kind", "layer", "head", "step", "metric", "n", "mean", "sum", "min",
                    "max", *(f"q{round(q * 100)}" for q in QUANTILES)]
-        parts = []
-        for (site, metric), c in self.cells.items():
-            heads, steps = np.nonzero(c.n)
-            if not len(heads):
-                continue
-            n, total = c.n[heads, steps], c.total[heads, steps]
-            low, high = c.minimum[heads, steps], c.maximum[heads, steps]
-            parts.append(pd.DataFrame({
-                "site": site, "kind": self.kinds.get(site), "layer": layer_of(site),
-                "head": heads, "step": steps, "metric": metric, "n": n.astype(np.int64),
-                "mean": total / n, "sum": total, "min": low, "max": high,
-                **_quantiles(c.hist[heads, steps], self.specs[metric], low, high)},
-                columns=columns))
-        frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
-        frame["layer"] = frame["layer"].astype("Int64")
+        keys, heads, steps = [], [], []
+        for key, c in self.cells.items():
+            h, s = np.nonzero(c.n)
+            if len(h):
+                keys.append(key)
+                heads.append(h)
+                steps.append(s)
+        if not keys:
+            frame = pd.DataFrame(columns=columns)
+            frame["layer"] = frame["layer"].astype("Int64")
+            return frame
+        counts = [len(h) for h in heads]
+
+        def gathered(field: str) -> np.ndarray:
+            return np.concatenate([getattr(self.cells[key], field)[h, s]
+                                   for key, h, s in zip(keys, heads, steps, strict=True)])
+
+        def repeated(values: list[object]) -> np.ndarray:
+            each = np.empty(len(values), dtype=object)  # one object per cell, never split
+            each[:] = values
+            return np.repeat(each, counts)
+
+        n, total = gathered("n"), gathered("total")
+        low, high = gathered("minimum"), gathered("maximum")
+        specs = [self.specs[metric] for _, metric in keys]
+        kinds = [self.kinds.get(site) for site, _ in keys]
+        data = {
+            "site": pd.array(repeated([site for site, _ in keys]), dtype="str"),
+            "kind": (pd.array(repeated(kinds), dtype="str")
+                     if all(isinstance(k, str) for k in kinds) else repeated(kinds)),
+            "layer": pd.array(repeated([layer_of(site) for site, _ in keys]), dtype="Int64"),
+            "head": np.concatenate(heads), "step": np.concatenate(steps),
+            "metric": pd.array(repeated([metric for _, metric in keys]), dtype="str"),
+            "n": n.astype(np.int64), "mean": total / n, "sum": total, "min": low, "max": high,
+            **_quantiles(gathered("hist"), np.repeat([s.lo for s in specs], counts),
+                         np.repeat([s.hi for s in specs], counts), low, high)}
+        frame = pd.DataFrame(data, columns=columns)
         return frame.sort_values(["site", "metric", "head", "step"], ignore_index=True)
 
 
-def _quantiles(hist: np.ndarray, spec: MetricSpec, low: np.ndarray, high: np.ndarray
-               ) -> dict[str, np.ndarray]:
+def _side_by_side(parts: Sequence[tuple[Mapping[str, Metric], int]], first: int, stop: int
+                  ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """The parts' values (metrics, batch of every part, heads, ``stop - first`` steps)
+    float64, zero where not counted, the bool array of those counted (defined and finite;
+    nothing outside a part's own steps) and each part's (start, stop) on the batch axis."""
+    blocks_v, blocks_d, bounds, at = [], [], [], 0
+    for metrics, offset in parts:
+        values = torch.stack([v.detach().to(torch.float64) for v, _ in metrics.values()])
+        defined = torch.isfinite(values)
+        for m, (_, given) in enumerate(metrics.values()):
+            if given is not None:
+                defined[m] &= given.to(defined.device).expand(values.shape[1:])
+        count, batch, heads, steps = values.shape
+        v, d = values.cpu().numpy(), defined.cpu().numpy()
+        if offset != first or offset + steps != stop:
+            cols = slice(offset - first, offset - first + steps)
+            v = np.zeros((count, batch, heads, stop - first))
+            d = np.zeros(v.shape, dtype=bool)
+            v[..., cols], d[..., cols] = values.cpu().numpy(), defined.cpu().numpy()
+        blocks_v.append(v)
+        blocks_d.append(d)
+        bounds.append((at, at + batch))
+        at += batch
+    d = blocks_d[0] if len(blocks_d) == 1 else np.concatenate(blocks_d, axis=1)
+    v = blocks_v[0] if len(blocks_v) == 1 else np.concatenate(blocks_v, axis=1)
+    return np.where(d, v, 0.0), d, bounds
+
+
+def _quantiles(hist: np.ndarray, lo: np.ndarray, hi: np.ndarray, low: np.ndarray,
+               high: np.ndarray) -> dict[str, np.ndarray]:
     """Quantiles of m cells read off their histograms (m, HIST_BINS), linear within a bin,
-    clipped to each cell's exact [min, max] (m,).
+    clipped to each cell's exact [min, max] (m,); ``lo``, ``hi`` (m,): each cell's metric
+    range (:class:`MetricSpec`).
 
     Resolution is (hi - lo) / HIST_BINS of the metric's range; values outside the range
     fall in the edge bins (their min/max stay exact).
     """
     cum = np.cumsum(hist, axis=1)
-    width = (spec.hi - spec.lo) / HIST_BINS
+    width = (hi - lo) / HIST_BINS
     cells = np.arange(hist.shape[0])
     out = {}
     for q in QUANTILES:
@@ -173,5 +261,5 @@ def _quantiles(hist: np.ndarray, spec: MetricSpec, low: np.ndarray, high: np.nda
         below = np.where(b > 0, cum[cells, np.maximum(b - 1, 0)], 0.0)
         in_bin = hist[cells, b]
         frac = np.where(in_bin > 0, (target - below) / np.where(in_bin > 0, in_bin, 1.0), 0.0)
-        out[f"q{round(q * 100)}"] = np.clip(spec.lo + (b + frac) * width, low, high)
+        out[f"q{round(q * 100)}"] = np.clip(lo + (b + frac) * width, low, high)
     return out

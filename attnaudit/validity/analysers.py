@@ -70,6 +70,7 @@ class ValidityAnalysers:
         scores = record.scores
         values = shared_values(record)
         batch, _, queries, _ = data.weights.shape
+        parts = []
         for examples, start, stop in row_groups(data.site, rows, batch, queries):
             part = replace(data, weights=data.weights[examples, :, start:stop],
                            eligible=data.eligible[examples, :, start:stop],
@@ -78,13 +79,14 @@ class ValidityAnalysers:
                            else data.sink[examples, :, start:stop],
                            share=None if data.share is None
                            else data.share[examples, :, start:stop])
-            for analyser in self.row_analysers:
-                analyser.update(part)
+            parts.append(part)
             if self.scores is None:
                 continue
             self.scores.update(
                 part, scores=None if scores is None else scores[examples, :, start:stop],
                 values=None if values is None else values[examples % values.shape[0]])
+        for analyser in self.row_analysers:  # each group's rows, folded together
+            analyser.update_parts(parts)
 
     def merge_tolerances(self, other: dict[str, float]) -> None:
         """Fold in another shard's per-site row-sum tolerances (the largest is kept)."""

@@ -1,0 +1,72 @@
+"""Several parts of one site's rows folded together (RowStats.add_parts,
+Analyser.update_parts) give what folding them one by one gives, and the hand-computed
+summaries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from attnaudit.analysis import MaskingAnalyser, NumericsAnalyser, RowStats
+from attnaudit.analysis.base import AttentionRows
+from attnaudit.analysis.stats import MetricSpec
+
+SPECS = (MetricSpec("a", 0.0, 1.0), MetricSpec("b", 0.0, 4.0))
+
+
+def _parts() -> list[tuple[dict, int]]:
+    gen = torch.Generator().manual_seed(0)
+    first = torch.rand(3, 2, 4, generator=gen, dtype=torch.float64)  # steps 0..3
+    second = torch.rand(2, 2, 2, generator=gen, dtype=torch.float64) * 4  # steps 5..6
+    second[0, 1, 0] = float("nan")  # never counted
+    defined = torch.tensor([[True, False]]).reshape(1, 1, 2).expand(2, 2, 2)
+    return [({"a": (first, None), "b": (first * 4, first > 0.5)}, 0),
+            ({"a": (second / 4, defined), "b": (second, None)}, 5)]
+
+
+def test_parts_fold_as_one_by_one_and_by_hand() -> None:
+    together, apart = RowStats(SPECS), RowStats(SPECS)
+    together.add_parts("s", "self", _parts())
+    for metrics, offset in _parts():
+        for name, (values, defined) in metrics.items():
+            apart.add("s", "self", name, values, defined, offset)
+    frame = together.frame()
+    pd.testing.assert_frame_equal(frame, apart.frame(), check_exact=True)
+    first, second = _parts()[0][0]["a"][0].numpy(), _parts()[1][0]["b"][0].numpy()
+    b = frame[frame.metric == "b"].set_index(["head", "step"])
+    for head in range(2):
+        for step in range(4):  # the first part: b = 4 * first, defined where first > 0.5
+            counted = 4 * first[:, head, step][first[:, head, step] > 0.5]
+            if len(counted):
+                assert b.loc[(head, step), "n"] == len(counted)
+                np.testing.assert_allclose(b.loc[(head, step), "sum"], counted.sum(),
+                                           rtol=1e-12)
+                assert b.loc[(head, step), "max"] == counted.max()
+            else:
+                assert (head, step) not in b.index
+    column = second[:, 1, 0]
+    finite = column[np.isfinite(column)]
+    assert b.loc[(1, 5), "n"] == 1  # the NaN is not counted
+    assert (b.loc[(1, 5), "min"], b.loc[(1, 5), "max"]) == (finite.min(), finite.max())
+    a = frame[frame.metric == "a"].set_index(["head", "step"])
+    assert (0, 6) not in a.index  # step 6 of the second part is never defined for "a"
+    assert sorted(set(a.index.get_level_values("step"))) == [0, 1, 2, 3, 5]
+
+
+def test_analysers_update_parts_as_update_in_turn() -> None:
+    gen = torch.Generator().manual_seed(1)
+    weights = torch.softmax(torch.randn(5, 2, 6, 7, generator=gen), -1).double()
+    weights[1, 0, 2] = 0.0  # a row that does not sum to one
+    eligible = torch.ones_like(weights, dtype=torch.bool)
+    eligible[3, :, :, 5:] = False
+    parts = [AttentionRows("s", "cross", weights[idx][:, :, a:b], eligible[idx][:, :, a:b],
+                           step_offset=a, dtype=torch.float32)
+             for idx, a, b in ((torch.tensor([0, 2]), 0, 6), (torch.tensor([1, 3, 4]), 0, 3),
+                               (torch.tensor([4]), 4, 6))]
+    for make in (MaskingAnalyser, lambda: NumericsAnalyser(None)):
+        together, apart = make(), make()
+        together.update_parts(parts)
+        for part in parts:
+            apart.update(part)
+        pd.testing.assert_frame_equal(together.compute(), apart.compute(), check_exact=True)
