@@ -43,6 +43,10 @@ RESUM_TOLERANCE = 1e-4
 HALF_RESUM_TOLERANCE = 2e-2  # fp16 / bf16 models: their own sums are this coarse
 RESUM_CHECK = "alti_resum"
 TERMS_BUDGET = 2**24  # numbers per chunk of per-key terms: 64 MiB in float32
+# on a CPU, chunks of 2 MiB: they stay in cache across the passes over them, and the
+# allocator hands the freed chunk back instead of fresh pages (first touches cost more than
+# the arithmetic on a small model)
+CPU_TERMS_BUDGET = 2**19
 FEW_HEADS = 8  # up to this many heads, the per-key terms are summed head by head
 
 
@@ -186,29 +190,37 @@ def _own_position(site: SiteTrace, queries: int, keys: int) -> torch.Tensor:
     return torch.eye(queries, keys, dtype=torch.bool, device=site.weights.device)
 
 
-def attention_terms(weights: torch.Tensor, vectors: torch.Tensor
-                    ) -> Iterator[tuple[slice, torch.Tensor]]:
-    """Chunks of examples and their terms Σ_h weights^h_qk vectors^h_k, key-major
-    (c, K, Q, d) float32, from weights (B, H, Q, K) and head vectors (B, H, K, d); a chunk
-    holds at most :data:`TERMS_BUDGET` numbers (at least one example), so memory does not
-    grow with B."""
+def residues(weights: torch.Tensor, vectors: torch.Tensor, outputs: torch.Tensor
+             ) -> Iterator[tuple[slice, torch.Tensor]]:
+    """Chunks of examples and their residues y_q - Σ_h weights^h_qk vectors^h_k, key-major
+    (c, K, Q, d) float32, from weights (B, H, Q, K), head vectors (B, H, K, d) and outputs
+    y (B, Q, d); a chunk holds at most :data:`TERMS_BUDGET` numbers (:data:`CPU_TERMS_BUDGET`
+    on a CPU; at least one example), so memory does not grow with B. The terms are
+    subtracted as they are formed: ALTI needs only their distances to y, and a pass over
+    the chunk is the dominant cost."""
     batch, _, queries, keys = weights.shape
-    chunk = max(1, TERMS_BUDGET // max(1, queries * keys * vectors.shape[-1]))
+    budget = CPU_TERMS_BUDGET if weights.device.type == "cpu" else TERMS_BUDGET
+    chunk = max(1, budget // max(1, queries * keys * vectors.shape[-1]))
     for start in range(0, batch, chunk):
         part = slice(start, min(batch, start + chunk))
         by_key = weights[part].permute(0, 3, 2, 1)  # (c, K, Q, H)
         heads = vectors[part].transpose(1, 2)  # (c, K, H, d)
+        y = outputs[part][:, None]  # (c, 1, Q, d)
         if by_key.shape[-1] > FEW_HEADS:
             # one (Q, H) @ (H, d) product per (example, key), on contiguous copies: a strided
             # operand makes the batched product several times slower
-            yield part, torch.matmul(by_key.contiguous(), heads.contiguous())
+            terms = torch.matmul(by_key.contiguous(), heads.contiguous())
+            yield part, torch.sub(y, terms, out=terms)
             continue
         # with few heads the batched product is thousands of tiny products; a broadcast
-        # multiply-add per head streams the terms instead (about 3x faster for 4 heads)
-        terms = by_key[..., 0, None] * heads[:, :, None, 0]
+        # multiply-add per head streams the terms instead (about 3x faster for 4 heads),
+        # laid out key-major explicitly: a product of the permuted operands would take
+        # their strides, and every pass over the chunk after it would be strided
+        residue = heads.new_empty(*by_key.shape[:3], heads.shape[-1])
+        torch.addcmul(y, by_key[..., 0, None], heads[:, :, None, 0], value=-1, out=residue)
         for head in range(1, by_key.shape[-1]):
-            terms.addcmul_(by_key[..., head, None], heads[:, :, None, head])
-        yield part, terms
+            residue.addcmul_(by_key[..., head, None], heads[:, :, None, head], value=-1)
+        yield part, residue
 
 
 def _tolerance(site: SiteTrace) -> float:
@@ -227,17 +239,17 @@ def alti_block(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tensor, block
     # a key no head reads (padding) has a zero term, which contributes exactly 0
     unread = (site.weights == 0).all(1)  # (B, Q, K)
     rows, errors = [], []
-    for part, terms in attention_terms(weights, vectors):  # (c, K, Q, d)
+    for part, residue in residues(weights, vectors, block.output):  # (c, K, Q, d)
         y, own = block.output[part], residual[part]
-        keys, queries = terms.shape[1:3]
-        if site.role == "cross":  # the decoder stream: a term of its own, after the keys
-            resum = terms.sum(1) + own + rest[part]
-        else:  # the residual belongs to the query's own position
-            terms.diagonal(dim1=1, dim2=2).add_(own.transpose(1, 2))  # (c, d, Q) view
-            resum = terms.sum(1) + rest[part]
+        keys, queries = residue.shape[1:3]
+        # Σ_j T_i(x_j): the heads' reads summed over keys at once, plus the residual, which
+        # is the query's own position's (self-attention) or a term of its own (cross)
+        resum = torch.matmul(weights[part], vectors[part]).sum(1) + own + rest[part]
         errors.append((resum - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30))
-        distance = terms.sub_(y[:, None]).abs_().sum(-1).transpose(1, 2)  # (c, Q, K)
-        if site.role == "cross":
+        if site.role != "cross":
+            residue.diagonal(dim1=1, dim2=2).sub_(own.transpose(1, 2))  # (c, d, Q) view
+        distance = residue.abs_().sum(-1).transpose(1, 2)  # (c, Q, K)
+        if site.role == "cross":  # the decoder stream, after the keys
             distance = torch.cat([distance, (y - own).abs().sum(-1, keepdim=True)], dim=-1)
         score = (y.abs().sum(-1, keepdim=True) - distance).clamp_min(0)
         score[..., :keys].masked_fill_(unread[part] & ~_own_position(site, queries, keys), 0)
