@@ -110,11 +110,12 @@ def _linearised(call: Call) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, b
     gammas = [torch.ones_like(z[0, 0])] if weight is None else [
         weight.detach().float(), 1 + weight.detach().float()]
     beta = torch.zeros_like(z[0, 0]) if bias is None else bias.detach().float()
-    best = None
+    best, shifted = None, y - beta
     for centred in (True, False):
+        moved = _centre(z, centred)
         for gamma in gammas:
-            a = gamma * _centre(z, centred)
-            scale = ((a * (y - beta)).sum(-1, keepdim=True)
+            a = gamma * moved
+            scale = ((a * shifted).sum(-1, keepdim=True)
                      / (a * a).sum(-1, keepdim=True).clamp_min(1e-30))
             error = _relative(scale * a + beta, y)
             if best is None or error < best[4]:
