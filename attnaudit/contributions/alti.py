@@ -177,11 +177,17 @@ def transformed_inputs(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tenso
     if block.placement == "pre":
         return weights, vectors, residual, rest
     assert block.scale is not None and block.gamma is not None and block.beta is not None
-    scale, gamma = block.scale, block.gamma  # (B, Q, 1), (d,)
+    scale, gamma, centred = block.scale, block.gamma, block.centred  # (B, Q, 1), (d,)
     if block.placement == "post":  # the norm is after the residual: it maps it too
-        residual = scale * gamma * _centre(residual, block.centred)
-    return (weights * scale[:, None], gamma * _centre(vectors, block.centred), residual,
-            scale * gamma * _centre(rest, block.centred) + block.beta)
+        residual = _gamma_centred(residual, gamma, centred).mul_(scale)
+    # the bias is the same in every row: mapped once, then scaled per query
+    rest = torch.addcmul(block.beta, scale, _gamma_centred(bias, gamma, centred))
+    return weights * scale[:, None], _gamma_centred(vectors, gamma, centred), residual, rest
+
+
+def _gamma_centred(u: torch.Tensor, gamma: torch.Tensor, centred: bool) -> torch.Tensor:
+    """gamma ⊙ L(u) over the last axis, as one fresh tensor (``u`` is left as it is)."""
+    return (u - u.mean(-1, keepdim=True)).mul_(gamma) if centred else u * gamma
 
 
 def _own_position(site: SiteTrace, queries: int, keys: int) -> torch.Tensor:
