@@ -43,10 +43,6 @@ RESUM_TOLERANCE = 1e-4
 HALF_RESUM_TOLERANCE = 2e-2  # fp16 / bf16 models: their own sums are this coarse
 RESUM_CHECK = "alti_resum"
 TERMS_BUDGET = 2**24  # numbers per chunk of per-key terms: 64 MiB in float32
-# on a CPU, chunks of 2 MiB: they stay in cache across the passes over them, and the
-# allocator hands the freed chunk back instead of fresh pages (first touches cost more than
-# the arithmetic on a small model)
-CPU_TERMS_BUDGET = 2**19
 FEW_HEADS = 8  # up to this many heads, the per-key terms are summed head by head
 
 
@@ -201,13 +197,11 @@ def residues(weights: torch.Tensor, vectors: torch.Tensor, outputs: torch.Tensor
              ) -> Iterator[tuple[slice, torch.Tensor]]:
     """Chunks of examples and their residues y_q - Σ_h weights^h_qk vectors^h_k, key-major
     (c, K, Q, d) float32, from weights (B, H, Q, K), head vectors (B, H, K, d) and outputs
-    y (B, Q, d); a chunk holds at most :data:`TERMS_BUDGET` numbers (:data:`CPU_TERMS_BUDGET`
-    on a CPU; at least one example), so memory does not grow with B. The terms are
-    subtracted as they are formed: ALTI needs only their distances to y, and a pass over
-    the chunk is the dominant cost."""
+    y (B, Q, d); a chunk holds at most :data:`TERMS_BUDGET` numbers (at least one example),
+    so memory does not grow with B. The terms are subtracted as they are formed: ALTI
+    needs only their distances to y, and a pass over the chunk is the dominant cost."""
     batch, _, queries, keys = weights.shape
-    budget = CPU_TERMS_BUDGET if weights.device.type == "cpu" else TERMS_BUDGET
-    chunk = max(1, budget // max(1, queries * keys * vectors.shape[-1]))
+    chunk = max(1, TERMS_BUDGET // max(1, queries * keys * vectors.shape[-1]))
     for start in range(0, batch, chunk):
         part = slice(start, min(batch, start + chunk))
         by_key = weights[part].permute(0, 3, 2, 1)  # (c, K, Q, H)
