@@ -173,17 +173,11 @@ def transformed_inputs(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tenso
     if block.placement == "pre":
         return weights, vectors, residual, rest
     assert block.scale is not None and block.gamma is not None and block.beta is not None
-    scale, gamma, centred = block.scale, block.gamma, block.centred  # (B, Q, 1), (d,)
+    scale, gamma = block.scale, block.gamma  # (B, Q, 1), (d,)
     if block.placement == "post":  # the norm is after the residual: it maps it too
-        residual = _gamma_centred(residual, gamma, centred).mul_(scale)
-    # the bias is the same in every row: mapped once, then scaled per query
-    rest = torch.addcmul(block.beta, scale, _gamma_centred(bias, gamma, centred))
-    return weights * scale[:, None], _gamma_centred(vectors, gamma, centred), residual, rest
-
-
-def _gamma_centred(u: torch.Tensor, gamma: torch.Tensor, centred: bool) -> torch.Tensor:
-    """gamma ⊙ L(u) over the last axis, as one fresh tensor (``u`` is left as it is)."""
-    return (u - u.mean(-1, keepdim=True)).mul_(gamma) if centred else u * gamma
+        residual = scale * gamma * _centre(residual, block.centred)
+    return (weights * scale[:, None], gamma * _centre(vectors, block.centred), residual,
+            scale * gamma * _centre(rest, block.centred) + block.beta)
 
 
 def _own_position(site: SiteTrace, queries: int, keys: int) -> torch.Tensor:
@@ -193,35 +187,29 @@ def _own_position(site: SiteTrace, queries: int, keys: int) -> torch.Tensor:
     return torch.eye(queries, keys, dtype=torch.bool, device=site.weights.device)
 
 
-def residues(weights: torch.Tensor, vectors: torch.Tensor, outputs: torch.Tensor
-             ) -> Iterator[tuple[slice, torch.Tensor]]:
-    """Chunks of examples and their residues y_q - Σ_h weights^h_qk vectors^h_k, key-major
-    (c, K, Q, d) float32, from weights (B, H, Q, K), head vectors (B, H, K, d) and outputs
-    y (B, Q, d); a chunk holds at most :data:`TERMS_BUDGET` numbers (at least one example),
-    so memory does not grow with B. The terms are subtracted as they are formed: ALTI
-    needs only their distances to y, and a pass over the chunk is the dominant cost."""
+def attention_terms(weights: torch.Tensor, vectors: torch.Tensor
+                    ) -> Iterator[tuple[slice, torch.Tensor]]:
+    """Chunks of examples and their terms Σ_h weights^h_qk vectors^h_k, key-major
+    (c, K, Q, d) float32, from weights (B, H, Q, K) and head vectors (B, H, K, d); a chunk
+    holds at most :data:`TERMS_BUDGET` numbers (at least one example), so memory does not
+    grow with B."""
     batch, _, queries, keys = weights.shape
     chunk = max(1, TERMS_BUDGET // max(1, queries * keys * vectors.shape[-1]))
     for start in range(0, batch, chunk):
         part = slice(start, min(batch, start + chunk))
         by_key = weights[part].permute(0, 3, 2, 1)  # (c, K, Q, H)
         heads = vectors[part].transpose(1, 2)  # (c, K, H, d)
-        y = outputs[part][:, None]  # (c, 1, Q, d)
         if by_key.shape[-1] > FEW_HEADS:
             # one (Q, H) @ (H, d) product per (example, key), on contiguous copies: a strided
             # operand makes the batched product several times slower
-            terms = torch.matmul(by_key.contiguous(), heads.contiguous())
-            yield part, torch.sub(y, terms, out=terms)
+            yield part, torch.matmul(by_key.contiguous(), heads.contiguous())
             continue
         # with few heads the batched product is thousands of tiny products; a broadcast
-        # multiply-add per head streams the terms instead (about 3x faster for 4 heads),
-        # laid out key-major explicitly: a product of the permuted operands would take
-        # their strides, and every pass over the chunk after it would be strided
-        residue = heads.new_empty(*by_key.shape[:3], heads.shape[-1])
-        residue.copy_(y.expand_as(residue))  # an out= product with y broadcast is 2x slower
-        for head in range(by_key.shape[-1]):
-            residue.addcmul_(by_key[..., head, None], heads[:, :, None, head], value=-1)
-        yield part, residue
+        # multiply-add per head streams the terms instead (about 3x faster for 4 heads)
+        terms = by_key[..., 0, None] * heads[:, :, None, 0]
+        for head in range(1, by_key.shape[-1]):
+            terms.addcmul_(by_key[..., head, None], heads[:, :, None, head])
+        yield part, terms
 
 
 def _tolerance(site: SiteTrace) -> float:
@@ -240,17 +228,17 @@ def alti_block(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tensor, block
     # a key no head reads (padding) has a zero term, which contributes exactly 0
     unread = (site.weights == 0).all(1)  # (B, Q, K)
     rows, errors = [], []
-    for part, residue in residues(weights, vectors, block.output):  # (c, K, Q, d)
+    for part, terms in attention_terms(weights, vectors):  # (c, K, Q, d)
         y, own = block.output[part], residual[part]
-        keys, queries = residue.shape[1:3]
-        # Σ_j T_i(x_j): the heads' reads summed over keys at once, plus the residual, which
-        # is the query's own position's (self-attention) or a term of its own (cross)
-        resum = torch.matmul(weights[part], vectors[part]).sum(1) + own + rest[part]
+        keys, queries = terms.shape[1:3]
+        if site.role == "cross":  # the decoder stream: a term of its own, after the keys
+            resum = terms.sum(1) + own + rest[part]
+        else:  # the residual belongs to the query's own position
+            terms.diagonal(dim1=1, dim2=2).add_(own.transpose(1, 2))  # (c, d, Q) view
+            resum = terms.sum(1) + rest[part]
         errors.append((resum - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30))
-        if site.role != "cross":
-            residue.diagonal(dim1=1, dim2=2).sub_(own.transpose(1, 2))  # (c, d, Q) view
-        distance = residue.abs_().sum(-1).transpose(1, 2)  # (c, Q, K)
-        if site.role == "cross":  # the decoder stream, after the keys
+        distance = terms.sub_(y[:, None]).abs_().sum(-1).transpose(1, 2)  # (c, Q, K)
+        if site.role == "cross":
             distance = torch.cat([distance, (y - own).abs().sum(-1, keepdim=True)], dim=-1)
         score = (y.abs().sum(-1, keepdim=True) - distance).clamp_min(0)
         score[..., :keys].masked_fill_(unread[part] & ~_own_position(site, queries, keys), 0)
