@@ -43,6 +43,7 @@ RESUM_TOLERANCE = 1e-4
 HALF_RESUM_TOLERANCE = 2e-2  # fp16 / bf16 models: their own sums are this coarse
 RESUM_CHECK = "alti_resum"
 TERMS_BUDGET = 2**24  # numbers per chunk of per-key terms: 64 MiB in float32
+FEW_HEADS = 8  # up to this many heads, the per-key terms are summed head by head
 
 
 @dataclass(frozen=True)
@@ -105,11 +106,12 @@ def _linearised(call: Call) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, b
     gammas = [torch.ones_like(z[0, 0])] if weight is None else [
         weight.detach().float(), 1 + weight.detach().float()]
     beta = torch.zeros_like(z[0, 0]) if bias is None else bias.detach().float()
-    best = None
+    best, shifted = None, y - beta
     for centred in (True, False):
+        moved = _centre(z, centred)
         for gamma in gammas:
-            a = gamma * _centre(z, centred)
-            scale = ((a * (y - beta)).sum(-1, keepdim=True)
+            a = gamma * moved
+            scale = ((a * shifted).sum(-1, keepdim=True)
                      / (a * a).sum(-1, keepdim=True).clamp_min(1e-30))
             error = _relative(scale * a + beta, y)
             if best is None or error < best[4]:
@@ -195,11 +197,19 @@ def attention_terms(weights: torch.Tensor, vectors: torch.Tensor
     chunk = max(1, TERMS_BUDGET // max(1, queries * keys * vectors.shape[-1]))
     for start in range(0, batch, chunk):
         part = slice(start, min(batch, start + chunk))
-        # one (Q, H) @ (H, d) product per (example, key), on contiguous copies: a strided
-        # operand makes the batched product several times slower
-        by_key = weights[part].permute(0, 3, 2, 1).contiguous()  # (c, K, Q, H)
-        heads = vectors[part].transpose(1, 2).contiguous()  # (c, K, H, d)
-        yield part, torch.matmul(by_key, heads)
+        by_key = weights[part].permute(0, 3, 2, 1)  # (c, K, Q, H)
+        heads = vectors[part].transpose(1, 2)  # (c, K, H, d)
+        if by_key.shape[-1] > FEW_HEADS:
+            # one (Q, H) @ (H, d) product per (example, key), on contiguous copies: a strided
+            # operand makes the batched product several times slower
+            yield part, torch.matmul(by_key.contiguous(), heads.contiguous())
+            continue
+        # with few heads the batched product is thousands of tiny products; a broadcast
+        # multiply-add per head streams the terms instead (about 3x faster for 4 heads)
+        terms = by_key[..., 0, None] * heads[:, :, None, 0]
+        for head in range(1, by_key.shape[-1]):
+            terms.addcmul_(by_key[..., head, None], heads[:, :, None, head])
+        yield part, terms
 
 
 def _tolerance(site: SiteTrace) -> float:
@@ -224,8 +234,7 @@ def alti_block(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tensor, block
         if site.role == "cross":  # the decoder stream: a term of its own, after the keys
             resum = terms.sum(1) + own + rest[part]
         else:  # the residual belongs to the query's own position
-            at = torch.arange(queries, device=terms.device)
-            terms[:, at, at] += own
+            terms.diagonal(dim1=1, dim2=2).add_(own.transpose(1, 2))  # (c, d, Q) view
             resum = terms.sum(1) + rest[part]
         errors.append((resum - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30))
         distance = terms.sub_(y[:, None]).abs_().sum(-1).transpose(1, 2)  # (c, Q, K)

@@ -81,11 +81,14 @@ def output_projection(site: SiteTrace, declared: nn.Module | None = None
     read = merged_read(site.weights, site.values)
     tolerance = HALF_READS_VALUES if site.module_dtype in (torch.float16, torch.bfloat16) \
         else READS_VALUES
-    errors = {}
+    errors: dict[str, float] = {}
+    by_input: dict[int, float] = {}  # a layer's query, key and value projections share one
     for path, call in site.linears.items():
         if call.inputs is not None and call.times == 1 and tuple(call.inputs.shape) == tuple(
                 read.shape):
-            errors[path] = _relative(call.inputs, read)
+            if id(call.inputs) not in by_input:
+                by_input[id(call.inputs)] = _relative(call.inputs, read)
+            errors[path] = by_input[id(call.inputs)]
     best = min(errors, key=errors.__getitem__, default=None)
     if best is not None and errors[best] <= tolerance:
         call = site.linears[best]

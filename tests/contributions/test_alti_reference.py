@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnaudit.contributions import contributions, measure_maps
+from attnaudit.contributions import alti, contributions, measure_maps
 from attnaudit.targets.hf.loading import from_hf
 
 pytest.importorskip("transformers")
@@ -59,7 +59,10 @@ def _heads(x: np.ndarray, n: int) -> np.ndarray:
     return x.reshape(x.shape[0], n, -1).transpose(1, 0, 2)
 
 
-def test_post_ln_alti_equals_a_numpy_alti(tmp_path):
+@pytest.mark.parametrize("few_heads", [alti.FEW_HEADS, 0], ids=["per-head", "batched"])
+def test_post_ln_alti_equals_a_numpy_alti(tmp_path, monkeypatch, few_heads):
+    # both ways of forming the per-key terms: head by head, and one batched product
+    monkeypatch.setattr(alti, "FEW_HEADS", few_heads)
     folder = save_tiny("bart", tmp_path, layers=1)
     target = from_hf(folder, SOURCES, max_new_tokens=NEW_TOKENS)
     batch = next(target.iter_batches())
