@@ -62,7 +62,7 @@ def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         reference_probs: (B, T, V) teacher-forced probabilities of the unmodified batch,
             when the caller already has them.
         max_memory: the budget of one chunk (bytes or "2GiB"; default
-            :data:`~attnaudit.interventions.memory.DEFAULT_MAX_MEMORY`).
+            :data:`~attnaudit.capturing.blocks.DEFAULT_MAX_MEMORY`).
         progress: show a progress bar over the replaced sequences.
 
     Returns 0 for keys that are not eligible (``target.explain_keys``) and for steps after the

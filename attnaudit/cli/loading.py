@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from attnaudit.attribution.options import AttributionOptions
+from attnaudit.capturing.blocks import parse_memory
 from attnaudit.errors import InterventionError, TargetError
-from attnaudit.interventions.memory import parse_memory
 from attnaudit.targets.contract import Seq2SeqTarget
 from attnaudit.targets.datafile import read_rows
 from attnaudit.targets.hf.loading import from_hf

@@ -158,7 +158,7 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
     decoder step when the target offers ``decode_states``/``decode_step`` (False: re-run
     the prefix, the reference path the cached one is tested against). max_memory: the
     budget of one chunk of edited sequences (bytes or "2GiB"; default
-    :data:`~attnaudit.interventions.memory.DEFAULT_MAX_MEMORY`).
+    :data:`~attnaudit.capturing.blocks.DEFAULT_MAX_MEMORY`).
     """
     encoded, in_encoder = None, set()
     with torch.no_grad():

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnaudit.interventions.memory import MAX_CHUNK, ChunkBudget, parse_memory
+from attnaudit.capturing.blocks import parse_memory
+from attnaudit.interventions.memory import MAX_CHUNK, ChunkBudget
 from attnaudit.interventions.permutation import permutation_test
 from attnaudit.interventions.reference_run import reference
 from attnaudit.interventions.runner import item_chunks
