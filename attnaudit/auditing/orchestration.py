@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -105,25 +106,27 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
                           f"{explorer_examples!r}")
     shard = current_shard(process_group)
     device, progress = shard.device(device), progress and shard.is_main
+    run = partial(_run, quick=quick, limit=limit, interventions=interventions,
+                  checks_only=checks_only, max_memory=max_memory,
+                  max_masked_mass=max_masked_mass, row_sum_tolerance=row_sum_tolerance,
+                  progress=progress, command_line=command_line, shard=shard,
+                  attribution=attribution, sequence_effects=sequence_effects,
+                  explorer_examples=explorer_examples)
     if isinstance(target_or_model, Seq2SeqTarget):
         if data is not None or tokenizer is not None or hf_options:
             raise TargetError("data, tokenizer and from_hf options go with a model or a "
                               "model folder, not with a Seq2SeqTarget")
         with placed(target_or_model, device, dtype) as target:
-            return _run(target, quick, limit, interventions, checks_only, max_memory,
-                        max_masked_mass, row_sum_tolerance, progress, command_line, shard,
-                        attribution, sequence_effects, explorer_examples)
+            return run(target)
     if data is None:
         raise TargetError("auditing a model needs data=: source strings, a TSV path, or a "
                           "pandas column")
     target = from_hf(target_or_model, data, tokenizer=tokenizer, device=device, dtype=dtype,
                      **hf_options)
-    return _run(target, quick, limit, interventions, checks_only, max_memory,
-                max_masked_mass, row_sum_tolerance, progress, command_line, shard,
-                attribution, sequence_effects, explorer_examples)
+    return run(target)
 
 
-def _run(target: Seq2SeqTarget, quick: bool, limit: int | None, interventions: bool,
+def _run(target: Seq2SeqTarget, *, quick: bool, limit: int | None, interventions: bool,
          checks_only: bool, max_memory: int | str | None, max_masked_mass: float,
          row_sum_tolerance: float | None, progress: bool,
          command_line: Sequence[str] | str | None, shard: Shard,
