@@ -68,15 +68,14 @@ MAX_SKIPPED = 16
 
 # Skipped, with the reason: what from_hf's text prompts cannot audit.
 NO_ATTENTION = "no attention at all (a recurrent / state-space model): nothing to capture"
+DRAFTER = ("cannot run from a config alone: a drafter whose forward ignores input_ids and "
+           "reads the main model's hidden states and shared key/value states")
 SKIP: dict[str, str] = {
     "mamba": NO_ATTENTION, "mamba2": NO_ATTENTION, "falcon_mamba": NO_ATTENTION,
     "rwkv": NO_ATTENTION, "xlstm": NO_ATTENTION,
     "musicgen": "audio-only: its decoder reads audio codebooks, not text tokens",
     "musicgen_melody": "audio-only: its decoder reads audio codebooks, not text tokens",
-    "gemma4_assistant": "cannot be built from a config: its default config fails its own "
-                        "validation (hidden_size_per_layer_input must be 0)",
-    "gemma4_unified_assistant": "cannot run from a config alone: a drafter that reads the "
-                                "main model's shared key/value states",
+    **dict.fromkeys(["gemma4_assistant", "gemma4_unified_assistant"], DRAFTER),
 }
 
 # Known breaks, by class: the architecture runs and is expected to fail until its class is
