@@ -109,6 +109,13 @@ EXTRA: dict[str, dict[str, Any]] = {
             "encoder_hash_byte_group_vocab": 16, "encoder_hash_byte_group_size": [3],
             "local_attention_window_len": 8},
     "qwen4_exp_text": QSA, "qwen4_exp": {"text_config": QSA},
+    # the causal LM takes the text config; the vision and audio towers beside it must still
+    # build at the tiny sizes: no per-layer experts past the two layers, adapters and heads
+    # sized to the tiny width (heads are per-layer in the text config, so not in the sizes)
+    "dots3_note": {"vision_config": {"per_layer_config": {}, "num_attention_heads": HEADS,
+                                     "adapter_in_dim": D_MODEL, "adapter_out_dim": D_MODEL},
+                   "audio_config": {"num_attention_heads": HEADS,
+                                    "adapter_input_size": D_MODEL, "adapter_out_dim": D_MODEL}},
     # the assistant's text model takes no per-layer inputs (its default one does, which its
     # own validation refuses)
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0,
