@@ -170,7 +170,8 @@ def built(request, tmp_path_factory) -> Built:
         # own class, as a user holding one passes it to from_hf
         mapped = type(config) in MODEL_FOR_CAUSAL_LM_MAPPING
         loader = AutoModelForCausalLM if mapped else model_cls
-        model = folder if mapped else loader.from_pretrained(folder, local_files_only=True)
+        model = (folder if mapped
+                 else loader.from_pretrained(folder, local_files_only=True).eval())
         target = attnaudit.from_hf(model, prompts, tokenizer=tokenizer,
                                    max_new_tokens=NEW_TOKENS, decoding="greedy")
         truth_model = loader.from_pretrained(
