@@ -52,6 +52,7 @@ pytest.importorskip("tokenizers")
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 from transformers.models.auto import modeling_auto  # noqa: E402
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING  # noqa: E402
 
 from tests.helpers.tiny_causal import tiny_causal_config  # noqa: E402
 from tests.helpers.tiny_hf import save_checkpoint  # noqa: E402
@@ -68,18 +69,14 @@ MAX_SKIPPED = 16
 
 # Skipped, with the reason: what from_hf's text prompts cannot audit.
 NO_ATTENTION = "no attention at all (a recurrent / state-space model): nothing to capture"
-TEXT_HALF = ("cannot be loaded from its folder: its causal-LM class takes the text half of "
-             "a vision-language config, which AutoModelForCausalLM does not map")
+DRAFTER = ("cannot run from a config alone: a drafter whose forward ignores input_ids and "
+           "reads the main model's hidden states and shared key/value states")
 SKIP: dict[str, str] = {
     "mamba": NO_ATTENTION, "mamba2": NO_ATTENTION, "falcon_mamba": NO_ATTENTION,
     "rwkv": NO_ATTENTION, "xlstm": NO_ATTENTION,
     "musicgen": "audio-only: its decoder reads audio codebooks, not text tokens",
     "musicgen_melody": "audio-only: its decoder reads audio codebooks, not text tokens",
-    "mllama": TEXT_HALF, "emu3": TEXT_HALF,
-    "gemma4_assistant": "cannot be built from a config: its default config fails its own "
-                        "validation (hidden_size_per_layer_input must be 0)",
-    "gemma4_unified_assistant": "cannot run from a config alone: a drafter that reads the "
-                                "main model's shared key/value states",
+    **dict.fromkeys(["gemma4_assistant", "gemma4_unified_assistant"], DRAFTER),
 }
 
 # Known breaks, by class: the architecture runs and is expected to fail until its class is
@@ -185,9 +182,16 @@ def built(request, tmp_path_factory) -> Built:
         # the saved word-level tokenizer itself: some model types' AutoTokenizer classes
         # rebuild a byte-level pipeline around its vocabulary
         tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
-        target = attnaudit.from_hf(folder, prompts, tokenizer=tokenizer,
+        # a causal-LM class that takes the text half of a vision-language config (Mllama,
+        # Emu3) is not what AutoModelForCausalLM maps that config to: it is loaded with its
+        # own class, as a user holding one passes it to from_hf
+        mapped = type(config) in MODEL_FOR_CAUSAL_LM_MAPPING
+        loader = AutoModelForCausalLM if mapped else model_cls
+        model = (folder if mapped
+                 else loader.from_pretrained(folder, local_files_only=True).eval())
+        target = attnaudit.from_hf(model, prompts, tokenizer=tokenizer,
                                    max_new_tokens=NEW_TOKENS, decoding="greedy")
-        truth_model = AutoModelForCausalLM.from_pretrained(
+        truth_model = loader.from_pretrained(
             folder, local_files_only=True, attn_implementation="eager").eval()
     batch = next(target.iter_batches())
     assert not batch.source_mask[:, 0].all(), "some prompt must be left-padded"

@@ -13,7 +13,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.helpers.tiny_hf import D_MODEL, FFN, HEAD_DIM, HEADS, LAYERS, POSITIONS, TINY, VOCAB
+from tests.helpers.tiny_hf import (
+    D_MODEL,
+    FFN,
+    HEAD_DIM,
+    HEADS,
+    LAYERS,
+    POSITIONS,
+    TINY,
+    VOCAB,
+    default_config,
+)
 from tests.helpers.tiny_hf import tiny_config as _tiny_config
 
 CAUSAL_SIZES: dict[str, Any] = {
@@ -99,6 +109,17 @@ EXTRA: dict[str, dict[str, Any]] = {
             "encoder_hash_byte_group_vocab": 16, "encoder_hash_byte_group_size": [3],
             "local_attention_window_len": 8},
     "qwen4_exp_text": QSA, "qwen4_exp": {"text_config": QSA},
+    # the causal LM takes the text config; the vision and audio towers beside it must still
+    # build at the tiny sizes: no per-layer experts past the two layers, adapters and heads
+    # sized to the tiny width (heads are per-layer in the text config, so not in the sizes)
+    "dots3_note": {"vision_config": {"per_layer_config": {}, "num_attention_heads": HEADS,
+                                     "adapter_in_dim": D_MODEL, "adapter_out_dim": D_MODEL},
+                   "audio_config": {"num_attention_heads": HEADS,
+                                    "adapter_input_size": D_MODEL, "adapter_out_dim": D_MODEL}},
+    # the assistant's text model takes no per-layer inputs (its default one does, which its
+    # own validation refuses)
+    "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0,
+                                         "vocab_size_per_layer_input": 0}},
 }
 
 # Layer types without attention, in the names hybrid configs give them.
@@ -127,7 +148,7 @@ def tiny_causal_config(config_cls: type, model_cls: type, arch: str) -> Any:
         config = config.get_text_config()
     if getattr(config, "kv_lora_rank", None):  # latent attention: keys per query head
         config.num_key_value_heads = config.num_attention_heads
-    default = config_cls()
+    default = default_config(config_cls, extra)
     default = default.get_text_config() if hasattr(default, "get_text_config") else default
     for attr in ("layer_types", "layers_block_type"):
         types, every = getattr(config, attr, None), getattr(default, attr, None) or []

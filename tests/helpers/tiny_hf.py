@@ -110,11 +110,25 @@ def tiny_config(config_cls: type, extra: dict[str, Any] | None = None,
     """A tiny instance of ``config_cls``; ``extra`` overrides (a dict value: a sub-config's);
     ``sizes``: the attribute -> tiny value table (default :data:`TINY`)."""
     extra = dict(extra or {})
-    default = config_cls()
+    default = default_config(config_cls, extra)
     config = config_cls(**_tiny_kwargs(config_cls, default, extra,
                                        TINY if sizes is None else sizes))
     _fix_special_ids(config)
     return config
+
+
+def default_config(config_cls: type, extra: dict[str, Any] | None = None) -> Any:
+    """``config_cls``'s default; where the class's own validation refuses that (Gemma 4's
+    assistant defaults to a text config it does not accept), the default with ``extra``'s
+    sub-config overrides, which then must make it valid."""
+    try:
+        return config_cls()
+    except Exception:  # transformers' validation errors share no base class
+        subs = getattr(config_cls, "sub_configs", None) or {}
+        overrides = {k: v for k, v in (extra or {}).items() if k in subs and isinstance(v, dict)}
+        if not overrides:
+            raise
+        return config_cls(**overrides)
 
 
 def _fix_special_ids(config: Any) -> None:
