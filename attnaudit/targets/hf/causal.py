@@ -30,7 +30,9 @@ An edited step runs one position from a copy of the model's own cache after the 
 pass, cut back through the cache's API (``decode_states`` / ``decode_step``,
 :mod:`attnaudit.targets.hf.cache`); where that cannot be done the intervention runner
 re-runs the prefix. Position ids are the ones the model's ``generate()`` gives. The prompt
-ids stand in for an encoder state.
+ids stand in for an encoder state. A model that builds its own input from the ids (CPM-Ant:
+learned positions before the sequence, padding read from the ids, a one pass that attends
+both ways) is run as its ``generate()`` runs it (:mod:`attnaudit.targets.hf.own_input`).
 """
 
 from __future__ import annotations
