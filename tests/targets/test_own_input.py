@@ -2,7 +2,8 @@
 prepended, padding read from id 0, one pass attending both ways) is run as its own
 ``generate()`` runs it: prompts are padded with the id it reads as padding whatever the
 tokenizer's pad, so a left-padded prompt's teacher-forced logits equal the model's own
-cached steps on that prompt alone; the teacher-forced pass gives the prompt as context
+cached steps on that prompt alone, also beside a row that ended early and that generate()
+padded with that id; the teacher-forced pass gives the prompt as context
 (its plain one pass, which lets the prompt read the continuation, differs) and leaves the
 model as it was, also when the pass fails; a prompt holding the padding id as a token is
 refused."""
@@ -45,13 +46,14 @@ def cpmant(tmp_path_factory):
     return folder, tokenizer
 
 
-def own_steps(model, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def own_steps(model, prompt: torch.Tensor, new: int = NEW
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's own greedy cached steps on one unpadded prompt (1, P): the continuation
-    (NEW,) and its raw logits (NEW, V)."""
+    (new,) and its raw logits (new, V)."""
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = model.generate(input_ids=prompt, do_sample=False, num_beams=1,
-                             max_new_tokens=NEW, min_new_tokens=NEW, output_logits=True,
+                             max_new_tokens=new, min_new_tokens=new, output_logits=True,
                              return_dict_in_generate=True, pad_token_id=0)
     return out.sequences[0, prompt.shape[1]:], torch.cat(out.logits)
 
@@ -77,6 +79,26 @@ def test_the_prompt_is_padded_as_the_model_reads_it_and_is_its_generate_context(
     with torch.no_grad():
         plain = model(input_ids=torch.cat([batch.source_ids[:1], emitted[:1, :-1]], 1)).logits
     assert (plain[0, -NEW:] - logits[0]).abs().max() > 1e-2
+
+
+def test_a_finished_row_padded_by_generate_is_not_read_as_padding(cpmant):
+    # generate() pads a row after its end of sequence with the pad id, which CPM-Ant reads
+    # as padding of the whole row (it keeps its last ``count of non-zero ids`` positions)
+    folder, tokenizer = cpmant
+    target = from_hf(folder, PROMPTS, tokenizer=tokenizer, max_new_tokens=NEW,
+                     decoding="greedy")
+    batch = next(target.iter_batches())
+    (tokens, expected), (others, _) = (own_steps(target.model, row[None][:, mask], NEW + 1)
+                                       for row, mask in zip(batch.source_ids,
+                                                            batch.source_mask, strict=True))
+    finished = torch.tensor([tokens[0], target.eos_id] + [0] * (NEW - 1))
+    emitted = torch.stack([finished, others])
+    with torch.no_grad():
+        logits = target.teacher_forced(batch, emitted)
+        states = target.decode_states(batch, None, emitted)
+        step = target.decode_step(batch, None, states, emitted, 1)
+    torch.testing.assert_close(logits[0, :2], expected[:2], rtol=0, atol=1e-4)
+    torch.testing.assert_close(step[0], expected[1], rtol=0, atol=1e-4)
 
 
 def test_the_model_is_left_as_it_was_when_the_pass_fails(cpmant):

@@ -174,6 +174,10 @@ class CausalLM:
         layer_types = getattr(self.model.config, "mlp_layer_types", None) or ()
         return "inputs_embeds" not in params or "hash_moe" in layer_types
 
+    def _finished(self, emitted: torch.Tensor) -> torch.Tensor:
+        """``emitted`` (B, T) as the model is given it (:meth:`OwnInput.finished`)."""
+        return self.own.finished(emitted, self.eos_id)
+
     def _inputs(self, ids: torch.Tensor, prefix: torch.Tensor) -> dict[str, torch.Tensor]:
         """The forward's input for prompt ``ids`` (B, P) + ``prefix`` (B, T-1): ids for a
         model that :attr:`reads_ids`, else embeddings from two calls of the input
@@ -193,7 +197,7 @@ class CausalLM:
         """Logits (B, T, V): prompt + emitted[:, :-1] in one pass (:meth:`_inputs`);
         position ids as the model's generate() sets them (:meth:`_position_ids`), and the
         prompt as the context its generate() gives it (:meth:`OwnInput.context`)."""
-        prompt, prefix = ids.shape[1], emitted[:, :-1]
+        prompt, prefix = ids.shape[1], self._finished(emitted)[:, :-1]
         full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
         positions = self._position_ids(torch.cat([ids, prefix], dim=1), full_mask)
         with prompt_views(prompt, lead=self.own.lead), self.own.context(self.model, prompt):
@@ -209,7 +213,7 @@ class CausalLM:
         ``t``; and the model's own leading positions, :attr:`OwnInput.lead`), as
         :func:`~attnaudit.targets.hf.cache.cache_state` keeps it; a TargetError when the
         model returns no cache that can be cut back."""
-        prefix = emitted[:, :-1]
+        prefix = self._finished(emitted)[:, :-1]
         full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
         with self.own.context(self.model, ids.shape[1]):
             out = self.model(**self._inputs(ids, prefix), attention_mask=full_mask, use_cache=True,
@@ -225,6 +229,7 @@ class CausalLM:
         """Logits (B, V) of continuation step ``step``, one position run from a copy of the
         cached ones before it (``states``, the rows selected), under prompt views; a model
         that wants them is given the whole sequence's ids (:class:`OwnInput`)."""
+        emitted = self._finished(emitted)
         prompt, sequence = ids.shape[1], torch.cat([ids, emitted[:, :step]], dim=1)
         token = sequence if self.own.whole_ids_per_step else sequence[:, -1:]
         full_mask = torch.cat([mask.long(), torch.ones_like(emitted[:, :step])], dim=1)

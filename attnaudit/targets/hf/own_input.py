@@ -22,6 +22,11 @@ forward
   are the steps' (the bidirectional pass would let the prompt read the continuation);
 - wants the whole sequence's ids in a cached step and cuts the cached positions off itself
   (:attr:`OwnInput.whole_ids_per_step`).
+
+Its padding id is never given after a continuation's end either: ``generate()`` pads a
+finished row with it, which the model would read as padding of the whole row, so those
+positions (after every audited step, which none of them precedes) are given the
+end-of-sequence id (:meth:`OwnInput.finished`).
 """
 
 from __future__ import annotations
@@ -63,6 +68,16 @@ class OwnInput:
         if not self.prefix_context:
             return nullcontext()
         return _prefix_context(model, self.lead + prompt_length)
+
+
+    def finished(self, emitted: torch.Tensor, eos_id: int) -> torch.Tensor:
+        """``emitted`` (B, T) with the padding id after a row's first ``eos_id`` replaced by
+        ``eos_id`` (itself when the model reads padding from the mask)."""
+        if self.pad_id is None:
+            return emitted
+        is_eos = emitted == eos_id
+        after = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+        return emitted.masked_fill(after & (emitted == self.pad_id), eos_id)
 
 
 def own_input(model: nn.Module) -> OwnInput:
