@@ -69,7 +69,6 @@ class OwnInput:
             return nullcontext()
         return _prefix_context(model, self.lead + prompt_length)
 
-
     def finished(self, emitted: torch.Tensor, eos_id: int) -> torch.Tensor:
         """``emitted`` (B, T) with the padding id after a row's first ``eos_id`` replaced by
         ``eos_id`` (itself when the model reads padding from the mask)."""
