@@ -61,8 +61,9 @@ class AttentionCall:
     scores: pre-softmax scores ``(batch, heads, queries, keys)`` when kept, else None.
     values: ``(batch, heads, keys, d_v)`` when kept and reachable, else None.
     sink: ``(batch, heads, queries, 1)``, the weight each row put on sink columns (learned
-        logits the softmax normalised with the keys, reading no value: GPT-OSS); the row's
-        keys hold the rest. None when the call has no sink.
+        logits the softmax normalised with the keys, reading no value: GPT-OSS) or, in a
+        prompt view, on a model's own leading positions (CPM-Ant's learned prompt); the
+        row's keys hold the rest. None when the call has no sink.
     share: ``(batch, heads, queries, 1)`` float64, for a prompt view
         (:mod:`attnaudit.capturing.views`): the share of the raw row's total its keys held
         before it was renormalised; None for a call stored as it is.

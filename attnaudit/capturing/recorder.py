@@ -223,7 +223,7 @@ class Capture:
                 continue
             edited = self._store(view_site, layout, view.of(current),
                                  view_mask_source(view, shared_mask), None, None,
-                                 view.sink(sink), view.share(current))
+                                 view.sink(sink, current), view.share(current))
             if edited is not None:
                 current = view.write(current, edited)
         return None if current is weights else current

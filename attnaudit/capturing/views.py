@@ -50,6 +50,7 @@ class _Active:
     def __init__(self) -> None:
         self.prompt_length: int | None = None
         self.positions: int | None = None
+        self.lead = 0
         self.runs: dict[str, list[int]] = {}  # site -> where each of its runs ended
 
 
@@ -57,19 +58,23 @@ ACTIVE_VIEWS = _Active()
 
 
 @contextmanager
-def prompt_views(prompt_length: int, positions: int | None = None) -> Iterator[None]:
+def prompt_views(prompt_length: int, positions: int | None = None,
+                 lead: int = 0) -> Iterator[None]:
     """Within the block, capture shows self-attention as prompt views (module docstring);
     ``prompt_length``: P, the (left-padded) prompt positions of the running batch;
     ``positions``: how many positions the block's pass has seen, its own included (P + t
     for cached step t), which places a call that sees fewer keys (a sliding-window cache
-    keeps the last ones); None: every call sees every position. One model pass per block."""
-    before = (ACTIVE_VIEWS.prompt_length, ACTIVE_VIEWS.positions, ACTIVE_VIEWS.runs)
-    ACTIVE_VIEWS.prompt_length, ACTIVE_VIEWS.positions = prompt_length, positions
-    ACTIVE_VIEWS.runs = {}
+    keeps the last ones); None: every call sees every position. ``lead``: E, the keys of
+    the model's own before the sequence's in every call (module docstring), not counted in
+    ``positions``. One model pass per block."""
+    active = ACTIVE_VIEWS
+    before = (active.prompt_length, active.positions, active.lead, active.runs)
+    active.prompt_length, active.positions, active.lead = prompt_length, positions, lead
+    active.runs = {}
     try:
         yield
     finally:
-        ACTIVE_VIEWS.prompt_length, ACTIVE_VIEWS.positions, ACTIVE_VIEWS.runs = before
+        active.prompt_length, active.positions, active.lead, active.runs = before
 
 
 def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
@@ -86,12 +91,14 @@ def _widened(t: torch.Tensor) -> torch.Tensor:
 class View:
     """One block of a call's weights (B, H, Q, K): query rows ``rows:``, keys ``keys``,
     after ``pad`` view keys the call does not see (evicted from a sliding-window cache:
-    zero weight, ineligible)."""
+    zero weight, ineligible); the call's first ``lead`` keys are the model's own, no
+    positions of the sequence (counted as a sink's)."""
 
     kind: str
     rows: int
     keys: slice
     pad: int = 0
+    lead: int = 0
 
     def _block(self, weights: torch.Tensor) -> torch.Tensor:
         """(B, H, Q_view, K_view) in float32 or wider, the ``pad`` unseen keys first."""
@@ -104,8 +111,9 @@ class View:
 
     def total(self, weights: torch.Tensor) -> torch.Tensor:
         """(B, H, Q_view, 1) float32 or wider: what the view's raw rows sum to over all keys
-        (sink columns are no keys: they are counted by the record's ``sink``)."""
-        return _widened(weights[:, :, self.rows:]).sum(-1, keepdim=True)
+        (sink columns and leading keys are none: they are counted by the record's
+        ``sink``)."""
+        return _widened(weights[:, :, self.rows:, self.lead:]).sum(-1, keepdim=True)
 
     def of(self, weights: torch.Tensor) -> torch.Tensor:
         """(B, H, Q_view, K_view): the block renormalised per row and scaled by the raw row's
@@ -121,9 +129,15 @@ class View:
         """(B, H, Q_view, 1) float64: the share of each raw row's total the block holds."""
         return _ratio(self.mass(weights).double(), self.total(weights).double())
 
-    def sink(self, sink: torch.Tensor | None) -> torch.Tensor | None:
-        """The call's sink weight (B, H, Q, 1) on the view's rows."""
-        return None if sink is None else sink[:, :, self.rows:]
+    def sink(self, sink: torch.Tensor | None, weights: torch.Tensor) -> torch.Tensor | None:
+        """The sink weight (B, H, Q_view, 1) of the view's rows: the call's ``sink``
+        (B, H, Q, 1) plus, when the call has leading keys, their weight in ``weights``
+        (B, H, Q, K) (float32 or wider then); None when there is neither."""
+        own = None if sink is None else sink[:, :, self.rows:]
+        if not self.lead:
+            return own
+        held = _widened(weights[:, :, self.rows:, : self.lead]).sum(-1, keepdim=True)
+        return held if own is None else held + own
 
     def mask(self, key_mask: torch.Tensor | None) -> torch.Tensor | None:
         """A key mask broadcastable to the call's weights cut to the block's."""
@@ -158,15 +172,18 @@ def active_views(shape: tuple[int, ...], trailing: int = 0) -> list[View] | None
     prompt = ACTIVE_VIEWS.prompt_length
     if prompt is None:
         return None
-    queries, keys = shape[2], shape[3]
+    lead = ACTIVE_VIEWS.lead
+    queries, keys = shape[2], shape[3] - lead  # the sequence's keys
     positions = ACTIVE_VIEWS.positions or keys
-    offset = positions - keys  # absolute position of the call's first key
+    offset = positions - keys  # absolute position of the call's first sequence key
+    # a pass that computes the leading positions has their rows first: never view rows
     first = max(prompt - 1 - (positions - trailing - queries), 0)
-    if first >= queries or positions < prompt or offset < 0:
+    if first >= queries or positions < prompt or offset < 0 or keys < 1:
         return []
-    return [View("cross", first, slice(0, max(prompt - offset, 0)), min(offset, prompt)),
-            View("self", first, slice(max(prompt - 1 - offset, 0), keys),
-                 max(offset - (prompt - 1), 0))]
+    cross = slice(lead, lead + max(prompt - offset, 0))
+    own = slice(lead + max(prompt - 1 - offset, 0), lead + keys)
+    return [View("cross", first, cross, min(offset, prompt), lead),
+            View("self", first, own, max(offset - (prompt - 1), 0), lead)]
 
 
 def run_name(base: str, shape: tuple[int, ...], trailing: int = 0) -> str:
@@ -174,7 +191,7 @@ def run_name(base: str, shape: tuple[int, ...], trailing: int = 0) -> str:
     already saw it run over (a layer run twice per pass): its n-th run, a site of its own.
     ``trailing`` as in :func:`active_views`: a later query block of one call continues its
     run."""
-    queries, keys = shape[2], shape[3]
+    queries, keys = shape[2], shape[3] - ACTIVE_VIEWS.lead
     stop = (ACTIVE_VIEWS.positions or keys) - trailing
     start = stop - queries
     runs = ACTIVE_VIEWS.runs.setdefault(base, [])

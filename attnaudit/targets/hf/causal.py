@@ -30,7 +30,9 @@ An edited step runs one position from a copy of the model's own cache after the 
 pass, cut back through the cache's API (``decode_states`` / ``decode_step``,
 :mod:`attnaudit.targets.hf.cache`); where that cannot be done the intervention runner
 re-runs the prefix. Position ids are the ones the model's ``generate()`` gives. The prompt
-ids stand in for an encoder state.
+ids stand in for an encoder state. A model that builds its own input from the ids (CPM-Ant:
+learned positions before the sequence, padding read from the ids, a one pass that attends
+both ways) is run as its ``generate()`` runs it (:mod:`attnaudit.targets.hf.own_input`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from attnaudit.targets.contract import Seq2SeqTarget
 from attnaudit.targets.data import AuditData
 from attnaudit.targets.decoding import Decoding
 from attnaudit.targets.hf.cache import cache_argument, cache_before, cache_state
+from attnaudit.targets.hf.own_input import OwnInput, own_input, refuse_padding_ids
 from attnaudit.targets.hf.tokenizer import source_limit, special_token_ids
 
 
@@ -81,7 +84,9 @@ class CausalLM:
     """How a causal LM runs prompt -> continuation: what the target's callables call.
 
     eos_id: ends a continuation (None: neither tokenizer nor config names one). pad_id:
-    pads prompts on the left (the tokenizer's or config's pad, else ``eos_id``). decoding:
+    pads prompts on the left (the id the model reads as padding where it takes padding from
+    the ids, :mod:`~attnaudit.targets.hf.own_input`; else the tokenizer's or config's pad,
+    else ``eos_id``). decoding:
     how continuations are decoded. limit: prompt tokens kept (the last ones), or None.
     """
 
@@ -98,8 +103,15 @@ class CausalLM:
             return eos[0] if eos else None
         return eos
 
+    @cached_property
+    def own(self) -> OwnInput:
+        """What the model builds from its ids itself (learned positions, padding)."""
+        return own_input(self.model)
+
     @property
     def pad_id(self) -> int | None:
+        if self.own.pad_id is not None:
+            return self.own.pad_id
         config_pad = getattr(self.model.config, "pad_token_id", None)
         return next((i for i in (self.tokenizer.pad_token_id, config_pad) if i is not None),
                     self.eos_id)
@@ -116,6 +128,7 @@ class CausalLM:
         enc = self.tokenizer(texts, return_offsets_mapping=fast, verbose=False)
         ids = left_padded(enc["input_ids"], self.pad_id, self.limit)
         mask = left_padded([[True] * len(row) for row in enc["input_ids"]], False, self.limit)
+        refuse_padding_ids(ids, mask, self.own.pad_id, self.model)
         offsets = {"offsets": left_padded(enc["offset_mapping"], (0, 0), self.limit)}
         return ids, mask, offsets if fast else {}
 
@@ -145,7 +158,7 @@ class CausalLM:
         :attr:`decoding` returns (greedy, or the best beam); under prompt views, so that a
         capture of the decoding (an edit held while decoding) sees the ``:cross`` and
         ``:self`` sites the protocols edit."""
-        with prompt_views(ids.shape[1]):
+        with prompt_views(ids.shape[1], lead=self.own.lead):
             out = self.decoding.generate(self.model, input_ids=ids, attention_mask=mask.long(),
                                          pad_token_id=self.pad_id, eos_token_id=self.eos_id)
         return out[:, ids.shape[1]:]
@@ -160,6 +173,10 @@ class CausalLM:
         params = inspect.signature(self.model.forward).parameters
         layer_types = getattr(self.model.config, "mlp_layer_types", None) or ()
         return "inputs_embeds" not in params or "hash_moe" in layer_types
+
+    def _finished(self, emitted: torch.Tensor) -> torch.Tensor:
+        """``emitted`` (B, T) as the model is given it (:meth:`OwnInput.finished`)."""
+        return self.own.finished(emitted, self.eos_id)
 
     def _inputs(self, ids: torch.Tensor, prefix: torch.Tensor) -> dict[str, torch.Tensor]:
         """The forward's input for prompt ``ids`` (B, P) + ``prefix`` (B, T-1): ids for a
@@ -178,11 +195,12 @@ class CausalLM:
     def teacher_forced(self, ids: torch.Tensor, mask: torch.Tensor,
                        emitted: torch.Tensor) -> torch.Tensor:
         """Logits (B, T, V): prompt + emitted[:, :-1] in one pass (:meth:`_inputs`);
-        position ids as the model's generate() sets them (:meth:`_position_ids`)."""
-        prompt, prefix = ids.shape[1], emitted[:, :-1]
+        position ids as the model's generate() sets them (:meth:`_position_ids`), and the
+        prompt as the context its generate() gives it (:meth:`OwnInput.context`)."""
+        prompt, prefix = ids.shape[1], self._finished(emitted)[:, :-1]
         full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
         positions = self._position_ids(torch.cat([ids, prefix], dim=1), full_mask)
-        with prompt_views(prompt):
+        with prompt_views(prompt, lead=self.own.lead), self.own.context(self.model, prompt):
             out = self.model(**self._inputs(ids, prefix), attention_mask=full_mask,
                              use_cache=False, **positions,
                              **self._logits_of(emitted.shape[1]))
@@ -192,28 +210,33 @@ class CausalLM:
                emitted: torch.Tensor) -> dict[str, Any]:
         """The model's own cache after one teacher-forced pass over prompt +
         ``emitted[:, :-1]`` (P + T - 1 positions; position ``P-1 + t`` is the input of step
-        ``t``), as :func:`~attnaudit.targets.hf.cache.cache_state` keeps it; a TargetError
-        when the model returns no cache that can be cut back."""
-        prefix = emitted[:, :-1]
+        ``t``; and the model's own leading positions, :attr:`OwnInput.lead`), as
+        :func:`~attnaudit.targets.hf.cache.cache_state` keeps it; a TargetError when the
+        model returns no cache that can be cut back."""
+        prefix = self._finished(emitted)[:, :-1]
         full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
-        out = self.model(**self._inputs(ids, prefix), attention_mask=full_mask, use_cache=True,
-                         **self._position_ids(torch.cat([ids, prefix], dim=1), full_mask),
-                         **self._logits_of(1))
+        with self.own.context(self.model, ids.shape[1]):
+            out = self.model(**self._inputs(ids, prefix), attention_mask=full_mask, use_cache=True,
+                             **self._position_ids(torch.cat([ids, prefix], dim=1),
+                                                  full_mask),
+                             **self._logits_of(1))
         cache = getattr(out, "cache", None)
         cache = getattr(out, "past_key_values", None) if cache is None else cache
-        return cache_state(cache, len(ids), full_mask.shape[1], ids.device)
+        return cache_state(cache, len(ids), self.own.lead + full_mask.shape[1], ids.device)
 
     def step(self, ids: torch.Tensor, mask: torch.Tensor, states: dict[str, Any],
              emitted: torch.Tensor, step: int) -> torch.Tensor:
         """Logits (B, V) of continuation step ``step``, one position run from a copy of the
-        cached ones before it (``states``, the rows selected), under prompt views."""
-        prompt = ids.shape[1]
-        token = ids[:, -1:] if step == 0 else emitted[:, step - 1 : step]
+        cached ones before it (``states``, the rows selected), under prompt views; a model
+        that wants them is given the whole sequence's ids (:class:`OwnInput`)."""
+        emitted = self._finished(emitted)
+        prompt, sequence = ids.shape[1], torch.cat([ids, emitted[:, :step]], dim=1)
+        token = sequence if self.own.whole_ids_per_step else sequence[:, -1:]
         full_mask = torch.cat([mask.long(), torch.ones_like(emitted[:, :step])], dim=1)
-        before = prompt - 1 + step  # cached positions
-        cache = cache_before(states, before)
-        positions = self._position_ids(torch.cat([ids, emitted[:, :step]], dim=1), full_mask)
-        with prompt_views(prompt, positions=before + 1):
+        before = prompt - 1 + step  # cached positions of the sequence
+        cache = cache_before(states, self.own.lead + before)
+        positions = self._position_ids(sequence, full_mask)
+        with prompt_views(prompt, positions=before + 1, lead=self.own.lead):
             out = self.model(input_ids=token, attention_mask=full_mask, use_cache=True,
                              **{k: v[..., -1:] for k, v in positions.items()},
                              **{cache_argument(self.model): cache})
