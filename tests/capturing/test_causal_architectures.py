@@ -223,7 +223,9 @@ def own_pass(model: Any, target: Any, batch: Any, truth: Any) -> OwnPass | None:
     view_gaps = torch.zeros(len(sequences))  # per prompt, the views' largest difference
     for at, one in enumerate(maps):
         rows = [one[:, :, prompt - 1 + t, : prompt + t] for t in range(steps)]
-        cached = [maps_t[at][:, :, -1] for maps_t in stepped]
+        # step t's row over the sequence's keys, its last P+t (leading keys of the
+        # model's own are left out, as the views leave them)
+        cached = [maps_t[at][:, :, -1, -(prompt + t):] for t, maps_t in enumerate(stepped)]
         for kind in ("cross", "self"):
             (a, in_a), (b, in_b) = eager_view(rows, kind, prompt), eager_view(cached, kind, prompt)
             gap = (a.double() - b.double()).abs().amax(-1).where(in_a & in_b, 0.0)
