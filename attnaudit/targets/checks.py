@@ -93,6 +93,11 @@ def checked_target(target: Seq2SeqTarget) -> Seq2SeqTarget:
             name, "decode_step",
             call_target(name, "decode_step", step, batch, encoded, st, emitted, t),
             (len(batch),))
+    if target.cached_decode is not None:
+        cached = target.cached_decode
+        changes["cached_decode"] = lambda batch, emitted: _check_logits(
+            name, "cached_decode", call_target(name, "cached_decode", cached, batch, emitted),
+            tuple(emitted.shape))
     return target.with_options(**changes)
 
 

@@ -70,6 +70,13 @@ def left_padded(rows: list[list[Any]], fill: Any, limit: int | None) -> torch.Te
     return out
 
 
+def _returned_cache(out: Any) -> Any:
+    """The cache a forward returned (transformers 5 renamed ``past_key_values`` to
+    ``cache``), or None."""
+    cache = getattr(out, "cache", None)
+    return getattr(out, "past_key_values", None) if cache is None else cache
+
+
 def _positions(mask: torch.Tensor) -> torch.Tensor:
     """Position ids (B, L) counting real tokens only (padding at 0), as generate() sets them
     for a model that does not set its own."""
@@ -199,9 +206,7 @@ class CausalLM:
         out = self.model(**self._inputs(ids, prefix), attention_mask=full_mask, use_cache=True,
                          **self._position_ids(torch.cat([ids, prefix], dim=1), full_mask),
                          **self._logits_of(1))
-        cache = getattr(out, "cache", None)
-        cache = getattr(out, "past_key_values", None) if cache is None else cache
-        return cache_state(cache, len(ids), full_mask.shape[1], ids.device)
+        return cache_state(_returned_cache(out), len(ids), full_mask.shape[1], ids.device)
 
     def step(self, ids: torch.Tensor, mask: torch.Tensor, states: dict[str, Any],
              emitted: torch.Tensor, step: int) -> torch.Tensor:
@@ -218,6 +223,34 @@ class CausalLM:
                              **{k: v[..., -1:] for k, v in positions.items()},
                              **{cache_argument(self.model): cache})
         return out.logits[:, -1]
+
+    def cached_decode(self, ids: torch.Tensor, mask: torch.Tensor,
+                      emitted: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, V) of the continuation ``emitted`` (B, T) as the model's own
+        cached decoding computes them, the way its generate() runs: the prompt once, then
+        one position per step through the cache that pass returned, fed the emitted
+        tokens. A TargetError when the model returns no cache."""
+        steps = emitted.shape[1]
+        full_mask = torch.cat([mask.long(), torch.ones_like(emitted[:, :-1])], dim=1)
+        full_ids = torch.cat([ids, emitted[:, :-1]], dim=1)
+        positions = self._position_ids(full_ids, full_mask)
+        prompt = ids.shape[1]
+        out = self.model(input_ids=ids, attention_mask=full_mask[:, :prompt], use_cache=True,
+                         **{k: v[..., :prompt] for k, v in positions.items()},
+                         **self._logits_of(1))
+        logits = [out.logits[:, -1]]
+        for step in range(1, steps):
+            cache = _returned_cache(out)
+            if cache is None:
+                raise TargetError(f"{type(self.model).__name__} returned no cache to decode "
+                                  "the next step from")
+            at = prompt + step  # positions seen after this step's input
+            out = self.model(input_ids=emitted[:, step - 1 : step],
+                             attention_mask=full_mask[:, :at], use_cache=True,
+                             **{k: v[..., at - 1 : at] for k, v in positions.items()},
+                             **{cache_argument(self.model): cache})
+            logits.append(out.logits[:, -1])
+        return torch.stack(logits, 1)
 
     @cached_property
     def _takes_positions(self) -> bool:
@@ -274,6 +307,8 @@ class CausalLM:
                 batch.source_ids, batch.source_mask, emitted),
             decode_step=lambda batch, encoded, states, emitted, step: self.step(
                 batch.source_ids, batch.source_mask, states, emitted, step),
+            cached_decode=lambda batch, emitted: self.cached_decode(
+                batch.source_ids, batch.source_mask, emitted),
             source_embedding=embedding,
             source_tokens=lambda batch: self.tokens(batch.source_ids), target_tokens=self.tokens,
             eos_id=self.eos_id, special_ids=self.special_ids,
