@@ -9,7 +9,8 @@ their first ``limit`` tokens; a fast tokenizer adds the tokens' character offset
 (``inputs["offsets"]``, (B, n, 2)) for word-level tables. ``encode`` returns the encoder's
 own output object and ``decode`` runs the decoder on it; ``decode_states`` is the key/value
 cache of one teacher-forced pass and ``decode_step`` runs one cached decoder step from it,
-so that an edited copy of step ``t`` runs one step instead of the prefix ``0..t``.
+so that an edited copy of step ``t`` runs one step instead of the prefix ``0..t``;
+``cached_decode`` decodes the output again one step at a time, as ``generate()`` does.
 """
 
 from __future__ import annotations
@@ -132,6 +133,25 @@ class Seq2SeqLM:
         return self._run_decoder(batch, encoded, previous, use_cache=True,
                                  **{self._cache_arg: cache_before(states, step)}).logits[:, -1]
 
+    def cached_decode(self, batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, V) of ``emitted`` as the model's own cached decoding computes them,
+        the way its generate() runs: the source encoded once, then one decoder position per
+        step through the cache the previous step returned. A TargetError when the model
+        returns no cache."""
+        encoded, inputs = self.encode(batch), self._decoder_inputs(emitted)
+        cache: dict[str, Any] = {}
+        logits = []
+        for step in range(emitted.shape[1]):
+            out = self._run_decoder(batch, encoded, inputs[:, step : step + 1], use_cache=True,
+                                    **cache)
+            logits.append(out.logits[:, -1])
+            returned = getattr(out, self._cache_arg, None)
+            if returned is None:
+                raise TargetError(f"{type(self.model).__name__} returned no cache to decode "
+                                  "the next step from")
+            cache = {self._cache_arg: returned}
+        return torch.stack(logits, 1)
+
     def teacher_forced(self, batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
         """Logits (B, T, V): the source encoded, then the decoder fed ``emitted``."""
         return self.decode(batch, self.encode(batch), emitted)
@@ -162,7 +182,8 @@ class Seq2SeqLM:
             description=(f"{type(self.model).__name__} from {origin or 'a loaded model'} "
                          f"({len(data.sources)} sources)"),
             encode=self.encode, decode=self.decode, decode_states=self.decode_states,
-            decode_step=self.decode_step, device=where, truncation=truncation,
+            decode_step=self.decode_step, cached_decode=self.cached_decode, device=where,
+            truncation=truncation,
             target_embedding=_decoder_embedding(self.model),
             unk_id=self.tokenizer.unk_token_id, decoding=self.decoding)
 
