@@ -29,7 +29,7 @@ from transformers.models.auto.modeling_auto import (  # noqa: E402
 )
 
 from tests.helpers.tiny_causal import tiny_causal_config  # noqa: E402
-from tests.helpers.tiny_hf import save_checkpoint  # noqa: E402
+from tests.helpers.tiny_hf import save_checkpoint, tiny_config  # noqa: E402
 
 # two prompts of one length: no padding, so the eager model's own calls need no mask
 PROMPTS = ["w10 w11 w12 w13 w14 w15 w16 w17", "w20 w21 w22 w23 w24 w25 w26 w27"]
@@ -99,7 +99,10 @@ def test_cached_steps_that_differ_are_a_warning_with_their_numbers(arch, tmp_pat
     assert table.loc[0, "differs"] and table.loc[0, "total_variation"] == found.total_variation
     recorded = result.manifest["decoding"]["cached_steps"]
     assert recorded["differs"] is True and recorded["step"] == found.step
-    assert result.tables["cached_decoding"].equals(table)  # written as cached_decoding.csv
+    result.save(tmp_path / "report")
+    saved = attnaudit.Audit.load(tmp_path / "report")
+    assert saved.tables["cached_decoding"].equals(table)  # cached_decoding.csv, read back
+    assert saved.manifest["decoding"]["cached_steps"] == recorded
     assert result.gate().status == 0  # a warning, not a gate failure
     assert result.checklist.verdicts[0].status != "fail"
 
@@ -146,3 +149,30 @@ def test_merging_keeps_the_largest_row_and_sums_the_counts():
     assert (merged.rows, merged.differing_rows) == (10, 3)
     assert (merged.total_variation, merged.example, merged.step) == (0.5, 7, 1)
     assert CachedDecoding(False, NOT_OFFERED).merged(unmeasured) == unmeasured
+
+
+def test_an_encoder_decoders_cached_steps_are_compared_too(tmp_path):
+    """ProphetNet's decoder runs its n-gram stream differently from its cache."""
+    folder = tmp_path / "prophetnet"
+    model_cls = transformers.ProphetNetForConditionalGeneration
+    save_checkpoint(model_cls, tiny_config(transformers.ProphetNetConfig), folder)
+    model = model_cls.from_pretrained(folder).eval()
+    ids = transformers.AutoTokenizer.from_pretrained(folder)(PROMPTS, return_tensors="pt")[
+        "input_ids"]
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                             do_sample=False, num_beams=1, max_new_tokens=NEW_TOKENS,
+                             output_logits=True, return_dict_in_generate=True)
+        steps = torch.stack(out.logits, 1).double()
+        one_pass = model(input_ids=ids, decoder_input_ids=out.sequences[:, :-1]).logits.double()
+    emitted = out.sequences[:, 1:]
+    is_eos = (emitted == model.config.eos_token_id).long()
+    counted = (is_eos.cumsum(-1) - is_eos) == 0
+    gap = (0.5 * (steps.softmax(-1) - one_pass.softmax(-1)).abs().sum(-1))[counted]
+    assert float(gap.max()) > step_tolerance(torch.float32)
+    result = attnaudit.audit(folder, PROMPTS, interventions=False, progress=False,
+                             max_new_tokens=NEW_TOKENS, decoding="greedy")
+    found = result.validity.cached_decoding
+    assert found.differs and found.rows == len(gap)
+    assert abs(found.total_variation - float(gap.max())) <= TOL
+    assert _positions(result).status == "warn" and result.gate().status == 0
