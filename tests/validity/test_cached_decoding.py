@@ -20,6 +20,8 @@ import torch
 import attnaudit
 from attnaudit.analysis.cached_decoding import NOT_OFFERED, CachedDecoding, step_tolerance
 from attnaudit.errors import TargetError
+from attnaudit.runtime.distributed import current_shard
+from attnaudit.validity.pipeline import run_validity_audit
 
 transformers = pytest.importorskip("transformers")
 
@@ -176,3 +178,25 @@ def test_an_encoder_decoders_cached_steps_are_compared_too(tmp_path):
     assert found.differs and found.rows == len(gap)
     assert abs(found.total_variation - float(gap.max())) <= TOL
     assert _positions(result).status == "warn" and result.gate().status == 0
+
+
+def test_batches_and_ranks_merge_into_one_comparison(tmp_path):
+    """Two batches of the same prompts: counts double, the largest row stays the first
+    batch's; a gloo group of one (every merge through the collectives) gives the same."""
+    dist = pytest.importorskip("torch.distributed")
+    folder = _checkpoint("deepseek_v32", tmp_path / "deepseek_v32")
+    options = {"max_new_tokens": NEW_TOKENS, "decoding": "greedy", "batch_size": 2}
+    one = run_validity_audit(attnaudit.from_hf(folder, PROMPTS, **options), progress=False)
+    target = attnaudit.from_hf(folder, PROMPTS * 2, **options)
+    plain = run_validity_audit(target, progress=False)
+    assert (plain.cached_decoding.rows, plain.cached_decoding.differing_rows) == (
+        2 * one.cached_decoding.rows, 2 * one.cached_decoding.differing_rows)
+    assert plain.cached_decoding.example == one.cached_decoding.example
+    assert plain.cached_decoding.total_variation == one.cached_decoding.total_variation
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        merged = run_validity_audit(target, progress=False,
+                                    shard=current_shard(dist.group.WORLD))
+    finally:
+        dist.destroy_process_group()
+    assert merged.cached_decoding == plain.cached_decoding
