@@ -68,7 +68,7 @@ class CachedDecoding:
             return other
         if not other.measured:
             return self
-        worst = other if other.total_variation > self.total_variation else self
+        worst = other if _rank(other.total_variation) > _rank(self.total_variation) else self
         return replace(worst, rows=self.rows + other.rows,
                        differing_rows=self.differing_rows + other.differing_rows,
                        tolerance=max(self.tolerance, other.tolerance))
@@ -112,22 +112,34 @@ def compare_cached_decoding(target: Seq2SeqTarget, batch: Batch, emitted: torch.
     cache)."""
     if target.cached_decode is None:
         return CachedDecoding(False, NOT_OFFERED)
+    if not step_mask.any():
+        return CachedDecoding(False, "no emitted step to compare")
     with torch.no_grad():
         forced = target.teacher_forced(batch, emitted)
         try:
             cached = target.cached_decode(batch, emitted)
         except TargetError as exc:
             return CachedDecoding(False, f"the cached decoding failed: {exc}")
-        gap = 0.5 * (torch.softmax(cached.float(), -1)
-                     - torch.softmax(forced.float(), -1)).abs().sum(-1)  # (B, T)
+        # step by step: float32 copies of one step's (B, V) at a time, not of (B, T, V)
+        gap = torch.stack([_total_variation(cached[:, t], forced[:, t])
+                           for t in range(emitted.shape[1])], 1)  # (B, T)
     counted = step_mask.to(gap.device)
-    if not counted.any():
-        return CachedDecoding(False, "no emitted step to compare")
     tolerance = step_tolerance(forced.dtype)
     differing = counted & ~(gap <= tolerance)  # a non-finite output differs too
-    gap = gap.nan_to_num(math.inf).masked_fill(~counted, -1.0)
-    at = int(gap.argmax())
+    # the largest row, a non-finite one first (above any total variation); others never
+    at = int(gap.nan_to_num(2.0).masked_fill(~counted, -1.0).argmax())
     example, step = divmod(at, gap.shape[1])
     return CachedDecoding(True, rows=int(counted.sum()), differing_rows=int(differing.sum()),
                           total_variation=float(gap.flatten()[at]), example=first + example,
                           step=step, tolerance=tolerance)
+
+
+def _total_variation(logits: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """(B,): total variation between the output distributions of logits (B, V) and other."""
+    return 0.5 * (torch.softmax(logits.float(), -1)
+                  - torch.softmax(other.float(), -1)).abs().sum(-1)
+
+
+def _rank(total_variation: float) -> float:
+    """Orders rows by total variation, a non-finite one (NaN) above every other."""
+    return 2.0 if math.isnan(total_variation) else total_variation

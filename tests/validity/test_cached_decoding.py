@@ -136,6 +136,14 @@ def test_cached_steps_that_agree_add_no_finding(tmp_path):
                              progress=False)
     assert not broken.validity.cached_decoding.measured
     assert "no cache here" in broken.validity.cached_decoding.reason
+    def non_finite(batch, emitted):  # one NaN step: it differs, and it is the one named
+        logits = target.cached_decode(batch, emitted).clone()
+        logits[1, 0] = float("nan")  # step 0 is always counted
+        return logits
+
+    nan = run_validity_audit(target.with_options(cached_decode=non_finite), progress=False)
+    assert nan.cached_decoding.differs and nan.cached_decoding.differing_rows == 1
+    assert (nan.cached_decoding.example, nan.cached_decoding.step) == (1, 0)
     gate_only = attnaudit.audit(target, checks_only=True, progress=False)
     assert gate_only.manifest["decoding"]["cached_steps"] == {
         "measured": False, "reason": "the audit ran the gate's checks only"}
@@ -151,6 +159,9 @@ def test_merging_keeps_the_largest_row_and_sums_the_counts():
     assert (merged.rows, merged.differing_rows) == (10, 3)
     assert (merged.total_variation, merged.example, merged.step) == (0.5, 7, 1)
     assert CachedDecoding(False, NOT_OFFERED).merged(unmeasured) == unmeasured
+    broken = CachedDecoding(True, rows=1, differing_rows=1, total_variation=float("nan"),
+                            example=3, step=0, tolerance=1e-3)
+    assert merged.merged(broken).example == broken.merged(merged).example == 3
 
 
 def test_an_encoder_decoders_cached_steps_are_compared_too(tmp_path):
