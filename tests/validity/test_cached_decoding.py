@@ -211,3 +211,31 @@ def test_batches_and_ranks_merge_into_one_comparison(tmp_path):
     finally:
         dist.destroy_process_group()
     assert merged.cached_decoding == plain.cached_decoding
+
+
+@pytest.mark.parametrize("arch", ["llama", "deepseek_v32"])
+def test_the_cached_decoding_is_the_models_own_generate_on_left_padded_prompts(arch,
+                                                                                tmp_path):
+    """The target's step-by-step decoding against the eager model's own generate() on the
+    same left-padded batch: the same tokens, the same logits at every step."""
+    folder = _checkpoint(arch, tmp_path / arch)
+    prompts = [PROMPTS[0], "w30 w31 w32"]
+    target = attnaudit.from_hf(folder, prompts, max_new_tokens=NEW_TOKENS, decoding="greedy")
+    batch = next(target.iter_batches())
+    assert not batch.source_mask[:, 0].all()  # the short prompt is left-padded
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, attn_implementation="eager").eval()
+    pad = int(batch.source_ids[~batch.source_mask][0])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = model.generate(input_ids=batch.source_ids,
+                             attention_mask=batch.source_mask.long(), do_sample=False,
+                             num_beams=1, max_new_tokens=NEW_TOKENS, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=pad,
+                             eos_token_id=target.eos_id)
+        emitted = out.sequences[:, batch.source_ids.shape[1]:]
+        assert torch.equal(target.greedy(batch), emitted)
+        cached = target.cached_decode(batch, emitted)
+    steps = target.step_mask(emitted)
+    own = torch.stack(out.logits, 1)
+    assert (cached - own).abs()[steps].max() <= 1e-4

@@ -29,8 +29,11 @@ tokens; causality holds by construction (every prompt key precedes every continu
 An edited step runs one position from a copy of the model's own cache after the unedited
 pass, cut back through the cache's API (``decode_states`` / ``decode_step``,
 :mod:`attnaudit.targets.hf.cache`); where that cannot be done the intervention runner
-re-runs the prefix. Position ids are the ones the model's ``generate()`` gives. The prompt
-ids stand in for an encoder state.
+re-runs the prefix. ``cached_decode`` decodes the continuation again as ``generate()``
+runs it (the prompt once, then one position per step through the model's cache), for the
+validity audit's comparison with the one teacher-forced pass
+(:mod:`attnaudit.analysis.cached_decoding`). Position ids are the ones the model's
+``generate()`` gives. The prompt ids stand in for an encoder state.
 """
 
 from __future__ import annotations
