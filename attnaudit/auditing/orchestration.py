@@ -168,7 +168,8 @@ def _run(target: Seq2SeqTarget, *, quick: bool, limit: int | None, interventions
     manifest["thresholds"] = {"max_masked_mass": validity.max_masked_mass,
                               "row_sum_tolerance": validity.row_sum_tolerance}
     manifest["description"] = target.description
-    manifest["decoding"] = decoding_record(target.decoding)
+    manifest["decoding"] = {**decoding_record(target.decoding),
+                            "cached_steps": validity.cached_decoding.record()}
     manifest["distributed"] = shard.describe()
     manifest["input_rows"] = {"rows": validity.degenerate.rows,
                               "degenerate": dict(validity.degenerate.counts)}

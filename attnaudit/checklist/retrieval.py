@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import pandas as pd
 from torch import nn
 
+from attnaudit.analysis.cached_decoding import CachedDecoding
 from attnaudit.analysis.words import word_attention_table
 from attnaudit.checklist.evidence_tables import dropout_table, parameter_table, site_metric_table
 from attnaudit.checklist.items import (
@@ -219,7 +220,9 @@ def masks_item(audit: ValidityAudit, findings: Sequence[Finding]) -> ItemResult:
 
 
 def positions_item(model: nn.Module, audit: ValidityAudit) -> ItemResult:
-    """Positions: not measured; the protocol, the lengths seen and any truncation."""
+    """Positions: not measured; the protocol, the lengths seen and any truncation; a warning
+    when the model's own cached decoding steps differ from its one teacher-forced pass
+    (the weights shown are then not the ones its generate() computed)."""
     observations = [f"{s.site}: up to {s.queries} query steps and {s.keys} keys per batch."
                     for s in audit.sites.itertuples(index=False)]
     limit = config_position_limit(getattr(model, "config", None))
@@ -232,20 +235,51 @@ def positions_item(model: nn.Module, audit: ValidityAudit) -> ItemResult:
         observations.append(f"Source truncation: {truncation}.")
     if audit.decoding:
         observations.append(f"Decoding: {audit.decoding}.")
+    cached = audit.cached_decoding
+    observations.append(cached.sentence())
+    measured = ["Protocol: the target's decoding (greedy, or the hypothesis the model's "
+                "own generation settings return, as the Decoding observation says), then "
+                "that output teacher-forced in one forward pass (for Hugging Face targets "
+                "without the key/value cache); captured query rows are emitted steps, keys "
+                "are source positions."]
+    evidence = []
+    if cached.measured:
+        measured.append("Cached decoding: the same output decoded again one step at a time "
+                        "from the model's own cache, as its generate() runs, and each "
+                        "step's output distribution compared with the teacher-forced "
+                        "pass's (total variation per emitted step; tolerance "
+                        f"{cached.tolerance:g} for the logits' dtype).")
+        evidence.append(Evidence("cached_decoding", "Cached decoding against the "
+                                 "teacher-forced pass",
+                                 "rows: emitted steps compared; differing_rows: beyond the "
+                                 "tolerance; total_variation, example, step: the largest "
+                                 "and its row.", cached.frame()))
+    unseen = ["how source and target positions are numbered"]
+    if not truncation:
+        unseen.append("whether inputs were truncated by a tokenizer")
+    if not cached.measured:
+        unseen.append("whether a cache changes the computation")
+    phrase = unseen[0] if len(unseen) == 1 else f"{', '.join(unseen[:-1])} and {unseen[-1]}"
+    verb = "is" if len(unseen) == 1 else "are"
     return ItemResult(
-        ITEM_BY_KEY["positions"], NOT_RECORDED,
-        "Position conventions, truncation and cache policy are not measured automatically; "
-        "the audit protocol and the lengths seen are listed.",
-        measured=["Protocol: the target's decoding (greedy, or the hypothesis the model's "
-                  "own generation settings return, as the Decoding observation says), then "
-                  "that output teacher-forced in "
-                  "one forward pass (for Hugging Face targets without the key/value cache); "
-                  "captured query rows are emitted steps, keys are source positions."],
-        observations=observations,
-        not_recorded=["How source and target positions are numbered"
-                      + ("" if truncation else ", whether inputs were truncated by a tokenizer")
-                      + " and whether a cache changes the computation are not inspected."],
+        ITEM_BY_KEY["positions"], WARN if cached.differs else NOT_RECORDED,
+        _positions_summary(cached), measured=measured, observations=observations,
+        not_recorded=[f"{phrase[0].upper()}{phrase[1:]} {verb} not inspected."],
+        evidence=evidence,
     )
+
+
+def _positions_summary(cached: CachedDecoding) -> str:
+    """The positions item's one line: what was not measured, and the cached decoding."""
+    if not cached.measured:
+        return ("Position conventions, truncation and cache policy are not measured "
+                "automatically; the audit protocol and the lengths seen are listed.")
+    if cached.differs:
+        return ("The model's own cached decoding steps differ from its teacher-forced pass: "
+                "the weights shown are the one pass's, not those its generate() computed. "
+                "Position conventions and truncation are not measured automatically.")
+    return ("Position conventions and truncation are not measured automatically; the "
+            "model's own cached decoding steps agree with its teacher-forced pass.")
 
 
 DISTRIBUTION_METRICS = ("entropy", "entropy_norm", "effective_keys", "kl_to_uniform",

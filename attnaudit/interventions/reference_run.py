@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from attnaudit.analysis.cached_decoding import step_tolerance
 from attnaudit.analysis.degenerate import negligible_rows, row_reasons
 from attnaudit.capturing.recorder import capture
 from attnaudit.errors import InterventionError
@@ -243,12 +244,6 @@ def cached_states(target: Seq2SeqTarget, batch: Batch, encoded: Any, emitted: to
     except Exception as exc:  # any failure of the target's cache: re-run the prefix
         return None, f"one cached step could not be taken: {type(exc).__name__}: {exc}"
     return states, None
-
-
-def step_tolerance(dtype: torch.dtype) -> float:
-    """How far (total variation) a cached step's output may be from the teacher-forced one's
-    in ``dtype``: the same computation in another order."""
-    return 1e-3 if torch.finfo(dtype).bits >= 32 else 5e-2
 
 
 def _budget(target: Seq2SeqTarget, encoded: Any, states: Any, n_examples: int, n_keys: int,

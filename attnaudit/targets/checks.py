@@ -93,6 +93,11 @@ def checked_target(target: Seq2SeqTarget) -> Seq2SeqTarget:
             name, "decode_step",
             call_target(name, "decode_step", step, batch, encoded, st, emitted, t),
             (len(batch),))
+    if target.cached_decode is not None:
+        cached = target.cached_decode
+        changes["cached_decode"] = lambda batch, emitted: _check_logits(
+            name, "cached_decode", call_target(name, "cached_decode", cached, batch, emitted),
+            tuple(emitted.shape), fewer_steps=True)
     return target.with_options(**changes)
 
 
@@ -164,10 +169,16 @@ def _check_ids(name: str, emitted: Any, rows: int) -> None:
                           f"{int(emitted.min())}); pad finished outputs with a real id")
 
 
-def _check_logits(name: str, what: str, logits: Any, lead: tuple[int, ...]) -> torch.Tensor:
-    """``logits`` must be floating (*lead, V): (B, T, V) per step, (B, V) for one step."""
+def _check_logits(name: str, what: str, logits: Any, lead: tuple[int, ...],
+                  fewer_steps: bool = False) -> torch.Tensor:
+    """``logits`` must be floating (*lead, V): (B, T, V) per step, (B, V) for one step;
+    ``fewer_steps``: (B, T', V) with 1 <= T' <= T is allowed too (a decoding that stopped
+    once every row had ended)."""
+    shape = tuple(logits.shape[:-1]) if isinstance(logits, torch.Tensor) else ()
+    if fewer_steps and len(shape) == 2 and shape[0] == lead[0] and 1 <= shape[1] <= lead[1]:
+        lead = shape
     if (not isinstance(logits, torch.Tensor) or not logits.is_floating_point()
-            or logits.ndim != len(lead) + 1 or tuple(logits.shape[:-1]) != lead):
+            or logits.ndim != len(lead) + 1 or shape != lead):
         got = (f"{logits.dtype} {tuple(logits.shape)}" if isinstance(logits, torch.Tensor)
                else type(logits).__name__)
         axes = "(batch, steps, vocab)" if len(lead) == 2 else "(batch, vocab)"

@@ -24,7 +24,12 @@ audited without changing its code:
   step from one unedited teacher-forced pass (a KV cache, a recurrent state), and one
   decoder step from it. An edited copy of step ``t`` then runs one step instead of the
   prefix ``0..t``. :func:`~attnaudit.targets.hf.loading.from_hf` provides both from the
-  model's KV cache.
+  model's KV cache;
+- optionally ``cached_decode(batch, emitted)``: logits ``(B, T', V)``, ``T' <= T``, of the
+  same steps as the model's own cached decoding computes them (the source once, then one
+  position per step from the model's cache, as its ``generate()`` runs; it may stop once
+  every row has ended), which the validity audit compares with ``teacher_forced``
+  (:mod:`attnaudit.analysis.cached_decoding`).
 
 Cross-attention keys are source positions: key ``j`` of a cross-attention row is
 ``batch.source_ids[:, j]``. Build a target from parts, with
@@ -147,6 +152,11 @@ class Seq2SeqTarget:
         decode_step: optional, (batch, encoder state, decoder states, emitted (B, T),
             step t) -> logits (B, V) at step t, run from the state before t; equal to
             ``decode(batch, encoded, emitted)[:, t]``. Used only with ``decode_states``.
+        cached_decode: optional, (batch, emitted (B, T)) -> logits (B, T', V), T' <= T,
+            of the steps as the model's own cached decoding computes them (one step at a
+            time from its cache, fed the emitted tokens, until every row has ended); where
+            a model's cached steps and its one teacher-forced pass differ, the audit says
+            so.
         device: where the model runs; batches are moved there (None: as yielded).
         truncation: one sentence on how sources were truncated, for the report.
         decoding: the decoding settings ``greedy`` runs with, for the manifest and the
@@ -177,6 +187,7 @@ class Seq2SeqTarget:
     decode: Callable[[Batch, Any, torch.Tensor], torch.Tensor] | None = None
     decode_states: Callable[[Batch, Any, torch.Tensor], Any] | None = None
     decode_step: Callable[[Batch, Any, Any, torch.Tensor, int], torch.Tensor] | None = None
+    cached_decode: Callable[[Batch, torch.Tensor], torch.Tensor] | None = None
     device: torch.device | None = None
     truncation: str = ""
     target_embedding: nn.Module | None = None

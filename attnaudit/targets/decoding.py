@@ -227,3 +227,29 @@ def decoding_record(decoding: Decoding | None) -> dict[str, Any]:
         return {"mode": "target", "settings": {}, "overrides": {}, "seed": None,
                 "note": describe_decoding(None)}
     return decoding.as_dict()
+
+
+def forced_logits(model: nn.Module, emitted: torch.Tensor, **inputs: Any) -> torch.Tensor:
+    """Logits (B, T', V), T' <= T: what the model's own ``generate()`` computes at each step
+    when every step's token is forced to be ``emitted`` (B, T)'s: ``model.generate(**inputs)``
+    greedy with one beam and a logits processor that puts all the mass on the emitted token,
+    returning its raw logits (before any processor). The source or prompt runs once, then
+    one position per step from the model's own cache, with the model's own inputs and
+    positions: exactly its decoding of that output. T' < T when every row ended first."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class Forced(LogitsProcessor):
+        """Scores (B, V) -> all mass on the emitted token of the step (0 logit, -inf else)."""
+
+        start: int | None = None  # the length of the ids generate() starts from
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            self.start = input_ids.shape[1] if self.start is None else self.start
+            token = emitted[:, input_ids.shape[1] - self.start].to(scores.device)
+            return torch.full_like(scores, -torch.inf).scatter_(1, token[:, None], 0.0)
+
+    out = model.generate(**inputs, logits_processor=LogitsProcessorList([Forced()]),
+                         do_sample=False, num_beams=1, num_return_sequences=1,
+                         max_new_tokens=emitted.shape[1], output_logits=True,
+                         return_dict_in_generate=True)
+    return torch.stack(out.logits, dim=1)

@@ -15,12 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Any
 
 import pandas as pd
 import torch
 
 from attnaudit.analysis import RegionAnalyser
+from attnaudit.analysis.cached_decoding import (
+    NOT_OFFERED,
+    CachedDecoding,
+    compare_cached_decoding,
+)
 from attnaudit.analysis.degenerate import DegenerateCounter
 from attnaudit.analysis.example_maps import ExampleMaps, MapBuilder
 from attnaudit.analysis.merging import merge_analyser
@@ -65,7 +71,8 @@ class _Options:
 class _AuditState:
     """What one rank's audit has gathered so far, batch after batch: the analysers (and
     one region analyser per expectation), the site facts, the performance rows, the
-    degenerate rows, the first examples' maps and the number of examples."""
+    degenerate rows, the first examples' maps, the number of examples and the cached
+    decoding against the teacher-forced pass (not measured until a batch is)."""
 
     analysers: ValidityAnalysers
     regions: dict[str, RegionAnalyser]
@@ -75,6 +82,7 @@ class _AuditState:
     example: ExampleMaps | None = None
     examples: int = 0
     kept: list[ExampleMaps] = field(default_factory=list)
+    cached: CachedDecoding = field(default_factory=lambda: CachedDecoding(False, NOT_OFFERED))
 
 
 def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
@@ -107,6 +115,9 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         checks_only: only what the gate judges: capture without scores and values, the
             masking and numerics analysers only (no entropy, no score ranges), so the
             audit costs little more than the greedy decode and one teacher-forced pass.
+            Otherwise, where the target offers ``cached_decode``, each batch's output is
+            also decoded again step by step from the model's own cache and compared with
+            the teacher-forced pass (:mod:`attnaudit.analysis.cached_decoding`).
         shard: this process's part of a distributed audit (:mod:`attnaudit.runtime.distributed`):
             it audits its own batches, and every rank returns the merged audit (the first
             examples' maps gathered from the ranks that kept them).
@@ -169,6 +180,8 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         truncation=target.truncation,
         decoding=describe_decoding(target.decoding),
         degenerate=state.degenerate,
+        cached_decoding=(CachedDecoding(False, "the audit ran the gate's checks only")
+                         if checks_only else state.cached),
         max_masked_mass=max_masked_mass,
         row_sum_tolerance=row_sum_tolerance,
     )
@@ -212,6 +225,9 @@ def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditS
     state.performance.append(performance_row(
         index, batch, step_mask, greedy_times, passes, kept,
         sum(f.site.mechanism in MATERIALISED_BY_CAPTURE for f in analysis.passes.values())))
+    if not options.checks_only:
+        state.cached = state.cached.merged(
+            compare_cached_decoding(target, batch, emitted, step_mask, first))
     state.examples += len(batch)
 
 
@@ -233,16 +249,17 @@ def _batch_analysis(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
 def _merge_shards(shard: Shard, state: _AuditState) -> None:
     """Every rank's validity state merged into ``state``, on every rank: analysers through
     :func:`~attnaudit.analysis.merging.merge_analyser`; sites in the order a single process
-    meets them; the performance rows in batch order; degenerate rows and examples summed.
-    The kept examples' maps are merged by :func:`_merge_kept`."""
+    meets them; the performance rows in batch order; degenerate rows and examples summed;
+    the cached decoding merged. The kept examples' maps are merged by :func:`_merge_kept`."""
     for analyser in (*state.analysers.all, *state.regions.values()):
         merge_analyser(analyser, shard)
     gathered = shard.all_gather((state.sites, state.analysers.site_row_sum_tolerance,
                                  state.performance, state.degenerate.rows,
-                                 state.degenerate.counts, state.examples))
+                                 state.degenerate.counts, state.cached, state.examples))
     state.sites = merged_site_facts([sites for sites, *_ in gathered])
     total = DegenerateCounter()
-    for _, tolerances, _, rows, counts, _ in gathered:
+    state.cached = reduce(CachedDecoding.merged, [part[5] for part in gathered])
+    for _, tolerances, _, rows, counts, _, _ in gathered:
         state.analysers.merge_tolerances(tolerances)
         total.rows += rows
         for reason, n in counts.items():

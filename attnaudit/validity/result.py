@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from attnaudit.analysis.cached_decoding import NOT_OFFERED, CachedDecoding
 from attnaudit.analysis.degenerate import DegenerateCounter
 from attnaudit.analysis.example_maps import ExampleMaps
 from attnaudit.validity.analysers import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
@@ -43,6 +44,8 @@ class ValidityAudit:
         truncation: how the target truncated its sources ("" when it does not say).
         decoding: one sentence on how the audited outputs were decoded ("" when unknown).
         degenerate: rows per degenerate reason (:mod:`attnaudit.analysis.degenerate`).
+        cached_decoding: the model's own cached decoding against its teacher-forced pass
+            (:mod:`attnaudit.analysis.cached_decoding`).
         max_masked_mass, row_sum_tolerance: the tolerances rows were counted at; a
             row_sum_tolerance of None means each site's dtype rule (the sites table's
             ``row_sum_tolerance`` column).
@@ -61,6 +64,8 @@ class ValidityAudit:
     truncation: str = ""
     decoding: str = ""
     degenerate: DegenerateCounter = field(default_factory=DegenerateCounter)
+    cached_decoding: CachedDecoding = field(
+        default_factory=lambda: CachedDecoding(False, NOT_OFFERED))
     max_masked_mass: float = DEFAULT_MAX_MASKED_MASS
     row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE
 

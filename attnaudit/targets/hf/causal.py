@@ -29,10 +29,14 @@ tokens; causality holds by construction (every prompt key precedes every continu
 An edited step runs one position from a copy of the model's own cache after the unedited
 pass, cut back through the cache's API (``decode_states`` / ``decode_step``,
 :mod:`attnaudit.targets.hf.cache`); where that cannot be done the intervention runner
-re-runs the prefix. Position ids are the ones the model's ``generate()`` gives. The prompt
-ids stand in for an encoder state. A model that builds its own input from the ids (CPM-Ant:
-learned positions before the sequence, padding read from the ids, a one pass that attends
-both ways) is run as its ``generate()`` runs it (:mod:`attnaudit.targets.hf.own_input`).
+re-runs the prefix. ``cached_decode`` gives the logits the model's own ``generate()``
+computes along the continuation, for the validity audit's comparison with the one
+teacher-forced pass (:func:`~attnaudit.targets.decoding.forced_logits`,
+:mod:`attnaudit.analysis.cached_decoding`). Position ids are the ones the model's
+``generate()`` gives. The prompt ids stand in for an encoder state. A model that builds its
+own input from the ids (CPM-Ant: learned positions before the sequence, padding read from
+the ids, a one pass that attends both ways) is run as its ``generate()`` runs it
+(:mod:`attnaudit.targets.hf.own_input`).
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from attnaudit.capturing.views import prompt_views
 from attnaudit.errors import TargetError
 from attnaudit.targets.contract import Seq2SeqTarget
 from attnaudit.targets.data import AuditData
-from attnaudit.targets.decoding import Decoding
+from attnaudit.targets.decoding import Decoding, forced_logits
 from attnaudit.targets.hf.cache import cache_argument, cache_before, cache_state
 from attnaudit.targets.hf.own_input import OwnInput, own_input, refuse_padding_ids
 from attnaudit.targets.hf.tokenizer import source_limit, special_token_ids
@@ -71,6 +75,13 @@ def left_padded(rows: list[list[Any]], fill: Any, limit: int | None) -> torch.Te
         if row:
             out[at, width - len(row):] = torch.tensor(row, dtype=out.dtype)
     return out
+
+
+def _returned_cache(out: Any) -> Any:
+    """The cache a forward returned (transformers 5 renamed ``past_key_values`` to
+    ``cache``), or None."""
+    cache = getattr(out, "cache", None)
+    return getattr(out, "past_key_values", None) if cache is None else cache
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
@@ -216,13 +227,11 @@ class CausalLM:
         prefix = self._finished(emitted)[:, :-1]
         full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
         with self.own.context(self.model, ids.shape[1]):
-            out = self.model(**self._inputs(ids, prefix), attention_mask=full_mask, use_cache=True,
-                             **self._position_ids(torch.cat([ids, prefix], dim=1),
-                                                  full_mask),
-                             **self._logits_of(1))
-        cache = getattr(out, "cache", None)
-        cache = getattr(out, "past_key_values", None) if cache is None else cache
-        return cache_state(cache, len(ids), self.own.lead + full_mask.shape[1], ids.device)
+            out = self.model(**self._inputs(ids, prefix), attention_mask=full_mask,
+                             use_cache=True, **self._logits_of(1),
+                             **self._position_ids(torch.cat([ids, prefix], dim=1), full_mask))
+        return cache_state(_returned_cache(out), len(ids), self.own.lead + full_mask.shape[1],
+                           ids.device)
 
     def step(self, ids: torch.Tensor, mask: torch.Tensor, states: dict[str, Any],
              emitted: torch.Tensor, step: int) -> torch.Tensor:
@@ -241,6 +250,13 @@ class CausalLM:
                              **{k: v[..., -1:] for k, v in positions.items()},
                              **{cache_argument(self.model): cache})
         return out.logits[:, -1]
+
+    def cached_decode(self, ids: torch.Tensor, mask: torch.Tensor,
+                      emitted: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T', V) of the continuation ``emitted`` (B, T) as the model's own
+        ``generate()`` computes them (:func:`~attnaudit.targets.decoding.forced_logits`)."""
+        return forced_logits(self.model, emitted, input_ids=ids, attention_mask=mask.long(),
+                             pad_token_id=self.pad_id, eos_token_id=self.eos_id)
 
     @cached_property
     def _takes_positions(self) -> bool:
@@ -297,6 +313,8 @@ class CausalLM:
                 batch.source_ids, batch.source_mask, emitted),
             decode_step=lambda batch, encoded, states, emitted, step: self.step(
                 batch.source_ids, batch.source_mask, states, emitted, step),
+            cached_decode=lambda batch, emitted: self.cached_decode(
+                batch.source_ids, batch.source_mask, emitted),
             source_embedding=embedding,
             source_tokens=lambda batch: self.tokens(batch.source_ids), target_tokens=self.tokens,
             eos_id=self.eos_id, special_ids=self.special_ids,

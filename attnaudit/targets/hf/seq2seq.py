@@ -9,7 +9,8 @@ their first ``limit`` tokens; a fast tokenizer adds the tokens' character offset
 (``inputs["offsets"]``, (B, n, 2)) for word-level tables. ``encode`` returns the encoder's
 own output object and ``decode`` runs the decoder on it; ``decode_states`` is the key/value
 cache of one teacher-forced pass and ``decode_step`` runs one cached decoder step from it,
-so that an edited copy of step ``t`` runs one step instead of the prefix ``0..t``.
+so that an edited copy of step ``t`` runs one step instead of the prefix ``0..t``;
+``cached_decode`` decodes the output again one step at a time, as ``generate()`` does.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 from attnaudit.errors import TargetError
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from attnaudit.targets.data import AuditData
-from attnaudit.targets.decoding import Decoding
+from attnaudit.targets.decoding import Decoding, forced_logits
 from attnaudit.targets.hf.cache import cache_argument, cache_before, cache_state
 from attnaudit.targets.hf.tokenizer import source_limit, special_token_ids
 
@@ -132,6 +133,14 @@ class Seq2SeqLM:
         return self._run_decoder(batch, encoded, previous, use_cache=True,
                                  **{self._cache_arg: cache_before(states, step)}).logits[:, -1]
 
+    def cached_decode(self, batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T', V) of ``emitted`` (B, T) as the model's own ``generate()`` computes
+        them (:func:`~attnaudit.targets.decoding.forced_logits`)."""
+        return forced_logits(self.model, emitted, input_ids=batch.source_ids,
+                             attention_mask=batch.source_mask.long(),
+                             decoder_start_token_id=self.start_id, pad_token_id=self.pad_id,
+                             eos_token_id=self.eos_id)
+
     def teacher_forced(self, batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
         """Logits (B, T, V): the source encoded, then the decoder fed ``emitted``."""
         return self.decode(batch, self.encode(batch), emitted)
@@ -162,7 +171,8 @@ class Seq2SeqLM:
             description=(f"{type(self.model).__name__} from {origin or 'a loaded model'} "
                          f"({len(data.sources)} sources)"),
             encode=self.encode, decode=self.decode, decode_states=self.decode_states,
-            decode_step=self.decode_step, device=where, truncation=truncation,
+            decode_step=self.decode_step, cached_decode=self.cached_decode, device=where,
+            truncation=truncation,
             target_embedding=_decoder_embedding(self.model),
             unk_id=self.tokenizer.unk_token_id, decoding=self.decoding)
 

@@ -1,0 +1,146 @@
+"""Does the model's own cached decoding compute what its one teacher-forced pass computes?
+
+Every protocol reads attention from one teacher-forced pass over the source (or prompt) and
+the decoded output. A model's ``generate()`` instead runs the source once and then one
+position per step from its own cache. For most models the two are the same computation in
+another order; for some they are not: a sparse-attention indexer that picks its top-k keys
+from what the cache holds, a state-space or linear-attention layer whose recurrent step
+differs from its chunked scan, a cache that compresses blocks of keys. There the weights the
+audit shows are the one pass's, and the output was produced by other ones.
+
+:func:`compare_cached_decoding` measures it per batch when the target offers
+``cached_decode`` (:class:`~attnaudit.targets.contract.Seq2SeqTarget`): for every
+(example, step) row up to and including the first end-of-sequence step, the total variation
+between the output distributions of the cached step and of the teacher-forced pass, compared
+with :func:`step_tolerance` for the logits' dtype. :class:`CachedDecoding` holds the largest
+one and where it was, over every batch (:meth:`CachedDecoding.merged`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pandas as pd
+import torch
+
+from attnaudit.errors import TargetError
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
+
+NOT_OFFERED = "the target offers no cached decoding (Seq2SeqTarget.cached_decode)"
+
+
+def step_tolerance(dtype: torch.dtype) -> float:
+    """How far (total variation) a cached step's output may be from the teacher-forced one's
+    in ``dtype``: the same computation in another order."""
+    return 1e-3 if torch.finfo(dtype).bits >= 32 else 5e-2
+
+
+@dataclass(frozen=True)
+class CachedDecoding:
+    """The cached decoding against the teacher-forced pass, over the batches measured.
+
+    measured: whether any row was compared (False: ``reason`` says why not). rows: the
+    (example, step) rows compared. differing_rows: those whose total variation exceeds
+    ``tolerance``. total_variation: the largest total variation between the two output
+    distributions of one row (0..1); example (index in the audit data) and step: its row.
+    """
+
+    measured: bool
+    reason: str = ""
+    rows: int = 0
+    differing_rows: int = 0
+    total_variation: float = math.nan
+    example: int = -1
+    step: int = -1
+    tolerance: float = math.nan
+
+    @property
+    def differs(self) -> bool:
+        """True when some row's cached step is beyond the tolerance."""
+        return self.differing_rows > 0
+
+    def merged(self, other: CachedDecoding) -> CachedDecoding:
+        """Both measurements together: counts summed, the larger largest row kept; one not
+        measured is left out (of two, the later one's reason is kept)."""
+        if not self.measured:
+            return other
+        if not other.measured:
+            return self
+        worst = other if _rank(other.total_variation) > _rank(self.total_variation) else self
+        return replace(worst, rows=self.rows + other.rows,
+                       differing_rows=self.differing_rows + other.differing_rows,
+                       tolerance=max(self.tolerance, other.tolerance))
+
+    def sentence(self) -> str:
+        """What was found, in words (the checklist's observation)."""
+        if not self.measured:
+            return f"Cached decoding not compared with the teacher-forced pass: {self.reason}."
+        where = (f"total variation {self.total_variation:.3g} at step {self.step} of "
+                 f"example {self.example}")
+        if self.differs:
+            return (f"The model's own cached decoding steps differ from its one "
+                    f"teacher-forced pass ({where}; {self.differing_rows} of {self.rows} "
+                    f"rows beyond {self.tolerance:g}): the weights shown are the one "
+                    "pass's; generate() computed others.")
+        return (f"The model's own cached decoding steps agree with its one teacher-forced "
+                f"pass on all {self.rows} rows (largest {where}, tolerance "
+                f"{self.tolerance:g}).")
+
+    def record(self) -> dict[str, Any]:
+        """JSON-ready, for the manifest."""
+        if not self.measured:
+            return {"measured": False, "reason": self.reason}
+        return {"measured": True, "differs": self.differs, "rows": self.rows,
+                "differing_rows": self.differing_rows,
+                "total_variation": self.total_variation, "example": self.example,
+                "step": self.step, "tolerance": self.tolerance}
+
+    def frame(self) -> pd.DataFrame:
+        """One row: :meth:`record`'s fields (a CSV evidence table)."""
+        return pd.DataFrame([{"measured": False, "reason": self.reason} if not self.measured
+                             else self.record()])
+
+
+def compare_cached_decoding(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
+                            step_mask: torch.Tensor, first: int) -> CachedDecoding:
+    """The target's cached decoding of ``emitted`` (B, T) against its teacher-forced pass on
+    ``batch``, over the rows of ``step_mask`` (B, T) bool; ``first``: the index of the
+    batch's first example in the audit data. Not measured, with the reason, when the target
+    offers no ``cached_decode`` or it fails (a TargetError, e.g. a model that returns no
+    cache)."""
+    if target.cached_decode is None:
+        return CachedDecoding(False, NOT_OFFERED)
+    if not step_mask.any():
+        return CachedDecoding(False, "no emitted step to compare")
+    with torch.no_grad():
+        forced = target.teacher_forced(batch, emitted)
+        try:
+            cached = target.cached_decode(batch, emitted)
+        except TargetError as exc:
+            return CachedDecoding(False, f"the cached decoding failed: {exc}")
+        # step by step: float32 copies of one step's (B, V) at a time, not of (B, T, V);
+        # the cached decoding stops after the last row's end (T' <= T steps)
+        gap = torch.stack([_total_variation(cached[:, t], forced[:, t])
+                           for t in range(cached.shape[1])], 1)  # (B, T')
+    counted = step_mask[:, : gap.shape[1]].to(gap.device)
+    tolerance = step_tolerance(forced.dtype)
+    differing = counted & ~(gap <= tolerance)  # a non-finite output differs too
+    # the largest row, a non-finite one first (above any total variation); others never
+    at = int(gap.nan_to_num(2.0).masked_fill(~counted, -1.0).argmax())
+    example, step = divmod(at, gap.shape[1])
+    return CachedDecoding(True, rows=int(counted.sum()), differing_rows=int(differing.sum()),
+                          total_variation=float(gap.flatten()[at]), example=first + example,
+                          step=step, tolerance=tolerance)
+
+
+def _total_variation(logits: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """(B,): total variation between the output distributions of logits (B, V) and other."""
+    return 0.5 * (torch.softmax(logits.float(), -1)
+                  - torch.softmax(other.float(), -1)).abs().sum(-1)
+
+
+def _rank(total_variation: float) -> float:
+    """Orders rows by total variation, a non-finite one (NaN) above every other."""
+    return 2.0 if math.isnan(total_variation) else total_variation
