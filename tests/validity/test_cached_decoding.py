@@ -239,3 +239,26 @@ def test_the_cached_decoding_is_the_models_own_generate_on_left_padded_prompts(a
     steps = target.step_mask(emitted)
     own = torch.stack(out.logits, 1)
     assert (cached - own).abs()[steps].max() <= 1e-4
+
+
+def test_the_cached_decoding_follows_the_given_tokens_and_stops_when_every_row_ends(tmp_path):
+    """Forced along tokens the model would not pick, the cached decoding gives the eager
+    model's own one-pass logits over those tokens (Llama: its steps and one pass agree);
+    once every row has emitted the end-of-sequence token it stops (T' < T)."""
+    folder = _checkpoint("llama", tmp_path / "llama")
+    target = attnaudit.from_hf(folder, PROMPTS, max_new_tokens=NEW_TOKENS, decoding="greedy")
+    batch = next(target.iter_batches())
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, attn_implementation="eager").eval()
+    eos = target.eos_id
+    emitted = torch.tensor([[31, 7, 19, 44, 23], [5, 52, 8, 61, 12]])
+    emitted[emitted == eos] = eos + 1
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cached = target.cached_decode(batch, emitted)
+        one_pass = model(input_ids=torch.cat([batch.source_ids, emitted[:, :-1]], 1)).logits
+        prompt = batch.source_ids.shape[1]
+        assert (cached - one_pass[:, prompt - 1 :]).abs().max() <= 1e-4
+        ended = emitted.clone()
+        ended[:, 1] = eos  # every row ends at step 1
+        assert target.cached_decode(batch, ended).shape[:2] == (2, 2)
