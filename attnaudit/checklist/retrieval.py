@@ -244,8 +244,8 @@ def positions_item(model: nn.Module, audit: ValidityAudit) -> ItemResult:
                 "are source positions."]
     evidence = []
     if cached.measured:
-        measured.append("Cached decoding: the same output decoded again one step at a time "
-                        "from the model's own cache, as its generate() runs, and each "
+        measured.append("Cached decoding: the same output decoded again by the model's own "
+                        "generate(), forced along it one step at a time from its cache, and each "
                         "step's output distribution compared with the teacher-forced "
                         "pass's (total variation per emitted step; tolerance "
                         f"{cached.tolerance:g} for the logits' dtype).")
