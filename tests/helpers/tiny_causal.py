@@ -11,6 +11,8 @@ its two. :func:`tiny_hf.save_checkpoint` writes the folder.
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Any
 
 from tests.helpers.tiny_hf import (
@@ -23,6 +25,7 @@ from tests.helpers.tiny_hf import (
     TINY,
     VOCAB,
     default_config,
+    save_checkpoint,
 )
 from tests.helpers.tiny_hf import tiny_config as _tiny_config
 
@@ -156,3 +159,22 @@ def tiny_causal_config(config_cls: type, model_cls: type, arch: str) -> Any:
         if isinstance(types, list) and types and all(t in NOT_ATTENTION for t in types):
             types[-1] = attention[0]
     return config
+
+
+def tiny_causal_checkpoint(arch: str, folder: Path) -> tuple[Path, Any]:
+    """A tiny seeded checkpoint of the causal-LM architecture ``arch`` saved to ``folder``
+    (skipped where the installed transformers has no such model type), and its word-level
+    tokenizer."""
+    import pytest
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if arch not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers has no {arch}")
+    model_cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[arch])
+    save_checkpoint(model_cls, tiny_causal_config(CONFIG_MAPPING[arch], model_cls, arch),
+                    folder, eos_after=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return folder, transformers.PreTrainedTokenizerFast.from_pretrained(folder)

@@ -18,27 +18,21 @@ from attnaudit.targets.hf.loading import from_hf
 
 transformers = pytest.importorskip("transformers")
 
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
 
-from tests.helpers.tiny_causal import tiny_causal_config  # noqa: E402
-from tests.helpers.tiny_hf import save_checkpoint  # noqa: E402
+from tests.helpers.tiny_causal import tiny_causal_checkpoint  # noqa: E402
 
 PROMPTS = ["w5 w6 w7 w8 w9", "w10 w11"]
 
 
 @pytest.fixture(scope="module")
 def hash_routed(tmp_path_factory):
-    if "deepseek_v4" not in CONFIG_MAPPING:
-        pytest.skip("this transformers has no DeepSeek-V4")
-    folder = tmp_path_factory.mktemp("deepseek_v4")
-    model_cls = transformers.DeepseekV4ForCausalLM
-    config = tiny_causal_config(CONFIG_MAPPING["deepseek_v4"], model_cls, "deepseek_v4")
-    assert "hash_moe" in config.mlp_layer_types
-    save_checkpoint(model_cls, config, folder, eos_after=False)
+    folder, tokenizer = tiny_causal_checkpoint("deepseek_v4",
+                                               tmp_path_factory.mktemp("deepseek_v4"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
-        return from_hf(folder, PROMPTS, tokenizer=tokenizer, max_new_tokens=3)
+        target = from_hf(folder, PROMPTS, tokenizer=tokenizer, max_new_tokens=3)
+    assert "hash_moe" in target.model.config.mlp_layer_types
+    return target
 
 
 def test_a_hash_routed_model_is_teacher_forced_on_its_ids(hash_routed):

@@ -21,10 +21,8 @@ from attnaudit.targets.hf.own_input import MASK_BUILDER, OwnInput, own_input
 
 transformers = pytest.importorskip("transformers")
 
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
 
-from tests.helpers.tiny_causal import tiny_causal_config  # noqa: E402
-from tests.helpers.tiny_hf import save_checkpoint  # noqa: E402
+from tests.helpers.tiny_causal import tiny_causal_checkpoint  # noqa: E402
 
 PROMPTS = ["w5 w6 w7 w8 w9", "w10 w11"]
 NEW = 3
@@ -32,15 +30,7 @@ NEW = 3
 
 @pytest.fixture(scope="module")
 def cpmant(tmp_path_factory):
-    if "cpmant" not in CONFIG_MAPPING:
-        pytest.skip("this transformers has no CPM-Ant")
-    folder = tmp_path_factory.mktemp("cpmant")
-    model_cls = transformers.CpmAntForCausalLM
-    config = tiny_causal_config(CONFIG_MAPPING["cpmant"], model_cls, "cpmant")
-    save_checkpoint(model_cls, config, folder, eos_after=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+    folder, tokenizer = tiny_causal_checkpoint("cpmant", tmp_path_factory.mktemp("cpmant"))
     tokenizer.pad_token = tokenizer.eos_token  # a pad the model does not read as padding
     assert tokenizer.pad_token_id != 0
     return folder, tokenizer

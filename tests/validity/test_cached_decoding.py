@@ -25,12 +25,8 @@ from attnaudit.validity.pipeline import run_validity_audit
 
 transformers = pytest.importorskip("transformers")
 
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
-from transformers.models.auto.modeling_auto import (  # noqa: E402
-    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-)
 
-from tests.helpers.tiny_causal import tiny_causal_config  # noqa: E402
+from tests.helpers.tiny_causal import tiny_causal_checkpoint  # noqa: E402
 from tests.helpers.tiny_hf import save_checkpoint, tiny_config  # noqa: E402
 
 # two prompts of one length: no padding, so the eager model's own calls need no mask
@@ -40,12 +36,7 @@ TOL = 1e-4  # the audit's total variation against the one computed here
 
 
 def _checkpoint(arch: str, folder: Path) -> Path:
-    if arch not in CONFIG_MAPPING:
-        pytest.skip(f"this transformers has no {arch}")
-    model_cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[arch])
-    save_checkpoint(model_cls, tiny_causal_config(CONFIG_MAPPING[arch], model_cls, arch),
-                    folder, eos_after=False)
-    return folder
+    return tiny_causal_checkpoint(arch, folder)[0]
 
 
 def _eager_gap(folder: Path) -> torch.Tensor:
