@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from attnaudit.capturing.blocks import DEFAULT_MAX_MEMORY
 from attnaudit.errors import TargetError
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
@@ -104,28 +105,35 @@ class CachedDecoding:
 
 
 def compare_cached_decoding(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
-                            step_mask: torch.Tensor, first: int) -> CachedDecoding:
+                            step_mask: torch.Tensor, first: int, *,
+                            max_memory: int = DEFAULT_MAX_MEMORY) -> CachedDecoding:
     """The target's cached decoding of ``emitted`` (B, T) against its teacher-forced pass on
     ``batch``, over the rows of ``step_mask`` (B, T) bool; ``first``: the index of the
     batch's first example in the audit data. Not measured, with the reason, when the target
     offers no ``cached_decode`` or it fails (a TargetError, e.g. a model that returns no
-    cache)."""
+    cache).
+
+    Both decodings' logits (b, T, V) are alive at once, so the examples go in chunks of
+    ``b`` rows that hold them in ``max_memory`` bytes (the first chunk is one example, whose
+    logits give the vocabulary size): a batch of a 58k-token vocabulary never holds two
+    (B, T, V) float32 copies."""
     if target.cached_decode is None:
         return CachedDecoding(False, NOT_OFFERED)
     if not step_mask.any():
         return CachedDecoding(False, "no emitted step to compare")
-    with torch.no_grad():
-        forced = target.teacher_forced(batch, emitted)
+    gaps, start, rows = [], 0, 1
+    while start < len(batch):
+        index = torch.arange(start, min(start + rows, len(batch)))
         try:
-            cached = target.cached_decode(batch, emitted)
+            gap, vocab, dtype = _chunk_gap(target, batch.select(index), emitted[index])
         except TargetError as exc:
             return CachedDecoding(False, f"the cached decoding failed: {exc}")
-        # step by step: float32 copies of one step's (B, V) at a time, not of (B, T, V);
-        # the cached decoding stops after the last row's end (T' <= T steps)
-        gap = torch.stack([_total_variation(cached[:, t], forced[:, t])
-                           for t in range(cached.shape[1])], 1)  # (B, T')
-    counted = step_mask[:, : gap.shape[1]].to(gap.device)
-    tolerance = step_tolerance(forced.dtype)
+        gaps.append(gap)
+        start += len(index)
+        rows = max(1, max_memory // (2 * 4 * emitted.shape[1] * vocab))  # two float32 copies
+    gap = torch.cat(gaps)  # (B, T)
+    counted = step_mask.to(gap.device)
+    tolerance = step_tolerance(dtype)
     differing = counted & ~(gap <= tolerance)  # a non-finite output differs too
     # the largest row, a non-finite one first (above any total variation); others never
     at = int(gap.nan_to_num(2.0).masked_fill(~counted, -1.0).argmax())
@@ -133,6 +141,21 @@ def compare_cached_decoding(target: Seq2SeqTarget, batch: Batch, emitted: torch.
     return CachedDecoding(True, rows=int(counted.sum()), differing_rows=int(differing.sum()),
                           total_variation=float(gap.flatten()[at]), example=first + example,
                           step=step, tolerance=tolerance)
+
+
+def _chunk_gap(target: Seq2SeqTarget, batch: Batch,
+               emitted: torch.Tensor) -> tuple[torch.Tensor, int, torch.dtype]:
+    """(b, T) total variation per step between the cached decoding and the teacher-forced
+    pass of ``batch`` (b examples), 0 at steps the cached decoding did not reach (after
+    every row had ended); the vocabulary size; the teacher-forced logits' dtype."""
+    with torch.no_grad():
+        forced = target.teacher_forced(batch, emitted)
+        cached = target.cached_decode(batch, emitted)  # (b, T', V), T' <= T
+        gap = forced.new_zeros(emitted.shape, dtype=torch.float32)
+        # step by step: float32 copies of one step's (b, V) at a time, not of (b, T, V)
+        for t in range(cached.shape[1]):
+            gap[:, t] = _total_variation(cached[:, t], forced[:, t])
+    return gap, forced.shape[-1], forced.dtype
 
 
 def _total_variation(logits: torch.Tensor, other: torch.Tensor) -> torch.Tensor:

@@ -227,7 +227,8 @@ def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditS
         sum(f.site.mechanism in MATERIALISED_BY_CAPTURE for f in analysis.passes.values())))
     if not options.checks_only:
         state.cached = state.cached.merged(
-            compare_cached_decoding(target, batch, emitted, step_mask, first))
+            compare_cached_decoding(target, batch, emitted, step_mask, first,
+                                    max_memory=options.max_memory))
     state.examples += len(batch)
 
 

@@ -18,7 +18,12 @@ import pytest
 import torch
 
 import attnaudit
-from attnaudit.analysis.cached_decoding import NOT_OFFERED, CachedDecoding, step_tolerance
+from attnaudit.analysis.cached_decoding import (
+    NOT_OFFERED,
+    CachedDecoding,
+    compare_cached_decoding,
+    step_tolerance,
+)
 from attnaudit.errors import TargetError
 from attnaudit.runtime.distributed import current_shard
 from attnaudit.validity.pipeline import run_validity_audit
@@ -127,9 +132,12 @@ def test_cached_steps_that_agree_add_no_finding(tmp_path):
                              progress=False)
     assert not broken.validity.cached_decoding.measured
     assert "no cache here" in broken.validity.cached_decoding.reason
+    second = next(target.iter_batches()).source_ids[1]
+
     def non_finite(batch, emitted):  # one NaN step: it differs, and it is the one named
         logits = target.cached_decode(batch, emitted).clone()
-        logits[1, 0] = float("nan")  # step 0 is always counted
+        # example 1's step 0 (always counted), in whichever chunk of examples holds it
+        logits[(batch.source_ids == second).all(-1), 0] = float("nan")
         return logits
 
     nan = run_validity_audit(target.with_options(cached_decode=non_finite), progress=False)
@@ -253,3 +261,26 @@ def test_the_cached_decoding_follows_the_given_tokens_and_stops_when_every_row_e
         ended = emitted.clone()
         ended[:, 1] = eos  # every row ends at step 1
         assert target.cached_decode(batch, ended).shape[:2] == (2, 2)
+
+
+def test_a_small_memory_budget_compares_in_chunks_with_the_same_result(tmp_path):
+    """Examples go through the comparison in chunks that hold both decodings' logits in the
+    budget; the rows, the largest total variation and where it is are those of one chunk."""
+    folder = _checkpoint("deepseek_v32", tmp_path / "deepseek_v32")
+    prompts = [PROMPTS[0], PROMPTS[1], "w30 w31 w32 w33 w34 w35 w36 w37"]
+    target = attnaudit.from_hf(folder, prompts, max_new_tokens=NEW_TOKENS, decoding="greedy")
+    batch = next(target.iter_batches())
+    emitted = target.greedy(batch)
+    steps = target.step_mask(emitted)
+    whole = compare_cached_decoding(target, batch, emitted, steps, 0, max_memory=1 << 30)
+    calls = []
+    decode = target.cached_decode
+    counted = target.with_options(
+        cached_decode=lambda b, e: calls.append(len(b)) or decode(b, e))
+    vocab = target.model.config.vocab_size
+    one_row = 2 * 4 * emitted.shape[1] * vocab  # both copies of one example's logits
+    chunked = compare_cached_decoding(counted, batch, emitted, steps, 0, max_memory=one_row)
+    assert calls == [1, 1, 1]
+    assert chunked.rows == whole.rows and chunked.differing_rows == whole.differing_rows
+    assert (chunked.example, chunked.step) == (whole.example, whole.step)
+    assert abs(chunked.total_variation - whole.total_variation) <= 1e-6
