@@ -19,7 +19,10 @@ which of a compared pair runs first):
 3. the permutation test (20 permutations per row, the ``--quick`` count): time per edited
    item as a ratio of one KV-cached decoder step per sequence, timed on the same chunk
    shape without capture (target <= 2); the same ratio for the date LSTM;
-4. peak RSS of the whole ``--quick`` suite (``run_suite``) at N and at 4N sources, each in
+4. the validity audit (what ``attnaudit report`` runs before its suite) with the
+   comparison of the model's own cached decoding against the teacher-forced pass, as a
+   ratio of it without;
+5. peak RSS of the whole ``--quick`` suite (``run_suite``) at N and at 4N sources, each in
    a fresh process (targets: <= 4 GB, ratio <= 1.2). On a small machine
    ``--cumulative-examples`` shortens the run (the cumulative removal test is the longest
    part; memory does not depend on it).
@@ -44,6 +47,7 @@ from attnaudit.interventions.permutation import permutation_test
 from attnaudit.interventions.reference_run import Reference, RowIndex, reference
 from attnaudit.targets.contract import Seq2SeqTarget, select_state
 from attnaudit.targets.hf.loading import from_hf
+from attnaudit.validity.pipeline import run_validity_audit
 from benchmarks.harness import alternating, banner, load, parser, python_module, run_child
 
 VOCAB = 58_101
@@ -102,6 +106,13 @@ def own_work(target: Seq2SeqTarget, limit: int) -> float:
 def check_time(target: Seq2SeqTarget, limit: int) -> float:
     start = time.perf_counter()
     attnaudit.audit(target, limit=limit, progress=False, checks_only=True)  # what check runs
+    return time.perf_counter() - start
+
+
+def validity_time(target: Seq2SeqTarget, limit: int) -> float:
+    """Seconds of the validity audit (``attnaudit report``'s, without the suite)."""
+    start = time.perf_counter()
+    run_validity_audit(target, limit=limit, progress=False)
     return time.perf_counter() - start
 
 
@@ -195,6 +206,11 @@ def main() -> None:
                                 args.rounds)
         print(f"model's own work (greedy + teacher-forced): {own:.2f} s")
         print(f"check: {gate:.2f} s, ratio {gate / own:.2f} (target <= 1.2)")
+        without, with_cached = alternating(
+            lambda: validity_time(target.with_options(cached_decode=None), n),
+            lambda: validity_time(target, n), args.rounds)
+        print(f"validity audit: {without:.2f} s without the cached-decoding comparison, "
+              f"{with_cached:.2f} s with it; ratio {with_cached / without:.2f}")
         per_item, per_step, items = per_item_ratio(target, n)
         print(f"permutation test: {items} edited items, {per_item * 1e3:.2f} ms per item; "
               f"one cached decoder step {per_step * 1e3:.2f} ms per sequence; ratio "

@@ -106,34 +106,42 @@ class CachedDecoding:
 
 def compare_cached_decoding(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                             step_mask: torch.Tensor, first: int, *,
-                            max_memory: int = DEFAULT_MAX_MEMORY) -> CachedDecoding:
+                            max_memory: int = DEFAULT_MAX_MEMORY,
+                            forced: torch.Tensor | None = None) -> CachedDecoding:
     """The target's cached decoding of ``emitted`` (B, T) against its teacher-forced pass on
     ``batch``, over the rows of ``step_mask`` (B, T) bool; ``first``: the index of the
-    batch's first example in the audit data. Not measured, with the reason, when the target
-    offers no ``cached_decode`` or it fails (a TargetError, e.g. a model that returns no
-    cache).
+    batch's first example in the audit data; ``forced``: the teacher-forced logits
+    (B, T, V) when the caller has them (else they are computed here). Not measured, with
+    the reason, when the target offers no ``cached_decode`` or it fails (a TargetError,
+    e.g. a model that returns no cache).
 
-    Both decodings' logits (b, T, V) are alive at once, so the examples go in chunks of
-    ``b`` rows that hold them in ``max_memory`` bytes (the first chunk is one example, whose
-    logits give the vocabulary size): a batch of a 58k-token vocabulary never holds two
-    (B, T, V) float32 copies."""
+    The cached decoding's logits (b, T, V) go in chunks of ``b`` examples that hold them
+    in float32 within ``max_memory`` bytes, as do the teacher-forced ones computed here
+    (the first chunk is one example, whose logits give the vocabulary size): a batch of a
+    58k-token vocabulary never holds a second (B, T, V) float32 copy."""
     if target.cached_decode is None:
         return CachedDecoding(False, NOT_OFFERED)
     if not step_mask.any():
         return CachedDecoding(False, "no emitted step to compare")
-    gaps, start, rows = [], 0, 1
+    copies = 1 if forced is not None else 2  # float32 (b, T, V) copies alive per chunk
+    per_row = copies * 4 * emitted.shape[1] * (forced.shape[-1] if forced is not None else 0)
+    gaps, start = [], 0
     while start < len(batch):
+        rows = max(1, max_memory // per_row) if per_row else 1
         index = torch.arange(start, min(start + rows, len(batch)))
         try:
-            gap, vocab, dtype = _chunk_gap(target, batch.select(index), emitted[index])
+            with torch.no_grad():
+                part = (target.teacher_forced(batch.select(index), emitted[index])
+                        if forced is None else forced[index.to(forced.device)])
+                gaps.append(_chunk_gap(target.cached_decode(batch.select(index),
+                                                            emitted[index]), part))
         except TargetError as exc:
             return CachedDecoding(False, f"the cached decoding failed: {exc}")
-        gaps.append(gap)
+        per_row = copies * 4 * emitted.shape[1] * part.shape[-1]
         start += len(index)
-        rows = max(1, max_memory // (2 * 4 * emitted.shape[1] * vocab))  # two float32 copies
     gap = torch.cat(gaps)  # (B, T)
     counted = step_mask.to(gap.device)
-    tolerance = step_tolerance(dtype)
+    tolerance = step_tolerance(part.dtype)
     differing = counted & ~(gap <= tolerance)  # a non-finite output differs too
     # the largest row, a non-finite one first (above any total variation); others never
     at = int(gap.nan_to_num(2.0).masked_fill(~counted, -1.0).argmax())
@@ -143,19 +151,15 @@ def compare_cached_decoding(target: Seq2SeqTarget, batch: Batch, emitted: torch.
                           step=step, tolerance=tolerance)
 
 
-def _chunk_gap(target: Seq2SeqTarget, batch: Batch,
-               emitted: torch.Tensor) -> tuple[torch.Tensor, int, torch.dtype]:
-    """(b, T) total variation per step between the cached decoding and the teacher-forced
-    pass of ``batch`` (b examples), 0 at steps the cached decoding did not reach (after
-    every row had ended); the vocabulary size; the teacher-forced logits' dtype."""
-    with torch.no_grad():
-        forced = target.teacher_forced(batch, emitted)
-        cached = target.cached_decode(batch, emitted)  # (b, T', V), T' <= T
-        gap = forced.new_zeros(emitted.shape, dtype=torch.float32)
-        # step by step: float32 copies of one step's (b, V) at a time, not of (b, T, V)
-        for t in range(cached.shape[1]):
-            gap[:, t] = _total_variation(cached[:, t], forced[:, t])
-    return gap, forced.shape[-1], forced.dtype
+def _chunk_gap(cached: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
+    """(b, T) total variation per step between the cached decoding's logits ``cached``
+    (b, T', V), T' <= T, and the teacher-forced ones ``forced`` (b, T, V); 0 at steps the
+    cached decoding did not reach (after every row had ended)."""
+    gap = torch.zeros(forced.shape[:2], dtype=torch.float32, device=forced.device)
+    # step by step: float32 copies of one step's (b, V) at a time, not of (b, T, V)
+    for t in range(cached.shape[1]):
+        gap[:, t] = _total_variation(cached[:, t], forced[:, t])
+    return gap
 
 
 def _total_variation(logits: torch.Tensor, other: torch.Tensor) -> torch.Tensor:

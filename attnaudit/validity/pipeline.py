@@ -203,7 +203,8 @@ def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditS
         cap, passes = forward_passes(target, batch, emitted, keep=not options.checks_only,
                                      timing=options.timing, plain_first=index % 2 == 0,
                                      on_call=analysis.on_call if options.streaming else None,
-                                     max_memory=options.max_memory)
+                                     max_memory=options.max_memory,
+                                     keep_logits=compares_cached(target, options))
         if options.streaming and not analysis.verified():  # analyse a kept capture instead
             analysis = _batch_analysis(target, batch, emitted, step_mask, state, kept_rows)
             cap = kept_pass(target, batch, emitted, keep=not options.checks_only,
@@ -225,11 +226,18 @@ def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditS
     state.performance.append(performance_row(
         index, batch, step_mask, greedy_times, passes, kept,
         sum(f.site.mechanism in MATERIALISED_BY_CAPTURE for f in analysis.passes.values())))
-    if not options.checks_only:
+    if compares_cached(target, options):
         state.cached = state.cached.merged(
             compare_cached_decoding(target, batch, emitted, step_mask, first,
-                                    max_memory=options.max_memory))
+                                    max_memory=options.max_memory, forced=passes.logits))
+        passes.logits = None
     state.examples += len(batch)
+
+
+def compares_cached(target: Seq2SeqTarget, options: _Options) -> bool:
+    """Whether the audit compares the target's cached decoding with its teacher-forced
+    pass: not in a checks-only audit, and only where the target offers one."""
+    return not options.checks_only and target.cached_decode is not None
 
 
 def _batch_analysis(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,

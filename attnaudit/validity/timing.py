@@ -38,12 +38,15 @@ from attnaudit.targets.contract import Batch, Seq2SeqTarget
 @dataclass
 class TimedPasses:
     """Seconds of each timed teacher-forced pass without and with capture (paired by
-    repeat) and the peak memory of the first of each (NaN: not measured)."""
+    repeat) and the peak memory of the first of each (NaN: not measured); with
+    ``keep_logits``, the logits (B, T, V) of one teacher-forced pass (the first one without
+    capture, else the analysed one), for a comparison that needs them."""
 
     plain: list[float] = field(default_factory=list)
     captured: list[float] = field(default_factory=list)
     plain_peak_mib: float = math.nan
     captured_peak_mib: float = math.nan
+    logits: torch.Tensor | None = None
 
     def overheads(self) -> list[float]:
         """captured / plain per repeat."""
@@ -66,21 +69,19 @@ def _greedy(target: Seq2SeqTarget, batch: Batch) -> torch.Tensor:
         return target.greedy(batch)
 
 
-def _teacher_forced(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) -> None:
-    target.teacher_forced(batch, emitted)
-
 
 def forward_passes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
                    keep: bool, timing: bool, plain_first: bool,
-                   on_call: OnCall | None = None, max_memory: int | None = None
-                   ) -> tuple[Capture, TimedPasses]:
+                   on_call: OnCall | None = None, max_memory: int | None = None,
+                   keep_logits: bool = False) -> tuple[Capture, TimedPasses]:
     """The teacher-forced pass under capture whose records are analysed (``keep``: scores
     and values too) and, with ``timing``, timed passes without and with capture, as many
     of each as :func:`~attnaudit.runtime.measurement.repeat_count` asks for the first
     one, alternating which runs first so that warm-up favours neither; the analysed pass
     is the first timed one with capture. With ``on_call`` the analysed pass streams its
     calls to it and keeps none (its time then includes that analysis), and the other
-    captured passes keep none either. ``max_memory``: the capture's block budget."""
+    captured passes keep none either. ``max_memory``: the capture's block budget.
+    ``keep_logits``: keep one pass's logits in the returned :class:`TimedPasses`."""
     passes = TimedPasses()
     kept: Capture | None = None
     repeats = 1
@@ -94,16 +95,22 @@ def forward_passes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *
                     with capture(target.model, target.sites, kinds=target.kinds,
                                  scores=keep, values=keep, on_call=analysed,
                                  keep=on_call is None, max_memory=max_memory) as cap:
-                        _teacher_forced(target, batch, emitted)
+                        logits = target.teacher_forced(batch, emitted)
                     passes.captured.append(time.perf_counter() - start)
                 if kept is None:
                     kept, passes.captured_peak_mib = cap, memory.peak_mib
+                    if keep_logits and passes.logits is None:
+                        passes.logits = logits
+                del logits  # not alive through the next pass
             elif timing:
                 with PeakMemory(target.model) as memory:
-                    _, seconds = timed(lambda: _teacher_forced(target, batch, emitted))
+                    logits, seconds = timed(lambda: target.teacher_forced(batch, emitted))
                 passes.plain.append(seconds)
                 if len(passes.plain) == 1:
                     passes.plain_peak_mib = memory.peak_mib
+                    if keep_logits:  # a pass without capture: the model's own numbers
+                        passes.logits = logits
+                del logits
         if timing and repeat == 0:
             repeats = repeat_count(max(passes.plain[0], passes.captured[0]))
         repeat += 1
@@ -119,7 +126,7 @@ def kept_pass(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *, kee
     too)."""
     with capture(target.model, target.sites, kinds=target.kinds, scores=keep, values=keep,
                  max_memory=max_memory) as cap:
-        _teacher_forced(target, batch, emitted)
+        target.teacher_forced(batch, emitted)
     return cap
 
 

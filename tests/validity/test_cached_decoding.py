@@ -284,3 +284,11 @@ def test_a_small_memory_budget_compares_in_chunks_with_the_same_result(tmp_path)
     assert chunked.rows == whole.rows and chunked.differing_rows == whole.differing_rows
     assert (chunked.example, chunked.step) == (whole.example, whole.step)
     assert abs(chunked.total_variation - whole.total_variation) <= 1e-6
+    # the audit's own teacher-forced logits given: one float32 copy per example and chunk
+    calls.clear()
+    with torch.no_grad():
+        logits = target.teacher_forced(batch, emitted)
+    given = compare_cached_decoding(counted, batch, emitted, steps, 0,
+                                    max_memory=one_row, forced=logits)
+    assert calls == [2, 1] and given.rows == whole.rows  # a budget of two examples' copies
+    assert abs(given.total_variation - whole.total_variation) <= 1e-6
