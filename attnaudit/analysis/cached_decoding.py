@@ -104,6 +104,9 @@ class CachedDecoding:
                              else self.record()])
 
 
+NOT_COMPARED = CachedDecoding(False, NOT_OFFERED)  # what an audit holds until a batch is
+
+
 def compare_cached_decoding(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                             step_mask: torch.Tensor, first: int, *,
                             max_memory: int = DEFAULT_MAX_MEMORY,
@@ -120,14 +123,15 @@ def compare_cached_decoding(target: Seq2SeqTarget, batch: Batch, emitted: torch.
     (the first chunk is one example, whose logits give the vocabulary size): a batch of a
     58k-token vocabulary never holds a second (B, T, V) float32 copy."""
     if target.cached_decode is None:
-        return CachedDecoding(False, NOT_OFFERED)
+        return NOT_COMPARED
     if not step_mask.any():
         return CachedDecoding(False, "no emitted step to compare")
     copies = 1 if forced is not None else 2  # float32 (b, T, V) copies alive per chunk
-    per_row = copies * 4 * emitted.shape[1] * (forced.shape[-1] if forced is not None else 0)
+    vocab = None if forced is None else forced.shape[-1]  # else known after the first chunk
     gaps, start = [], 0
     while start < len(batch):
-        rows = max(1, max_memory // per_row) if per_row else 1
+        rows = 1 if vocab is None else max(1, max_memory // (copies * 4 * emitted.shape[1]
+                                                             * vocab))
         index = torch.arange(start, min(start + rows, len(batch)))
         try:
             with torch.no_grad():
@@ -137,8 +141,7 @@ def compare_cached_decoding(target: Seq2SeqTarget, batch: Batch, emitted: torch.
                                                             emitted[index]), part))
         except TargetError as exc:
             return CachedDecoding(False, f"the cached decoding failed: {exc}")
-        per_row = copies * 4 * emitted.shape[1] * part.shape[-1]
-        start += len(index)
+        vocab, start = part.shape[-1], start + len(index)
     gap = torch.cat(gaps)  # (B, T)
     counted = step_mask.to(gap.device)
     tolerance = step_tolerance(part.dtype)

@@ -23,7 +23,7 @@ import torch
 
 from attnaudit.analysis import RegionAnalyser
 from attnaudit.analysis.cached_decoding import (
-    NOT_OFFERED,
+    NOT_COMPARED,
     CachedDecoding,
     compare_cached_decoding,
 )
@@ -82,7 +82,7 @@ class _AuditState:
     example: ExampleMaps | None = None
     examples: int = 0
     kept: list[ExampleMaps] = field(default_factory=list)
-    cached: CachedDecoding = field(default_factory=lambda: CachedDecoding(False, NOT_OFFERED))
+    cached: CachedDecoding = NOT_COMPARED
 
 
 def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from attnaudit.analysis.cached_decoding import NOT_OFFERED, CachedDecoding
+from attnaudit.analysis.cached_decoding import NOT_COMPARED, CachedDecoding
 from attnaudit.analysis.degenerate import DegenerateCounter
 from attnaudit.analysis.example_maps import ExampleMaps
 from attnaudit.validity.analysers import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
@@ -64,8 +64,7 @@ class ValidityAudit:
     truncation: str = ""
     decoding: str = ""
     degenerate: DegenerateCounter = field(default_factory=DegenerateCounter)
-    cached_decoding: CachedDecoding = field(
-        default_factory=lambda: CachedDecoding(False, NOT_OFFERED))
+    cached_decoding: CachedDecoding = NOT_COMPARED
     max_masked_mass: float = DEFAULT_MAX_MASKED_MASS
     row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE
 

@@ -292,7 +292,7 @@ def test_capture_equals_eager(built: Built) -> None:
         whole = eager_by_module((own.attentions,), target.model.config, own.passes, modules)
         # continuation row t of the one pass: position P-1+t over P+t keys
         equal_views(whole, lambda m, r, t: m[0][r][:, :, prompt - 1 + t, : prompt + t],
-                    max(TOL, own.tol))
+                    own.tol)
 
     # step t's row over the sequence's keys, its last P+t (a lead's weight is a sink's)
     on_own_pass(built, lambda: equal_views(eager, lambda m, r, t: m[t][r][:, :, -1,

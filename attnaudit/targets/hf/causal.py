@@ -77,13 +77,6 @@ def left_padded(rows: list[list[Any]], fill: Any, limit: int | None) -> torch.Te
     return out
 
 
-def _returned_cache(out: Any) -> Any:
-    """The cache a forward returned (transformers 5 renamed ``past_key_values`` to
-    ``cache``), or None."""
-    cache = getattr(out, "cache", None)
-    return getattr(out, "past_key_values", None) if cache is None else cache
-
-
 def _positions(mask: torch.Tensor) -> torch.Tensor:
     """Position ids (B, L) counting real tokens only (padding at 0), as generate() sets them
     for a model that does not set its own."""
@@ -230,8 +223,9 @@ class CausalLM:
             out = self.model(**self._inputs(ids, prefix), attention_mask=full_mask,
                              use_cache=True, **self._logits_of(1),
                              **self._position_ids(torch.cat([ids, prefix], dim=1), full_mask))
-        return cache_state(_returned_cache(out), len(ids), self.own.lead + full_mask.shape[1],
-                           ids.device)
+        cache = getattr(out, "cache", None)
+        cache = getattr(out, "past_key_values", None) if cache is None else cache
+        return cache_state(cache, len(ids), self.own.lead + full_mask.shape[1], ids.device)
 
     def step(self, ids: torch.Tensor, mask: torch.Tensor, states: dict[str, Any],
              emitted: torch.Tensor, step: int) -> torch.Tensor:
