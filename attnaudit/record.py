@@ -6,16 +6,51 @@ for single-head attention. A site called several times (a decoder step loop, or
 the query axis, in call order. When calls see different numbers of keys (a growing
 self-attention cache), the key axis is right-padded with zero weight and ``False``
 eligibility, so padded keys read as ineligible.
+
+The one role vocabulary (:class:`Role`) names what an attention site does for the audit; the
+capture records, the tables' ``role`` column, the contribution traces, the explorer and the
+docs all use these strings. Each target family (:class:`Family`) declares the roles its
+sites take (:mod:`attnaudit.targets.contract`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import torch
 
-Kind = str  # "self" or "cross"
+Kind = str  # "self" or "cross": what a site attends over, as capture finds it
+
+
+class Role(StrEnum):
+    """What an attention site does for the audit, in the one vocabulary every layer uses.
+
+    An encoder-decoder model has ``encoder_self`` (source over source), ``decoder_self``
+    (steps over the inputs before them) and ``cross`` (steps over the source). A decoder-only
+    model's prompt views (:mod:`attnaudit.capturing.views`) are the continuation over the
+    prompt, :attr:`PROMPT`, and over itself, :attr:`CONTINUATION`: the same strings as
+    ``cross`` and ``decoder_self`` (the prompt stands where a source does, and the tables
+    keep one column of roles); its raw self-attention over every earlier position is
+    ``self``. ``captured`` is any other attention (no declared key rule fits it).
+    """
+
+    ENCODER_SELF = "encoder_self"
+    DECODER_SELF = "decoder_self"
+    CROSS = "cross"
+    SELF = "self"
+    CAPTURED = "captured"
+    PROMPT = "cross"  # an alias: a decoder-only continuation over its prompt
+    CONTINUATION = "decoder_self"  # an alias: a decoder-only continuation over itself
+
+
+class Family(StrEnum):
+    """The kind of model a target runs: the encoder-decoder family (a source encoded once,
+    a decoder attending over it) or the decoder-only family (prompt -> continuation)."""
+
+    ENCODER_DECODER = "encoder-decoder"
+    DECODER_ONLY = "decoder-only"
 
 
 @dataclass(frozen=True)
@@ -24,7 +59,10 @@ class Site:
 
     ``name`` is the module path (plus the method, for attention computed outside
     ``forward``), suffixed ``:self`` / ``:cross`` when the kind is known. ``mechanism`` says
-    which adapter saw it: ``softmax``, ``sdpa``, ``mha`` or ``tap``. ``call`` is the 0-based
+    which adapter saw it: ``softmax``, ``sdpa``, ``mha`` or ``tap``. ``role`` is the site's
+    :class:`Role` where capture knows it (a prompt view's ``:cross`` is
+    :attr:`Role.PROMPT`, its ``:self`` :attr:`Role.CONTINUATION`), else None: the layers
+    above decide it from the target. ``call`` is the 0-based
     call index at this site and ``query_offset`` where this call's queries start in the
     stacked record; both are 0 on a record's own ``site``.
 
@@ -45,6 +83,7 @@ class Site:
     query_offset: int = 0
     layout: str = ""
     layout_source: str = ""
+    role: Role | None = None
 
     def __str__(self) -> str:
         return self.name

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from attnaudit.analysis.base import as_4d
-from attnaudit.record import AttentionRecord
+from attnaudit.record import AttentionRecord, Family
 
 START_LABEL = "<start>"  # the decoder's first input (a decoder-only model: the prompt's end)
 MAX_MAP_SIDE = 512  # query rows or keys of a map; a longer axis is averaged in runs
@@ -64,7 +64,7 @@ class ExampleMaps:
     words: per real source token (the maps' key axis of cross sites), its word index or -1;
     word_rule: how words were found (``offsets``, ``located`` or ``markers``; empty: not
     known, or the source axis was averaged). index: the example's position in the audited
-    data.
+    data. family: the audited target's family (None: a bare capture), which names its roles.
     """
 
     source: str
@@ -74,6 +74,7 @@ class ExampleMaps:
     words: list[int] = field(default_factory=list)
     word_rule: str = ""
     index: int = 0
+    family: Family | None = None
 
 
 def example_maps(records: Mapping[str, AttentionRecord], roles: Mapping[str, str],
@@ -237,10 +238,11 @@ class MapBuilder:
 
     def maps(self, source: str, source_tokens: Sequence[object],
              target_tokens: Sequence[object], words: Sequence[int] = (),
-             word_rule: str = "", *, index: int = 0) -> ExampleMaps:
+             word_rule: str = "", *, index: int = 0, family: Family | None = None
+             ) -> ExampleMaps:
         """The maps gathered, labelled (a run of averaged positions by its first and last
         token); ``words`` are dropped when the source axis was averaged; ``index``: the
-        example's position in the audited data."""
+        example's position in the audited data; ``family``: the target's."""
         src_labels = [str(source_tokens[i]) for i in self.src.tolist()]
         tgt_labels = [str(target_tokens[i]) for i in self.tgt.tolist()]
         # a decoder's step t reads its inputs: the start token, then the tokens emitted before t
@@ -268,7 +270,8 @@ class MapBuilder:
         kept_words = [int(words[i]) for i in self.src.tolist()] if len(words) else []
         if len(kept_words) > MAX_MAP_SIDE:
             kept_words, word_rule = [], ""
-        return ExampleMaps(source, src_labels, tgt_labels, maps, kept_words, word_rule, index)
+        return ExampleMaps(source, src_labels, tgt_labels, maps, kept_words, word_rule, index,
+                           family)
 
 
 def _row_stats(rows: torch.Tensor, eligible: torch.Tensor

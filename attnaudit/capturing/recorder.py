@@ -21,7 +21,6 @@ from attnaudit.capturing.protocol import MhaCall
 from attnaudit.capturing.sites import SiteRegistry, SiteSelection, make_selector, site_base
 from attnaudit.capturing.state import ACTIVE, compiled_code_runs_eagerly
 from attnaudit.capturing.views import (
-    ACTIVE_VIEWS,
     VIEW_KINDS,
     View,
     active_views,
@@ -200,7 +199,7 @@ class Capture:
         is stored as its views instead. ``trailing``: the call's query rows after these,
         when ``weights`` is one query block of it (:mod:`attnaudit.capturing.blocks`)."""
         views = None if site.kind == "cross" or not position_stream(layout) \
-            else active_views(tuple(weights.shape), trailing)
+            else active_views(ACTIVE.views, tuple(weights.shape), trailing)
         if views is not None:
             return self._record_views(views, site, layout, weights, mask_source, sink,
                                       trailing)
@@ -214,10 +213,11 @@ class Capture:
         views written back, or None when nothing was edited."""
         registry, current = self.sites_registry, weights
         shared_mask = _once(mask_source)
-        base = run_name(site_base(site.name), tuple(weights.shape), trailing) if views else ""
+        base = (run_name(ACTIVE.views, site_base(site.name), tuple(weights.shape), trailing)
+                if views else "")
         for view in views:
             name = f"{base}:{view.kind}"
-            view_site = replace(site, name=name, kind=view.kind)
+            view_site = replace(site, name=name, kind=view.kind, role=view.role)
             registry.found.setdefault(name, view_site)
             if not self._select(name):
                 continue
@@ -279,7 +279,8 @@ class Capture:
         """The first of a call's ``queries`` query rows (over ``keys`` keys) whose weights
         are recorded: rows before it are prompt rows no prompt view shows, which the
         adapter may compute with the model's own kernel."""
-        views = None if site.kind == "cross" else active_views((0, 0, queries, keys))
+        views = None if site.kind == "cross" else active_views(ACTIVE.views,
+                                                               (0, 0, queries, keys))
         if views is None:
             return 0
         return views[0].rows if views else queries
@@ -364,7 +365,7 @@ def _view_aware(select: Callable[[str], bool]) -> Callable[[str], bool]:
     def selected(name: str) -> bool:
         if select(name):
             return True
-        return ACTIVE_VIEWS.prompt_length is not None and any(
+        return ACTIVE.views is not None and any(
             select(f"{site_base(name)}:{kind}") for kind in VIEW_KINDS)
 
     return selected

@@ -1,7 +1,9 @@
 """The one capture that is active, shared by every adapter's patched function.
 
 Patched functions read :data:`ACTIVE.capture` on every call; when it is None they fall
-through to the original at the cost of one attribute read.
+through to the original at the cost of one attribute read. ``ACTIVE.views`` holds the
+block of prompt views the running pass is in (:func:`attnaudit.capturing.views.prompt_views`),
+or None.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from attnaudit.errors import CaptureError
 
 class _Active:
     capture: ActiveCapture | None = None
+    views: Any = None  # a views.PromptViews (views imports this module)
 
 
 ACTIVE = _Active()

@@ -1,12 +1,15 @@
 """Prompt views: a decoder-only model's self-attention seen as cross- and self-attention.
 
 A causal language model continuing a prompt has one attention per layer, over every earlier
-position. While :func:`prompt_views` is active (a causal target's callables run the model
-inside it), capture presents each of those calls as two views instead of the raw weights:
+position. While :func:`prompt_views` is active (a decoder-only target's callables run the
+model inside it), capture presents each of those calls as two views instead of the raw
+weights, each record carrying its role (:class:`~attnaudit.record.Role`):
 
-- ``<site>:cross``: the continuation's query rows over the prompt keys ``0..P-1``;
-- ``<site>:self``: the same rows over the keys ``P-1..``: the prompt's last token (the
-  input of continuation step 0, as a seq2seq decoder's start token) and the generated prefix.
+- ``<site>:cross``, role :attr:`~attnaudit.record.Role.PROMPT` (the string ``cross``): the
+  continuation's query rows over the prompt keys ``0..P-1``;
+- ``<site>:self``, role :attr:`~attnaudit.record.Role.CONTINUATION` (``decoder_self``): the
+  same rows over the keys ``P-1..``: the prompt's last token (the input of continuation
+  step 0, as a seq2seq decoder's start token) and the generated prefix.
 
 Query rows are the positions ``>= P-1`` (the row at ``P-1 + t`` predicts continuation token
 ``t``); a call's queries are its last ``Q`` of ``K`` positions, so a full teacher-forced pass
@@ -36,45 +39,51 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from attnaudit.capturing.layout import Layout
+from attnaudit.capturing.state import ACTIVE
+from attnaudit.record import Role
 
 VIEW_KINDS = ("cross", "self")
+VIEW_ROLES = {"cross": Role.PROMPT, "self": Role.CONTINUATION}  # each view's record role
 
 
-class _Active:
-    def __init__(self) -> None:
-        self.prompt_length: int | None = None
-        self.positions: int | None = None
-        self.lead = 0
-        self.runs: dict[str, list[int]] = {}  # site -> where each of its runs ended
+@dataclass
+class PromptViews:
+    """What a block of :func:`prompt_views` tells capture about its pass: ``prompt_length``
+    P, ``positions`` the pass has seen (None: every call sees every position), ``lead`` E
+    (keys of the model's own before the sequence's), and ``runs``: per site, where each of
+    its runs in the block ended (:func:`run_name`)."""
 
-
-ACTIVE_VIEWS = _Active()
+    prompt_length: int
+    positions: int | None = None
+    lead: int = 0
+    runs: dict[str, list[int]] = field(default_factory=dict)
 
 
 @contextmanager
 def prompt_views(prompt_length: int, positions: int | None = None,
-                 lead: int = 0) -> Iterator[None]:
+                 lead: int = 0) -> Iterator[PromptViews]:
     """Within the block, capture shows self-attention as prompt views (module docstring);
     ``prompt_length``: P, the (left-padded) prompt positions of the running batch;
     ``positions``: how many positions the block's pass has seen, its own included (P + t
     for cached step t), which places a call that sees fewer keys (a sliding-window cache
     keeps the last ones); None: every call sees every position. ``lead``: E, the keys of
     the model's own before the sequence's in every call (module docstring), not counted in
-    ``positions``. One model pass per block."""
-    active = ACTIVE_VIEWS
-    before = (active.prompt_length, active.positions, active.lead, active.runs)
-    active.prompt_length, active.positions, active.lead = prompt_length, positions, lead
-    active.runs = {}
+    ``positions``. One model pass per block. The block's :class:`PromptViews` is held
+    beside the active capture (:data:`attnaudit.capturing.state.ACTIVE`), where the
+    recorder reads it and hands it to :func:`active_views` and :func:`run_name`, whether
+    the capture is entered inside the block or around it."""
+    before = ACTIVE.views
+    ACTIVE.views = PromptViews(prompt_length, positions, lead)
     try:
-        yield
+        yield ACTIVE.views
     finally:
-        active.prompt_length, active.positions, active.lead, active.runs = before
+        ACTIVE.views = before
 
 
 def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
@@ -92,13 +101,18 @@ class View:
     """One block of a call's weights (B, H, Q, K): query rows ``rows:``, keys ``keys``,
     after ``pad`` view keys the call does not see (evicted from a sliding-window cache:
     zero weight, ineligible); the call's first ``lead`` keys are the model's own, no
-    positions of the sequence (counted as a sink's)."""
+    positions of the sequence (counted as a sink's). ``kind`` names the view's site
+    (``<site>:cross`` / ``:self``); :attr:`role` is the role its record carries."""
 
     kind: str
     rows: int
     keys: slice
     pad: int = 0
     lead: int = 0
+
+    @property
+    def role(self) -> Role:
+        return VIEW_ROLES[self.kind]
 
     def _block(self, weights: torch.Tensor) -> torch.Tensor:
         """(B, H, Q_view, K_view) in float32 or wider, the ``pad`` unseen keys first."""
@@ -164,17 +178,18 @@ def position_stream(layout: Layout) -> bool:
     return sum(any(x == "q" for x, _ in group) for group in layout.groups) <= 1
 
 
-def active_views(shape: tuple[int, ...], trailing: int = 0) -> list[View] | None:
-    """The views of a call with weights of ``shape`` (B, H, Q, K) while prompt views are
-    active (empty when the call has no continuation row), else None. The call's queries
-    end ``trailing`` rows before the pass's last position (``trailing`` > 0: a block of a
-    call computed in query blocks) and its keys are the last K."""
-    prompt = ACTIVE_VIEWS.prompt_length
-    if prompt is None:
+def active_views(block: PromptViews | None, shape: tuple[int, ...],
+                 trailing: int = 0) -> list[View] | None:
+    """The views of a call with weights of ``shape`` (B, H, Q, K) in a ``block`` of prompt
+    views (empty when the call has no continuation row); None outside one (``block``
+    None). The call's queries end ``trailing`` rows before the pass's last position
+    (``trailing`` > 0: a block of a call computed in query blocks) and its keys are the
+    last K."""
+    if block is None:
         return None
-    lead = ACTIVE_VIEWS.lead
+    prompt, lead = block.prompt_length, block.lead
     queries, keys = shape[2], shape[3] - lead  # the sequence's keys
-    positions = ACTIVE_VIEWS.positions or keys
+    positions = block.positions or keys
     offset = positions - keys  # absolute position of the call's first sequence key
     # a pass that computes the leading positions has their rows first: never view rows
     first = max(prompt - 1 - (positions - trailing - queries), 0)
@@ -186,15 +201,15 @@ def active_views(shape: tuple[int, ...], trailing: int = 0) -> list[View] | None
             View("self", first, own, max(offset - (prompt - 1), 0), lead)]
 
 
-def run_name(base: str, shape: tuple[int, ...], trailing: int = 0) -> str:
-    """``base``, or ``base#n`` for a call that runs a site again over positions the block
-    already saw it run over (a layer run twice per pass): its n-th run, a site of its own.
-    ``trailing`` as in :func:`active_views`: a later query block of one call continues its
-    run."""
-    queries, keys = shape[2], shape[3] - ACTIVE_VIEWS.lead
-    stop = (ACTIVE_VIEWS.positions or keys) - trailing
+def run_name(block: PromptViews, base: str, shape: tuple[int, ...], trailing: int = 0) -> str:
+    """``base``, or ``base#n`` for a call that runs a site again over positions the
+    ``block`` already saw it run over (a layer run twice per pass): its n-th run, a site of
+    its own. ``trailing`` as in :func:`active_views`: a later query block of one call
+    continues its run."""
+    queries, keys = shape[2], shape[3] - block.lead
+    stop = (block.positions or keys) - trailing
     start = stop - queries
-    runs = ACTIVE_VIEWS.runs.setdefault(base, [])
+    runs = block.runs.setdefault(base, [])
     at = next((i for i, end in enumerate(runs) if end <= start), len(runs))
     if at == len(runs):
         runs.append(stop)

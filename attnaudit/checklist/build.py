@@ -34,6 +34,7 @@ from attnaudit.checklist.retrieval import (
     scoring_item,
     validity_verdict,
 )
+from attnaudit.record import Role
 from attnaudit.validity.findings import Finding
 from attnaudit.validity.result import ValidityAudit
 
@@ -102,10 +103,10 @@ def _misconception_notes(model: nn.Module, audit: ValidityAudit | None,
                 "Some rows put weight on ineligible keys: masking leaks mass (see the "
                 "eligibility section).")
         roles = set("/".join(audit.sites["role"]).split("/"))
-        if "decoder_self" in roles:
+        if Role.DECODER_SELF in roles:
             notes["padding_vs_causal"] = ("Decoder self-attention was checked against the "
                                           "causal rule, source attention against padding.")
-        if roles & {"encoder_self", "decoder_self"}:
+        if roles & {Role.ENCODER_SELF, Role.DECODER_SELF}:
             notes["quadratic"] = ("Self-attention sites form a full queries x keys weight "
                                   "matrix per head (see the sites table for their sizes).")
         all_masked = int(audit.site_summary["all_masked_rows"].sum())

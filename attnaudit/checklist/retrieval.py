@@ -28,6 +28,7 @@ from attnaudit.checklist.items import (
     Verdict,
     worst,
 )
+from attnaudit.record import Role
 from attnaudit.targets.checks import config_position_limit
 from attnaudit.validity.findings import Finding, describe_tolerance, findings_frame
 from attnaudit.validity.result import ValidityAudit
@@ -68,7 +69,7 @@ def qkv_item(model: nn.Module, audit: ValidityAudit) -> ItemResult:
     the parameters of their modules."""
     sites = audit.sites
     params = parameter_table(model, dict(zip(sites["site"], sites["module"], strict=True)))
-    unmatched = sites.loc[sites["role"].str.contains("captured"), "site"].tolist()
+    unmatched = sites.loc[sites["role"].str.contains(Role.CAPTURED), "site"].tolist()
     shared = params[params["shared_with"] != ""]
     observations = [
         f"{s.site}: {s.mechanism} attention in module {s.module or '(root)'}, laid out as "

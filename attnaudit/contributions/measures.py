@@ -35,6 +35,7 @@ from attnaudit.contributions.value_norms import ValueNorms, value_norms
 from attnaudit.contributions.values import values_by_role
 from attnaudit.contributions.zeroing import value_zeroing
 from attnaudit.errors import ContributionError
+from attnaudit.record import Role
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 MEASURES = ("weights", "value_norm", "alti", "rollout")
@@ -130,7 +131,7 @@ def contributions(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
     return result
 
 
-def sites_by_role(traced: Trace, role: str) -> list[str]:
+def sites_by_role(traced: Trace, role: Role) -> list[str]:
     return [name for name, site in traced.sites.items() if site.role == role]
 
 
@@ -148,14 +149,15 @@ def composed(result: Contributions, blocks: Callable[[str], torch.Tensor]) -> Co
     traced = result.trace
     steps = int(traced.emitted.shape[1])
     if traced.causal:
-        names = sites_by_role(traced, "self")
+        names = sites_by_role(traced, Role.SELF)
         full = compose([blocks(n) for n in names])
         rows = [r[:, traced.prompt - 1 : traced.prompt - 1 + steps] for r in full]
         stacked = torch.stack(rows, dim=1)
         return Composed([traced.sites[n].layer for n in names], stacked[..., : traced.prompt],
                         stacked[..., traced.prompt:])
-    encoder = compose([blocks(n) for n in sites_by_role(traced, "encoder_self")])
-    selfs, crosses = sites_by_role(traced, "decoder_self"), sites_by_role(traced, "cross")
+    encoder = compose([blocks(n) for n in sites_by_role(traced, Role.ENCODER_SELF)])
+    selfs, crosses = (sites_by_role(traced, Role.DECODER_SELF),
+                      sites_by_role(traced, Role.CROSS))
     if not encoder or len(selfs) != len(crosses) or any(
             traced.sites[s].layer != traced.sites[c].layer for s, c in zip(selfs, crosses,
                                                                            strict=False)):
@@ -180,11 +182,11 @@ def rollout(result: Contributions) -> Composed:
     """Attention rollout composed across layers (cross-attention as in ALTI+)."""
     sites = result.trace.sites
     return composed(result, lambda name: rollout_cross(sites[name].weights)
-                    if sites[name].role == "cross" else rollout_self(sites[name].weights))
+                    if sites[name].role == Role.CROSS else rollout_self(sites[name].weights))
 
 
 def _reading_sites(traced: Trace) -> list[str]:
-    return sites_by_role(traced, "self" if traced.causal else "cross")
+    return sites_by_role(traced, traced.reading_role)
 
 
 def _steps(traced: Trace, per_site: torch.Tensor) -> torch.Tensor:
@@ -252,7 +254,7 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
     reading = _reading_sites(traced)
     if not reading:
         raise ContributionError(
-            f"{target.name}: no {'self' if traced.causal else 'cross'}-attention site reads "
+            f"{target.name}: no {traced.reading_role}-attention site reads "
             f"the source (sites found: {list(traced.sites)}), so there is no per-step map")
     maps: dict[str, torch.Tensor] = {}
     for measure in measures:
@@ -263,7 +265,7 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
             per = [_steps(traced, result.value_norms[n].summed) for n in reading]
         elif measure == "alti_layer":
             _need(result, reading, result.blocks, "alti_layer")
-            keys = traced.key_ids["self" if traced.causal else "cross"].shape[1]
+            keys = traced.key_ids[traced.reading_role].shape[1]
             per = [_steps(traced, result.blocks[n].contributions[..., :keys]) for n in reading]
         elif measure in ("alti", "rollout"):
             done = alti_plus(result) if measure == "alti" else rollout(result)

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 
 from attnaudit.contributions.measures import Contributions
+from attnaudit.record import Role
 
 SINK_SHARE = 0.3
 SINK_ROWS = 0.5
@@ -93,11 +94,11 @@ def _keys_of(result: Contributions, name: str) -> SiteKeys:
     source_labels = [[str(t) for t in row] for row in target.source_tokens(batch)]
     prefix_labels = [["<start>"] + [str(t) for t in row[:-1]]
                      for row in target.target_tokens(emitted)]
-    if site.role == "self":  # decoder-only: prompt, then the generated prefix
+    if site.role == Role.SELF:  # decoder-only: prompt, then the generated prefix
         labels = [s + p[1:] for s, p in zip(source_labels, prefix_labels, strict=True)]
-        key_mask = traced.query_mask["self"]
-    elif site.role == "decoder_self":
-        labels, key_mask = prefix_labels, traced.query_mask["decoder_self"]
+        key_mask = traced.query_mask[Role.SELF]
+    elif site.role == Role.DECODER_SELF:
+        labels, key_mask = prefix_labels, traced.query_mask[Role.DECODER_SELF]
     else:
         labels, key_mask = source_labels, batch.source_mask.bool()
     ids = traced.key_ids[site.role]

@@ -7,15 +7,18 @@ module's query-side input and output, and the layer norms its layer called befor
 it. What each site is and which norm belongs to it is read off the tensors, not off module
 names (:mod:`attnaudit.contributions.anatomy`).
 
-The pass: a seq2seq target's own ``teacher_forced``; a Hugging Face decoder-only target's
-model run on prompt + ``emitted[:, :-1]`` *without* prompt views, so that the records are
-the raw self-attention over every earlier position (the keys of a continuation step are the
-prompt tokens and the generated prefix, in that order).
+The pass: an encoder-decoder target's own ``teacher_forced``; a decoder-only target's
+:attr:`~attnaudit.targets.contract.DecoderOnlyTarget.raw_pass`, the same pass *without*
+prompt views, so that the records are the raw self-attention (role ``self``) over every
+earlier position (the keys of a continuation step are the prompt tokens and the generated
+prefix, in that order, as the target's ``sequence`` gives them). Which of the two a target
+is, and each site's role, are read from the target's family and the records
+(:class:`~attnaudit.record.Role`).
 """
 
 from __future__ import annotations
 
-import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -24,8 +27,9 @@ import torch
 from torch import nn
 
 from attnaudit.capturing import capture
-from attnaudit.targets.contract import Batch, Seq2SeqTarget
-from attnaudit.targets.hf.causal import is_causal_lm
+from attnaudit.errors import ContributionError
+from attnaudit.record import AttentionRecord, Family, Role
+from attnaudit.targets.contract import Batch, DecoderOnlyTarget, Seq2SeqTarget
 
 # Site -> attention module path, found once per model by a one-example pass.
 _SITE_MODULES: WeakKeyDictionary[nn.Module, dict[str, str]] = WeakKeyDictionary()
@@ -46,9 +50,10 @@ class Call:
 class SiteTrace:
     """What one attention site did in the traced pass.
 
-    role: ``encoder_self``, ``decoder_self``, ``cross`` (seq2seq) or ``self`` (a
-    decoder-only model's raw self-attention). layer: the path of the module holding the
-    site's layer (the first indexed module above it). weights: (B, H, Q, K) float32.
+    role: :class:`~attnaudit.record.Role`: ``encoder_self``, ``decoder_self``, ``cross``
+    (encoder-decoder) or ``self`` (a decoder-only model's raw self-attention). layer: the
+    path of the module holding the site's layer (the first indexed module above it).
+    weights: (B, H, Q, K) float32.
     values: (B, H, K, d_v) float32 or None (``value_reason`` says why); ``values_from``:
     ``capture``, or the value projection's path where they were found by role. call: the attention
     module's query-side input (B, Q, d) and output; calls: how often the site attended in the
@@ -59,7 +64,7 @@ class SiteTrace:
     """
 
     name: str
-    role: str
+    role: Role
     layer: str
     module: nn.Module
     module_path: str
@@ -87,9 +92,9 @@ class SiteTrace:
 class Trace:
     """A traced pass: every site, in order of first call, and the token ids on each axis.
 
-    causal: the target is a decoder-only model (keys: prompt + prefix). prompt: P, its
-    prompt positions (0 for seq2seq). query_mask: per role, bool (B, Q) of rows that are
-    real tokens. key_ids: per role, (B, K) long ids of the keys (the decoder start token,
+    causal: the target is of the decoder-only family (keys: prompt + prefix). prompt: P,
+    its prompt positions (0 for encoder-decoder). query_mask: per role, bool (B, Q) of rows
+    that are real tokens. key_ids: per role, (B, K) long ids of the keys (the decoder start token,
     unknown to the contract, is -1). layer_outputs: each layer module's output (B, Q, d).
     """
 
@@ -103,31 +108,36 @@ class Trace:
     key_ids: dict[str, torch.Tensor]
     layer_outputs: dict[str, torch.Tensor]
 
+    @property
+    def reading_role(self) -> Role:
+        """The role of the sites whose step rows read the source: ``self`` (the raw
+        decoder-only pass: prompt then prefix keys) or ``cross``."""
+        return Role.SELF if self.causal else Role.CROSS
 
-def is_causal_target(target: Seq2SeqTarget) -> bool:
-    """A decoder-only Hugging Face target (prompt -> continuation)."""
-    return target.first_prefix_input == 1 and is_causal_lm(getattr(target.model, "config",
-                                                                    None))
+
+def is_decoder_only(target: Seq2SeqTarget) -> bool:
+    """The target is of the decoder-only family (its own declaration)."""
+    return target.family is Family.DECODER_ONLY
 
 
-def causal_inputs(batch: Batch, emitted: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Keyword inputs running prompt + ``emitted[:, :-1]`` through a causal LM in one pass,
-    position ids counting real tokens only (as ``generate`` sets them)."""
-    prefix = emitted[:, :-1]
-    ids = torch.cat([batch.source_ids, prefix], dim=1)
-    mask = torch.cat([batch.source_mask.long(), torch.ones_like(prefix)], dim=1)
-    return {"input_ids": ids, "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp_min(0), "use_cache": False}
+def _raw_runs(target: Seq2SeqTarget) -> tuple[Callable[[Batch, torch.Tensor], Any],
+                                               Callable[[Batch, torch.Tensor], Any]]:
+    """A decoder-only target's ``sequence`` and ``raw_pass``; a ContributionError naming
+    what it lacks otherwise."""
+    sequence = target.sequence if isinstance(target, DecoderOnlyTarget) else None
+    raw_pass = target.raw_pass if isinstance(target, DecoderOnlyTarget) else None
+    if sequence is None or raw_pass is None:
+        raise ContributionError(
+            f"{target.name}: a decoder-only target needs `sequence` and `raw_pass` (its one "
+            "pass's inputs, and that pass run without prompt views) for contribution measures")
+    return sequence, raw_pass
 
 
 def run_pass(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) -> Any:
-    """The traced forward: ``teacher_forced``, or the raw causal pass (module docstring)."""
-    if is_causal_target(target):
-        model = target.model
-        # only the hidden states matter here: the last position's logits are the cheapest
-        keep = ({"logits_to_keep": 1}
-                if "logits_to_keep" in inspect.signature(model.forward).parameters else {})
-        return model(**causal_inputs(batch, emitted), **keep)
+    """The traced forward: ``teacher_forced``, or the raw decoder-only pass (module
+    docstring)."""
+    if is_decoder_only(target):
+        return _raw_runs(target)[1](batch, emitted)
     return target.teacher_forced(batch, emitted)
 
 
@@ -223,18 +233,23 @@ class _Hooks:
         self._handles.clear()
 
 
-def _role(target: Seq2SeqTarget, causal: bool, kind: str | None, path: str) -> str:
+def _role(target: Seq2SeqTarget, causal: bool, record: AttentionRecord) -> Role:
+    """The record's role: ``self`` in a decoder-only raw pass, the role capture gave it,
+    ``cross`` by its kind, else self-attention inside the model's encoder or not."""
     if causal:
-        return "self"
-    if kind == "cross":
-        return "cross"
+        return Role.SELF
+    if record.site.role is not None:
+        return record.site.role
+    if record.kind == "cross":
+        return Role.CROSS
+    path = record.site.module
     encoder_path = ""
     get_encoder = getattr(target.model, "get_encoder", None)
     if callable(get_encoder):
         encoder = get_encoder()
         encoder_path = next((p for p, m in target.model.named_modules() if m is encoder), "")
     inside = encoder_path and (path == encoder_path or path.startswith(encoder_path + "."))
-    return "encoder_self" if inside else "decoder_self"
+    return Role.ENCODER_SELF if inside else Role.DECODER_SELF
 
 
 def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
@@ -247,7 +262,7 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
         sites: capture site selection (default: the target's).
     """
     model, sites = target.model, target.sites if sites is None else sites
-    causal = is_causal_target(target)
+    causal = is_decoder_only(target)
     paths = _site_modules(target, batch, emitted, sites)
     modules = dict(model.named_modules())
     hooks = _Hooks()
@@ -281,7 +296,7 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
             values, reason = None, (f"called {len(record.calls)} times in one pass (one "
                                     "call per site is decomposed)")
         out[name] = SiteTrace(
-            name=name, role=_role(target, causal, record.kind, path), layer=layer,
+            name=name, role=_role(target, causal, record), layer=layer,
             module=modules[path], module_path=path, weights=record.weights.float(),
             values=None if values is None else values.float(), value_reason=reason,
             call=hooks.calls.get(path),
@@ -311,11 +326,11 @@ def _axes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, causal: bo
     steps = target.step_mask(emitted)
     source = batch.source_mask.bool()
     if causal:
-        ids = causal_inputs(batch, emitted)
-        return ({"self": ids["attention_mask"].bool()}, {"self": ids["input_ids"]})
+        ids = _raw_runs(target)[0](batch, emitted)
+        return ({Role.SELF: ids["attention_mask"].bool()}, {Role.SELF: ids["input_ids"]})
     start = torch.full_like(emitted[:, :1], -1)
     decoder_keys = torch.cat([start, emitted[:, :-1]], dim=1)
-    return ({"encoder_self": source, "cross": steps, "decoder_self": steps},
-            {"encoder_self": batch.source_ids, "cross": batch.source_ids,
-             "decoder_self": decoder_keys})
+    return ({Role.ENCODER_SELF: source, Role.CROSS: steps, Role.DECODER_SELF: steps},
+            {Role.ENCODER_SELF: batch.source_ids, Role.CROSS: batch.source_ids,
+             Role.DECODER_SELF: decoder_keys})
 

@@ -14,12 +14,12 @@ import torch
 from attnaudit.analysis.example_maps import ExampleMaps, example_maps
 from attnaudit.analysis.numerics import row_sum_tolerance
 from attnaudit.errors import ExplorerError
-from attnaudit.record import AttentionRecord
+from attnaudit.record import AttentionRecord, Family, Role
 from attnaudit.report.explorer import explorer_views, payload, site_tolerances
 from attnaudit.report.explorer_page import ExplorerPage, standalone_page
 from attnaudit.validity.analysers import DEFAULT_MAX_MASKED_MASS
 
-KIND_ROLES = {"cross": "cross", "self": "self"}  # a bare capture knows kinds, not roles
+KIND_ROLES = {"cross": Role.CROSS, "self": Role.SELF}  # the role of a site's kind
 
 
 def examples_page(examples: Sequence[ExampleMaps], *, title: str,
@@ -60,12 +60,16 @@ def show(capture_or_record: Any, tokens: Sequence[object] | None = None, *,
             or not 0 <= example < min(batch):
         raise ExplorerError(f"example {example!r} is not a row of the captured batch of "
                             f"{min(batch)}")
-    # every query and key kept (no source or steps to trim to), then named by kind
-    maps = example_maps(records, dict.fromkeys(records, "captured"), "", [], [],
+    # every query and key kept (no source or steps to trim to), then named by the role
+    # capture gave the site (a prompt view's), else by its kind
+    maps = example_maps(records, dict.fromkeys(records, Role.CAPTURED), "", [], [],
                         torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.bool),
                         example=example, declared={})
+    if any(r.site.role is not None for r in records.values()):
+        maps.family = Family.DECODER_ONLY  # only prompt views carry a role from capture
     for name, amap in maps.maps.items():
-        amap.role = KIND_ROLES.get(records[name].kind or "", "captured")
+        site = records[name].site
+        amap.role = site.role or KIND_ROLES.get(site.kind or "", Role.CAPTURED)
         queries, keys = amap.weights.shape[1:]
         amap.key_labels = _labels(tokens, keys, amap.key_labels)
         amap.query_labels = _labels(query_tokens if amap.role == "cross" else tokens,

@@ -3,9 +3,11 @@ CSV and once, compactly, as the page's payload.
 
 A *view* is one role of attention in one example (encoder self-attention, decoder
 self-attention, cross-attention; a decoder-only model's continuation over its prompt and
-over itself) with its sites stacked as layers, in site order. Each view holds every
-*measure* the audit computed, each a ``(layers, heads or 1, queries, keys)`` float32 array:
-``weights`` always, and every array in :attr:`AttentionMap.measures
+over itself) with its sites stacked as layers, in site order. Each map's role comes from
+the audit (:class:`~attnaudit.record.Role`), and its title from the target's family
+(:func:`~attnaudit.targets.contract.role_title`): the page shows what Python passes it.
+Each view holds every *measure* the audit computed, each a ``(layers, heads or 1, queries,
+keys)`` float32 array: ``weights`` always, and every array in :attr:`AttentionMap.measures
 <attnaudit.analysis.example_maps.AttentionMap.measures>` under its own name (value-norm
 contributions, attributions...), which the page shows without any change to its script.
 
@@ -32,18 +34,17 @@ import numpy as np
 import pandas as pd
 
 from attnaudit.analysis.example_maps import ExampleMaps
+from attnaudit.record import Role
 from attnaudit.report.figures import visible_token
+from attnaudit.targets.contract import role_title
 
 DEFAULT_EXAMPLES = 5  # the report's ``--explorer-examples``
 PAYLOAD_BUDGET = 2_500_000  # base64 bytes of map data in one page: the page stays <= 3 MB
 CSV_NAME = "attention_maps.csv"
 WEIGHTS = "weights"
-ROLE_ORDER = ("encoder_self", "decoder_self", "self", "cross", "captured")
-ROLE_TITLES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",
-               "self": "self-attention", "cross": "cross-attention",
-               "captured": "other attention"}
-DECODER_ONLY_TITLES = {"cross": "continuation over the prompt",
-                       "decoder_self": "continuation over itself"}
+ROLE_ORDER = (Role.ENCODER_SELF, Role.DECODER_SELF, Role.SELF, Role.CROSS, Role.CAPTURED)
+QUERY_AXES: dict[str, str] = {Role.ENCODER_SELF: "Query token"}  # the page's query slider, by role
+STEP_AXIS = "Decoding step"  # ... of every other role: its queries are output steps
 MAP_COLUMNS = ["example", "view", "measure", "site", "layer", "head", "query", "key",
                "query_token", "key_token", "eligible", "value"]
 U8_MISSING = 255
@@ -54,15 +55,18 @@ U8_LEVELS = 254
 class View:
     """One role of attention in one example, its sites stacked as layers.
 
-    query_labels, key_labels: the tokens as the target names them (the page draws their
-    spaces visible). measures: name -> float32 (layers, heads or 1, queries, keys); NaN
-    where a site lacks the measure. eligible: bool (layers, heads, queries, keys) or None
-    (not known). row_sum, masked_mass: float64 (layers, heads, queries) or None.
+    title: the role's title in the target's family. query_axis: what its queries are
+    (``Query token``, ``Decoding step``). query_labels, key_labels: the tokens as the
+    target names them (the page draws their spaces visible). measures: name -> float32
+    (layers, heads or 1, queries, keys); NaN where a site lacks the measure. eligible:
+    bool (layers, heads, queries, keys) or None (not known). row_sum, masked_mass: float64
+    (layers, heads, queries) or None.
     """
 
     name: str
     role: str
     title: str
+    query_axis: str
     sites: list[str]
     query_labels: list[str]
     key_labels: list[str]
@@ -85,43 +89,34 @@ def explorer_views(examples: Sequence[ExampleMaps]) -> list[ExampleViews]:
     """Each example's maps grouped into views (module docstring). Sites of one role with
     different head counts or shapes go to separate views (``cross``, ``cross 2``...);
     empty maps (no real token) are left out."""
-    decoder_only = any(_is_decoder_only(e) for e in examples)
     out = []
     for example in examples:
         groups: dict[tuple[str, int, int, int], list[str]] = {}
         for site, amap in example.maps.items():
             if 0 not in amap.weights.shape:
                 groups.setdefault((amap.role, *amap.weights.shape), []).append(site)
-        views, seen = [], dict.fromkeys(ROLE_ORDER, 0)
+        views: list[View] = []
+        seen: dict[str, int] = {}
         for key in sorted(groups, key=lambda k: ROLE_ORDER.index(k[0])
                           if k[0] in ROLE_ORDER else len(ROLE_ORDER)):
             role = key[0]
             seen[role] = seen.get(role, 0) + 1
             name = role if seen[role] == 1 else f"{role} {seen[role]}"
-            views.append(_view(example, name, role, groups[key], decoder_only))
+            views.append(_view(example, name, role, groups[key]))
         out.append(ExampleViews(example.index, example.source, views))
     return out
 
 
-def _is_decoder_only(example: ExampleMaps) -> bool:
-    """A decoder-only model's prompt views: a cross site whose module also has a self
-    site (:mod:`attnaudit.capturing.views`)."""
-    bases = {site.split(":", 1)[0] for site, m in example.maps.items() if m.role == "cross"}
-    return any(m.role == "decoder_self" and site.split(":", 1)[0] in bases
-               for site, m in example.maps.items())
-
-
-def _view(example: ExampleMaps, name: str, role: str, sites: list[str],
-          decoder_only: bool) -> View:
+def _view(example: ExampleMaps, name: str, role: str, sites: list[str]) -> View:
     maps = [example.maps[s] for s in sites]
     first = maps[0]
     names = [WEIGHTS, *dict.fromkeys(n for m in maps for n in m.measures)]
     measures = {n: _stack([m.weights if n == WEIGHTS else m.measures.get(n) for m in maps],
                           first.weights.shape) for n in names}
-    title = (DECODER_ONLY_TITLES if decoder_only else ROLE_TITLES).get(role, role)
+    title = role_title(example.family, role)
     known = all(m.eligible is not None for m in maps)
-    return View(name, role, title, sites, list(first.query_labels), list(first.key_labels),
-                measures,
+    return View(name, role, title, QUERY_AXES.get(role, STEP_AXIS), sites,
+                list(first.query_labels), list(first.key_labels), measures,
                 np.stack([m.eligible for m in maps]) if known else None,
                 np.stack([m.row_sum for m in maps]) if known else None,
                 np.stack([m.masked_mass for m in maps]) if known else None)
@@ -199,7 +194,8 @@ def _view_payload(view: View, encoding: str, max_masked_mass: float | None,
                   row_sum_tolerance: Mapping[str, float]) -> dict[str, Any]:
     weights = view.measures[WEIGHTS]
     out: dict[str, Any] = {
-        "name": view.name, "role": view.role, "title": view.title, "sites": view.sites,
+        "name": view.name, "role": view.role, "title": view.title,
+        "query_axis": view.query_axis, "sites": view.sites,
         "queries": [visible_token(t) for t in view.query_labels],
         "keys": [visible_token(t) for t in view.key_labels],
         "shape": list(weights.shape),

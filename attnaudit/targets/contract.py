@@ -1,4 +1,21 @@
-"""The target contract: a seq2seq model, its data, and how to run it.
+"""The target contract: a model, its data, and how to run it, in two families.
+
+Every target implements :class:`AuditTarget`: besides the callables below it says its
+:attr:`~AuditTarget.family` (:class:`~attnaudit.record.Family`) and the attention roles its
+sites take, with their titles (:attr:`~AuditTarget.roles`, in the one vocabulary of
+:class:`~attnaudit.record.Role`), so that the layers above read both from the target
+rather than from site names:
+
+- :class:`Seq2SeqTarget`, the encoder-decoder family: roles ``encoder_self``,
+  ``decoder_self`` and ``cross``; any model can be wrapped in one, by hand;
+- :class:`DecoderOnlyTarget`, the decoder-only family (prompt -> continuation, the prompt
+  where a source stands): roles :attr:`~attnaudit.record.Role.PROMPT` (the continuation
+  over the prompt) and :attr:`~attnaudit.record.Role.CONTINUATION` (over itself), shown
+  as prompt views (:mod:`attnaudit.capturing.views`), and ``self`` for the raw
+  self-attention of :meth:`DecoderOnlyTarget.raw_pass`. It keeps the contract below, so
+  every protocol runs on it unchanged.
+
+Both may have sites of any other attention, role ``captured``.
 
 A :class:`Seq2SeqTarget` bundles the model with plain callables, so any model can be
 audited without changing its code:
@@ -41,13 +58,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from attnaudit.capturing.sites import SiteSelection
+from attnaudit.record import Family, Role
 from attnaudit.targets.decoding import Decoding
+
+OTHER_TITLE = "other attention"  # the title of role ``captured`` in every family
 
 
 @dataclass
@@ -114,9 +135,26 @@ class Expectation:
     rows: int | None = None
 
 
+@runtime_checkable
+class AuditTarget(Protocol):
+    """What every target family offers the layers above (module docstring): its family,
+    the roles of its attention with their titles, and the data and the runs the protocols
+    use (the attributes of :class:`Seq2SeqTarget`)."""
+
+    family: ClassVar[Family]
+    roles: ClassVar[Mapping[Role, str]]
+    name: str
+    model: nn.Module
+
+    def iter_batches(self, limit: int | None = None) -> Iterator[Batch]: ...
+
+    def step_mask(self, emitted: torch.Tensor) -> torch.Tensor: ...
+
+
 @dataclass
 class Seq2SeqTarget:
-    """A model under audit and how to run it (see the module docstring for the contract).
+    """A model under audit and how to run it (see the module docstring for the contract):
+    the encoder-decoder family, and the contract every family keeps.
 
     Attributes:
         name: short label used in reports.
@@ -196,6 +234,11 @@ class Seq2SeqTarget:
     decoding: Decoding | None = None
     gold_alignments: Callable[[Batch, torch.Tensor], list[str]] | None = None
 
+    family: ClassVar[Family] = Family.ENCODER_DECODER
+    roles: ClassVar[Mapping[Role, str]] = MappingProxyType({
+        Role.ENCODER_SELF: "encoder self-attention", Role.DECODER_SELF: "decoder self-attention",
+        Role.CROSS: "cross-attention", Role.CAPTURED: OTHER_TITLE})
+
     def step_mask(self, emitted: torch.Tensor) -> torch.Tensor:
         """Bool (B, T): steps up to and including the first ``eos_id``."""
         is_eos = emitted == self.eos_id
@@ -227,6 +270,58 @@ class Seq2SeqTarget:
     def with_options(self, **changes: Any) -> Seq2SeqTarget:
         """A copy with some attributes changed."""
         return replace(self, **changes)
+
+
+@dataclass
+class DecoderOnlyTarget(Seq2SeqTarget):
+    """A decoder-only model continuing prompts: the decoder-only family (module docstring).
+
+    The contract's source is the prompt (``source_ids`` (B, P), left-padded), its output the
+    continuation; the callables run the model under prompt views
+    (:mod:`attnaudit.capturing.views`), whose records carry the roles :attr:`roles` names.
+    :func:`~attnaudit.targets.hf.loading.from_hf` builds one for a causal LM.
+
+    Attributes (besides :class:`Seq2SeqTarget`'s):
+        sequence: (batch, emitted (B, T)) -> the keyword inputs of the model's one pass over
+            prompt + ``emitted[:, :-1]`` (ids, attention mask, and position ids where the
+            model takes them), as its own ``generate()`` builds them, the model's own input
+            rules included; their ``input_ids`` / ``attention_mask`` (B, P + T - 1) are the
+            keys of the raw self-attention and its real positions.
+        raw_pass: (batch, emitted (B, T)) -> the model's output of that pass run *without*
+            prompt views (the raw self-attention, role ``self``, over every earlier
+            position), computing the last position's logits only where the model can: what
+            contribution measures trace (:mod:`attnaudit.contributions.trace`).
+        first_prefix_input: 1: input 0 of the steps, the prompt's last token, is a prompt
+            token, scored on the source side.
+    """
+
+    sequence: Callable[[Batch, torch.Tensor], dict[str, torch.Tensor]] | None = None
+    raw_pass: Callable[[Batch, torch.Tensor], Any] | None = None
+    first_prefix_input: int = 1
+
+    family: ClassVar[Family] = Family.DECODER_ONLY
+    roles: ClassVar[Mapping[Role, str]] = MappingProxyType({
+        Role.PROMPT: "continuation over the prompt",
+        Role.CONTINUATION: "continuation over itself",
+        Role.SELF: "self-attention", Role.CAPTURED: OTHER_TITLE})
+
+
+FAMILIES: Mapping[Family, type[Seq2SeqTarget]] = MappingProxyType({
+    target.family: target for target in (Seq2SeqTarget, DecoderOnlyTarget)})
+
+
+def role_titles(family: Family | str | None) -> Mapping[Role, str]:
+    """Each role's title in ``family`` (:attr:`AuditTarget.roles`); for None (a bare
+    capture, no target) every role's plain title."""
+    if family is None:
+        return MappingProxyType({**Seq2SeqTarget.roles, Role.SELF: "self-attention"})
+    return FAMILIES[Family(family)].roles
+
+
+def role_title(family: Family | str | None, role: str) -> str:
+    """The title of ``role`` (a :class:`~attnaudit.record.Role` or its string) in
+    ``family`` (:func:`role_titles`); the role itself where the family names no title."""
+    return next((title for known, title in role_titles(family).items() if known == role), role)
 
 
 def select_state(state: Any, index: torch.Tensor) -> Any:

@@ -23,8 +23,7 @@ import torch
 
 from attnaudit.analysis import AttentionRows, RegionAnalyser, mean_over_heads
 from attnaudit.analysis.example_maps import MapBuilder
-from attnaudit.capturing.sites import site_base
-from attnaudit.record import AttentionCall, AttentionRecord, Site
+from attnaudit.record import AttentionCall, AttentionRecord, Role, Site
 from attnaudit.targets.checks import call_target
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from attnaudit.validity.analysers import ValidityAnalysers, same_tensor
@@ -56,7 +55,7 @@ class BatchAnalysis:
     regions: dict[str, RegionAnalyser]
     maps: list[MapBuilder] = field(default_factory=list)
     passes: dict[str, SitePass] = field(default_factory=dict)
-    roles: dict[str, str] = field(default_factory=dict)
+    roles: dict[str, Role] = field(default_factory=dict)
     largest_call_bytes: int = 0
     _guessed: dict[str, set[str]] = field(default_factory=dict)
     _first_values: dict[str, torch.Tensor | None] = field(default_factory=dict)
@@ -101,24 +100,21 @@ class BatchAnalysis:
     def verified(self) -> bool:
         """Every role inferred call by call is the role of the site's stacked shape, every
         call of a site saw the same keys, and values read per call are the record's."""
-        final = roles_of_shapes({n: (p.site.kind, p.queries, p.keys)
+        final = roles_of_shapes({n: (p.site, p.queries, p.keys)
                                  for n, p in self.passes.items()}, self.n_source, self.n_target)
         return all(self._guessed[name] == {final[name]} and len(p.key_counts) == 1
                    and self._values_shared[name] for name, p in self.passes.items())
 
-    def _infer_role(self, site: Site, offset: int, queries: int, keys: int) -> str:
+    def _infer_role(self, site: Site, offset: int, queries: int, keys: int) -> Role:
         """The role the site's stacked shape will give (see the module docstring)."""
-        prefix = site.kind == "self" and site_base(site.name) in {
-            site_base(n) for n, p in self.passes.items() if p.site.kind == "cross"}
         stacked = (([queries] if offset == 0 else []) + ([keys] if site.kind == "self" else [])
                    + [self.n_target, self.n_source])
         for total in stacked:
             if offset + queries <= total:
-                role = site_role(site.name, site.kind, total, keys, self.n_source,
-                                 self.n_target, prefix)
-                if role != "captured":
+                role = site_role(site, total, keys, self.n_source, self.n_target)
+                if role != Role.CAPTURED:
                     return role
-        return "captured"
+        return Role.CAPTURED
 
     def _analyse(self, record: AttentionRecord, role: str, offset: int) -> None:
         """Feed the analysers (and regions, and the kept examples' maps) query rows
@@ -127,7 +123,7 @@ class BatchAnalysis:
         declared, rows = rows_of(*declared_rule(role, self.batch, self.step_mask), role,
                                  offset, stop)
         self.analysers.update(record, eligible=declared, rows=rows, step_offset=offset)
-        if role == "cross" and self.regions:
+        if role == Role.CROSS and self.regions:
             data = replace(declared_rows(record, declared), step_offset=offset)
             self._update_regions(data, offset, stop)
         for builder in self.maps:

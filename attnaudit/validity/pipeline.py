@@ -310,4 +310,4 @@ def _kept_example(target: Seq2SeqTarget, maps: MapBuilder, batch: Batch,
                                 emitted[row:row + 1])[0]
     words, rule = source_words(target, one)
     return maps.maps(batch.texts[row], source_tokens, target_tokens, words[0], rule,
-                     index=index)
+                     index=index, family=target.family)

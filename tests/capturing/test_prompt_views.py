@@ -10,6 +10,7 @@ from torch import nn
 
 import attnaudit
 from attnaudit.capturing.views import prompt_views
+from attnaudit.record import Role
 
 B, T, P, D = 2, 6, 3, 4  # batch, positions, prompt length, value size
 RAMP = torch.arange(1.0, T - P + 2)  # self-view keys P-1 .. T-1
@@ -71,3 +72,23 @@ def hand_edited_cross_only(weights: torch.Tensor) -> torch.Tensor:
     cross_mass = weights[:, :, rows, :P].sum(-1, keepdim=True)
     out[:, :, rows, :P] = (1.0 / P) * cross_mass / weights[:, :, rows].sum(-1, keepdim=True)
     return out
+
+
+def test_view_records_carry_their_role_and_the_block_is_passed_not_kept():
+    torch.manual_seed(0)
+    model = CausalSoftmax()
+    scores, values = torch.randn(B, 1, T, T), torch.randn(B, 1, T, D)
+    with attnaudit.capture(model) as cap:
+        with prompt_views(P) as outer:
+            with prompt_views(P - 1) as inner:  # the innermost block is the one in force
+                model(scores, values)
+            assert inner.runs and not outer.runs  # each block's runs are its own
+            model(scores, values)
+        model(scores, values)  # outside every block: the raw weights
+    roles = {name: record.site.role for name, record in cap.records.items()}
+    assert roles == {"forward:cross": Role.PROMPT, "forward:self": Role.CONTINUATION,
+                     "forward": None}
+    assert (Role.PROMPT, Role.CONTINUATION) == ("cross", "decoder_self")
+    # queries P-2.. from the inner block, then P-1.. from the outer one
+    assert cap.records["forward:cross"].weights.shape[2] == (T - P + 2) + (T - P + 1)
+    assert cap.records["forward"].weights.shape[2] == T

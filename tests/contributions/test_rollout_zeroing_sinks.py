@@ -12,7 +12,6 @@ import torch
 import attnaudit
 from attnaudit.contributions import ALL_MEASURES, contributions, measure_maps, sink_table, zeroing
 from attnaudit.contributions.sinks import SiteKeys, sink_rows
-from attnaudit.contributions.trace import causal_inputs
 from attnaudit.errors import ContributionError
 from attnaudit.targets.hf.loading import from_hf
 
@@ -23,6 +22,7 @@ from tests.helpers.tiny_targets import (  # noqa: E402
     SOURCES,
     decoder_inputs,
     eager_model,
+    prompt_inputs,
     save_tiny,
 )
 
@@ -51,7 +51,7 @@ def test_decoder_only_rollout_is_the_numpy_product_of_half_weights_plus_identity
     emitted = target.greedy(batch)
     maps = measure_maps(target, batch, emitted, ["rollout", "weights"])
     with torch.no_grad():
-        out = eager_model("gpt2", folder)(**causal_inputs(batch, emitted),
+        out = eager_model("gpt2", folder)(**prompt_inputs(batch, emitted),
                                           output_attentions=True)
     prompt, steps = batch.source_ids.shape[1], emitted.shape[1]
     product = None

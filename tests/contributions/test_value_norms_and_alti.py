@@ -15,7 +15,6 @@ import torch
 
 from attnaudit.contributions import alti_plus, contributions, measure_maps
 from attnaudit.contributions.alti import HALF_RESUM_TOLERANCE, RESUM_TOLERANCE
-from attnaudit.contributions.trace import causal_inputs
 from attnaudit.targets.hf.loading import from_hf
 
 transformers = pytest.importorskip("transformers")
@@ -27,6 +26,7 @@ from tests.helpers.tiny_targets import (  # noqa: E402
     SOURCES,
     decoder_inputs,
     eager_model,
+    prompt_inputs,
     save_tiny,
 )
 
@@ -86,7 +86,7 @@ def _head_vectors(name: str, module: torch.nn.Module, x: torch.Tensor, heads: in
 def _eager_run(name: str, folder: Path, batch, emitted):
     model = eager_model(name, folder)
     if name in CAUSAL:
-        inputs = causal_inputs(batch, emitted)
+        inputs = prompt_inputs(batch, emitted)
         run = lambda: model(**inputs, output_attentions=True)  # noqa: E731
     else:
         run = lambda: model(input_ids=batch.source_ids,  # noqa: E731

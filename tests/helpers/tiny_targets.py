@@ -63,3 +63,13 @@ def decoder_inputs(model: torch.nn.Module, emitted: torch.Tensor) -> torch.Tenso
     """(B, T): the decoder start token, then ``emitted[:, :-1]``."""
     start = torch.full_like(emitted[:, :1], model.config.decoder_start_token_id)
     return torch.cat([start, emitted[:, :-1]], dim=1)
+
+
+def prompt_inputs(batch: Any, emitted: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A causal LM's keyword inputs for prompt + ``emitted[:, :-1]`` in one pass, written
+    out by hand: the ids, their mask, position ids counting real tokens (padding at 0)."""
+    prefix = emitted[:, :-1]
+    ids = torch.cat([batch.source_ids, prefix], dim=1)
+    mask = torch.cat([batch.source_mask.long(), torch.ones_like(prefix)], dim=1)
+    return {"input_ids": ids, "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp_min(0), "use_cache": False}

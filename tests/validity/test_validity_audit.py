@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 import attnaudit
 from attnaudit.errors import TargetError
+from attnaudit.record import Role, Site
 from attnaudit.targets.loading import load_target
 from attnaudit.validity.findings import Finding
 from attnaudit.validity.gate import GateResult
@@ -160,7 +162,15 @@ def test_date_model_audit_tables_and_model_unchanged():
 def test_site_roles_by_shape_then_name(queries, keys, name, role):
     n_source, n_target = (6, 6) if queries == keys == 6 else (5, 7)
     kind = "cross" if name == "attend" else "self"
-    assert site_role(name, kind, queries, keys, n_source, n_target) == role
+    site = Site(name, kind, "softmax", name)
+    assert site_role(site, queries, keys, n_source, n_target) == role
+
+
+def test_a_prefix_view_is_decoder_self_attention_by_the_role_capture_gave_it():
+    # square (T, T) == (n, n): the name says nothing, the view's record role decides
+    view = Site("h.0.attn:self", "self", "sdpa", "h.0.attn", role=Role.CONTINUATION)
+    assert site_role(view, 4, 4, 4, 4) == Role.DECODER_SELF == "decoder_self"
+    assert site_role(replace(view, role=None), 4, 4, 4, 4) == Role.CAPTURED
 
 
 def test_bad_target_outputs_are_target_errors():

@@ -145,7 +145,7 @@
     c.step.max = String(queries - 1);
     c.step.value = String(s.step);
     c.step.setAttribute("aria-valuetext", this.tokenText(view.queries, s.step));
-    this.stepLabel.textContent = view.role === "encoder_self" ? "Query token" : "Decoding step";
+    this.stepLabel.textContent = view.query_axis;
     c.stepText.textContent = s.step + " / " + (queries - 1) + " " + this.tokenText(view.queries, s.step);
     if (!("qStart" in change)) s.qStart = this.follow(s.qStart, s.step, queries);
     if (!("kStart" in change)) s.kStart = this.follow(s.kStart, s.key, keys);

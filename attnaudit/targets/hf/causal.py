@@ -1,9 +1,9 @@
 """Decoder-only (causal) language models as audit targets: prompt -> continuation.
 
 :class:`CausalLM` runs a Hugging Face causal LM (GPT-2, Llama ...) and its tokenizer as
-the callables of the same :class:`~attnaudit.targets.contract.Seq2SeqTarget` the protocols
-use; :func:`~attnaudit.targets.hf.loading.from_hf` builds that target for a checkpoint whose
-config is not an encoder-decoder. The mapping:
+the callables of a :class:`~attnaudit.targets.contract.DecoderOnlyTarget`, the decoder-only
+family of the contract the protocols use; :func:`~attnaudit.targets.hf.loading.from_hf`
+builds that target for a checkpoint whose config is not an encoder-decoder. The mapping:
 
 - the *source* is the prompt, left-padded as Hugging Face batches it: ``source_ids`` (B, P),
   ``source_mask`` True on real tokens; prompts longer than the limit keep their last tokens;
@@ -12,9 +12,11 @@ config is not an encoder-decoder. The mapping:
   first end-of-sequence token; ``teacher_forced`` runs prompt + continuation once, and
   the row at position ``P-1 + t`` gives the logits of continuation token ``t``;
 - the model's self-attention is presented to capture as two views per layer
-  (:mod:`attnaudit.capturing.views`): ``:cross``, the continuation rows over the prompt
-  keys (renormalised over the prompt), and ``:self``, the same rows over the prompt's last
-  token and the generated prefix (renormalised over those, causal);
+  (:mod:`attnaudit.capturing.views`): ``:cross``, role ``PROMPT``, the continuation rows
+  over the prompt keys (renormalised over the prompt), and ``:self``, role
+  ``CONTINUATION``, the same rows over the prompt's last token and the generated prefix
+  (renormalised over those, causal); :meth:`CausalLM.raw_pass` runs the same pass without
+  views (role ``self``), for contribution measures;
 - ``source_embedding`` is the model's input embedding, called on the prompt first in every
   teacher-forced pass, so attribution and leave-one-out see the prompt positions;
   ``target_embedding`` is the same module, whose second call embeds the steps' inputs (the
@@ -32,11 +34,14 @@ pass, cut back through the cache's API (``decode_states`` / ``decode_step``,
 re-runs the prefix. ``cached_decode`` gives the logits the model's own ``generate()``
 computes along the continuation, for the validity audit's comparison with the one
 teacher-forced pass (:func:`~attnaudit.targets.decoding.forced_logits`,
-:mod:`attnaudit.analysis.cached_decoding`). Position ids are the ones the model's
-``generate()`` gives. The prompt ids stand in for an encoder state. A model that builds its
+:mod:`attnaudit.analysis.cached_decoding`). The prompt ids stand in for an encoder state.
+
+Every pass's inputs come from one place, :meth:`CausalLM.sequence`: position ids as the
+model's ``generate()`` gives them, and the model's own input rules: a model that builds its
 own input from the ids (CPM-Ant: learned positions before the sequence, padding read from
 the ids, a one pass that attends both ways) is run as its ``generate()`` runs it
-(:mod:`attnaudit.targets.hf.own_input`).
+(:mod:`attnaudit.targets.hf.own_input`); whether its forward can compute the last positions'
+logits only (``logits_to_keep``) is read once, in :attr:`CausalLM.keeps_logits`.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ from torch import nn
 
 from attnaudit.capturing.views import prompt_views
 from attnaudit.errors import TargetError
-from attnaudit.targets.contract import Seq2SeqTarget
+from attnaudit.targets.contract import Batch, DecoderOnlyTarget
 from attnaudit.targets.data import AuditData
 from attnaudit.targets.decoding import Decoding, forced_logits
 from attnaudit.targets.hf.cache import cache_argument, cache_before, cache_state
@@ -81,6 +86,11 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     """Position ids (B, L) counting real tokens only (padding at 0), as generate() sets them
     for a model that does not set its own."""
     return (mask.cumsum(-1) - 1).clamp_min(0)
+
+
+def _prompt(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's prompt ids (B, P) and mask (B, P) bool: the contract's source."""
+    return batch.source_ids, batch.source_mask
 
 
 @dataclass
@@ -137,14 +147,15 @@ class CausalLM:
         return ids, mask, offsets if fast else {}
 
     @cached_property
-    def _keeps_logits(self) -> bool:
+    def keeps_logits(self) -> bool:
+        """The model's forward can compute the logits of its last positions only."""
         return "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
     def _logits_of(self, positions: int) -> dict[str, int]:
         """The keyword that makes the model compute the logits of its last ``positions``
         positions only (the output projection of a 50,000-token vocabulary costs more than
         the rest of a small model), when its forward takes one."""
-        return {"logits_to_keep": positions} if self._keeps_logits else {}
+        return {"logits_to_keep": positions} if self.keeps_logits else {}
 
     def continuations(self, texts: Sequence[str]) -> torch.Tensor:
         """Continuation texts as ids (B, T'), tokenized alone without special tokens (a
@@ -157,11 +168,12 @@ class CausalLM:
             out[at, : len(row)] = torch.tensor(row, dtype=torch.long)
         return out
 
-    def greedy(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The continuation (B, T) of prompts ``ids`` (B, P), ``mask`` bool, that
-        :attr:`decoding` returns (greedy, or the best beam); under prompt views, so that a
-        capture of the decoding (an edit held while decoding) sees the ``:cross`` and
-        ``:self`` sites the protocols edit."""
+    def greedy(self, batch: Batch) -> torch.Tensor:
+        """The continuation (B, T) of the batch's prompts that :attr:`decoding` returns
+        (greedy, or the best beam); under prompt views, so that a capture of the decoding
+        (an edit held while decoding) sees the ``:cross`` and ``:self`` sites the protocols
+        edit."""
+        ids, mask = _prompt(batch)
         with prompt_views(ids.shape[1], lead=self.own.lead):
             out = self.decoding.generate(self.model, input_ids=ids, attention_mask=mask.long(),
                                          pad_token_id=self.pad_id, eos_token_id=self.eos_id)
@@ -196,59 +208,91 @@ class CausalLM:
         inputs = embed(torch.cat([ids[:, -1:], prefix], dim=1))
         return {"inputs_embeds": torch.cat([embedded_prompt, inputs[:, 1:]], dim=1)}
 
-    def teacher_forced(self, ids: torch.Tensor, mask: torch.Tensor,
-                       emitted: torch.Tensor) -> torch.Tensor:
-        """Logits (B, T, V): prompt + emitted[:, :-1] in one pass (:meth:`_inputs`);
-        position ids as the model's generate() sets them (:meth:`_position_ids`), and the
-        prompt as the context its generate() gives it (:meth:`OwnInput.context`)."""
-        prompt, prefix = ids.shape[1], self._finished(emitted)[:, :-1]
+    def sequence(self, batch: Batch, emitted: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's input for one pass over prompt + ``emitted[:, :-1]``: ``input_ids``
+        and ``attention_mask`` (B, P + T - 1), the continuation as the model is given it
+        (:meth:`OwnInput.finished`), and ``position_ids`` as its generate() sets them
+        (:meth:`_position_ids`). The one place every pass (teacher-forced, cached, raw)
+        takes its inputs from."""
+        ids, mask = _prompt(batch)
+        prefix = self._finished(emitted)[:, :-1]
+        sequence = torch.cat([ids, prefix], dim=1)
         full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
-        positions = self._position_ids(torch.cat([ids, prefix], dim=1), full_mask)
-        with prompt_views(prompt, lead=self.own.lead), self.own.context(self.model, prompt):
-            out = self.model(**self._inputs(ids, prefix), attention_mask=full_mask,
-                             use_cache=False, **positions,
-                             **self._logits_of(emitted.shape[1]))
+        return {"input_ids": sequence, "attention_mask": full_mask,
+                **self._position_ids(sequence, full_mask)}
+
+    def _forward(self, batch: Batch, emitted: torch.Tensor, *, embedded: bool,
+                 **options: Any) -> Any:
+        """The model run once on :meth:`sequence` (embedded by :meth:`_inputs` when
+        ``embedded``), with the prompt as the context its generate() gives it
+        (:meth:`OwnInput.context`)."""
+        inputs = self.sequence(batch, emitted)
+        if embedded:
+            ids = inputs.pop("input_ids")
+            inputs.update(self._inputs(batch.source_ids, ids[:, batch.source_ids.shape[1]:]))
+        with self.own.context(self.model, batch.source_ids.shape[1]):
+            return self.model(**inputs, **options)
+
+    def teacher_forced(self, batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, V): prompt + emitted[:, :-1] in one pass (:meth:`_inputs`), under
+        prompt views."""
+        with prompt_views(batch.source_ids.shape[1], lead=self.own.lead):
+            out = self._forward(batch, emitted, embedded=True, use_cache=False,
+                                **self._logits_of(emitted.shape[1]))
         return out.logits[:, -emitted.shape[1]:]
 
-    def states(self, ids: torch.Tensor, mask: torch.Tensor,
-               emitted: torch.Tensor) -> dict[str, Any]:
+    def raw_pass(self, batch: Batch, emitted: torch.Tensor) -> Any:
+        """The model's output of the teacher-forced pass on :meth:`sequence`'s ids, *without*
+        prompt views (the raw self-attention over every earlier position); the last
+        position's logits only where the model can (only its hidden states are read)."""
+        return self._forward(batch, emitted, embedded=False, use_cache=False,
+                             **self._logits_of(1))
+
+    def encode(self, batch: Batch) -> torch.Tensor:
+        """Nothing to encode: the prompt ids (B, P) stand in for an encoder state, so that an
+        edited step runs one position from the unedited pass's key/value cache."""
+        return batch.source_ids
+
+    def decode(self, batch: Batch, encoded: Any, emitted: torch.Tensor) -> torch.Tensor:
+        """:meth:`teacher_forced` (the prompt is in ``batch``)."""
+        return self.teacher_forced(batch, emitted)
+
+    def decode_states(self, batch: Batch, encoded: Any, emitted: torch.Tensor
+                      ) -> dict[str, Any]:
         """The model's own cache after one teacher-forced pass over prompt +
         ``emitted[:, :-1]`` (P + T - 1 positions; position ``P-1 + t`` is the input of step
         ``t``; and the model's own leading positions, :attr:`OwnInput.lead`), as
         :func:`~attnaudit.targets.hf.cache.cache_state` keeps it; a TargetError when the
         model returns no cache that can be cut back."""
-        prefix = self._finished(emitted)[:, :-1]
-        full_mask = torch.cat([mask.long(), torch.ones_like(prefix)], dim=1)
-        with self.own.context(self.model, ids.shape[1]):
-            out = self.model(**self._inputs(ids, prefix), attention_mask=full_mask,
-                             use_cache=True, **self._logits_of(1),
-                             **self._position_ids(torch.cat([ids, prefix], dim=1), full_mask))
+        out = self._forward(batch, emitted, embedded=True, use_cache=True,
+                            **self._logits_of(1))
         cache = getattr(out, "cache", None)
         cache = getattr(out, "past_key_values", None) if cache is None else cache
-        return cache_state(cache, len(ids), self.own.lead + full_mask.shape[1], ids.device)
+        positions = self.own.lead + batch.source_ids.shape[1] + emitted.shape[1] - 1
+        return cache_state(cache, len(batch), positions, batch.source_ids.device)
 
-    def step(self, ids: torch.Tensor, mask: torch.Tensor, states: dict[str, Any],
-             emitted: torch.Tensor, step: int) -> torch.Tensor:
+    def decode_step(self, batch: Batch, encoded: Any, states: dict[str, Any],
+                    emitted: torch.Tensor, step: int) -> torch.Tensor:
         """Logits (B, V) of continuation step ``step``, one position run from a copy of the
         cached ones before it (``states``, the rows selected), under prompt views; a model
         that wants them is given the whole sequence's ids (:class:`OwnInput`)."""
-        emitted = self._finished(emitted)
-        prompt, sequence = ids.shape[1], torch.cat([ids, emitted[:, :step]], dim=1)
+        inputs = self.sequence(batch, emitted[:, :step + 1])  # prompt + emitted[:, :step]
+        sequence = inputs.pop("input_ids")
         token = sequence if self.own.whole_ids_per_step else sequence[:, -1:]
-        full_mask = torch.cat([mask.long(), torch.ones_like(emitted[:, :step])], dim=1)
+        prompt = batch.source_ids.shape[1]
         before = prompt - 1 + step  # cached positions of the sequence
         cache = cache_before(states, self.own.lead + before)
-        positions = self._position_ids(sequence, full_mask)
+        if "position_ids" in inputs:
+            inputs["position_ids"] = inputs["position_ids"][..., -1:]
         with prompt_views(prompt, positions=before + 1, lead=self.own.lead):
-            out = self.model(input_ids=token, attention_mask=full_mask, use_cache=True,
-                             **{k: v[..., -1:] for k, v in positions.items()},
+            out = self.model(input_ids=token, use_cache=True, **inputs,
                              **{cache_argument(self.model): cache})
         return out.logits[:, -1]
 
-    def cached_decode(self, ids: torch.Tensor, mask: torch.Tensor,
-                      emitted: torch.Tensor) -> torch.Tensor:
+    def cached_decode(self, batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
         """Logits (B, T', V) of the continuation ``emitted`` (B, T) as the model's own
         ``generate()`` computes them (:func:`~attnaudit.targets.decoding.forced_logits`)."""
+        ids, mask = _prompt(batch)
         return forced_logits(self.model, emitted, input_ids=ids, attention_mask=mask.long(),
                              pad_token_id=self.pad_id, eos_token_id=self.eos_id)
 
@@ -271,6 +315,9 @@ class CausalLM:
     def tokens(self, ids: torch.Tensor) -> list[list[str]]:
         return [self.tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids]
 
+    def prompt_tokens(self, batch: Batch) -> list[list[str]]:
+        return self.tokens(batch.source_ids)
+
     def description(self, origin: str, n_prompts: int) -> str:
         return (f"{type(self.model).__name__} (decoder-only) from "
                 f"{origin or 'a loaded model'}: {n_prompts} prompts, continuations by "
@@ -278,7 +325,7 @@ class CausalLM:
                 "continuation's attention over the prompt, renormalised over the prompt")
 
     def target(self, data: AuditData, *, batch_size: int, max_source_tokens: int | None,
-               label: str, origin: str, name: str | None) -> Seq2SeqTarget:
+               label: str, origin: str, name: str | None) -> DecoderOnlyTarget:
         """The target auditing prompt -> continuation on ``data``: prompts cut to the
         smaller of ``max_source_tokens`` and the position limit less the continuation,
         keeping their end; batches on the model's device."""
@@ -292,27 +339,15 @@ class CausalLM:
             truncation += " (a cut prompt keeps its last tokens)"
         where = next(self.model.parameters()).device
         embedding = None if self.reads_ids else self.model.get_input_embeddings()
-        return Seq2SeqTarget(
+        return DecoderOnlyTarget(
             name=name or label, model=self.model,
             batches=lambda: data.batches(batch_size, where, self.prompts, self.continuations),
-            greedy=lambda batch: self.greedy(batch.source_ids, batch.source_mask),
-            teacher_forced=lambda batch, emitted: self.teacher_forced(
-                batch.source_ids, batch.source_mask, emitted),
-            # nothing to encode: the prompt ids stand in for an encoder state, so that an
-            # edited step runs one position from the unedited pass's key/value cache
-            encode=lambda batch: batch.source_ids,
-            decode=lambda batch, encoded, emitted: self.teacher_forced(
-                batch.source_ids, batch.source_mask, emitted),
-            decode_states=lambda batch, encoded, emitted: self.states(
-                batch.source_ids, batch.source_mask, emitted),
-            decode_step=lambda batch, encoded, states, emitted, step: self.step(
-                batch.source_ids, batch.source_mask, states, emitted, step),
-            cached_decode=lambda batch, emitted: self.cached_decode(
-                batch.source_ids, batch.source_mask, emitted),
-            source_embedding=embedding,
-            source_tokens=lambda batch: self.tokens(batch.source_ids), target_tokens=self.tokens,
-            eos_id=self.eos_id, special_ids=self.special_ids,
+            greedy=self.greedy, teacher_forced=self.teacher_forced,
+            encode=self.encode, decode=self.decode, decode_states=self.decode_states,
+            decode_step=self.decode_step, cached_decode=self.cached_decode,
+            sequence=self.sequence, raw_pass=self.raw_pass,
+            source_embedding=embedding, source_tokens=self.prompt_tokens,
+            target_tokens=self.tokens, eos_id=self.eos_id, special_ids=self.special_ids,
             description=self.description(origin, len(data.sources)), device=where,
             truncation=truncation, target_embedding=embedding,
-            first_prefix_input=1, unk_id=self.tokenizer.unk_token_id,
-            decoding=self.decoding)
+            unk_id=self.tokenizer.unk_token_id, decoding=self.decoding)
