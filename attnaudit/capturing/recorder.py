@@ -17,6 +17,7 @@ from torch import nn
 from attnaudit.capturing import hf, logsumexp, mha, sdpa, softmax
 from attnaudit.capturing.blocks import DEFAULT_MAX_MEMORY, parse_memory
 from attnaudit.capturing.layout import CallSite, Layout, int_locals, module_heads, resolve_layout
+from attnaudit.capturing.model_facts import PatternsArg, SiteRules, facts_for
 from attnaudit.capturing.protocol import MhaCall
 from attnaudit.capturing.sites import SiteRegistry, SiteSelection, make_selector, site_base
 from attnaudit.capturing.state import ACTIVE, compiled_code_runs_eagerly
@@ -58,7 +59,9 @@ class Capture:
     """
 
     def __init__(self, model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None,
-                 *, kinds: Mapping[str, Kind] | None = None,
+                 *, include: PatternsArg = None, exclude: PatternsArg = None,
+                 roles: Mapping[str, Kind] | None = None,
+                 kinds: Mapping[str, Kind] | None = None,
                  heads: Mapping[str, int] | None = None, scores: bool = False,
                  values: bool = False, allow_invalid: bool = False,
                  on_call: OnCall | None = None, keep: bool = True,
@@ -87,7 +90,9 @@ class Capture:
         select, self._requested = make_selector(sites)
         self._modules = list(model.named_modules())
         self._select = select
-        self.sites_registry = SiteRegistry(self._modules, _view_aware(select), kinds)
+        self.sites_registry = SiteRegistry(
+            self._modules, _view_aware(select), kinds, SiteRules.of(include, exclude, roles),
+            facts_for(m for _, m in self._modules))
         self.records: dict[str, AttentionRecord] = {}
         self.recorded: dict[str, Site] = {}
         self._counts: dict[str, tuple[int, int]] = {}  # site -> (calls, queries) so far
@@ -406,6 +411,8 @@ def _model_namespaces(modules: list[nn.Module]) -> list[dict[str, Any]]:
 
 
 def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None, *,
+            include: PatternsArg = None, exclude: PatternsArg = None,
+            roles: Mapping[str, Kind] | None = None,
             kinds: Mapping[str, Kind] | None = None, heads: Mapping[str, int] | None = None,
             scores: bool = False, values: bool = False, allow_invalid: bool = False,
             on_call: OnCall | None = None, keep: bool = True,
@@ -419,12 +426,25 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
     Args:
         model: the model; softmax/SDPA calls are attributed to its modules by call stack.
         sites: None for every site found, a list of names (a name with or without its
-            ``:self``/``:cross`` suffix), or a predicate over names.
+            ``:self``/``:cross`` suffix), or a predicate over names: which of the sites found
+            are recorded.
+        include: a pattern or patterns (``fnmatch``, matched against a site's module path,
+            its name without suffix, or its module's class name) of softmaxes that are
+            attention whatever the table of model facts or the generic rules say, e.g.
+            ``include="*.blend"`` for attention in a module no rule reads as attention.
+        exclude: patterns of softmaxes that are never sites (a router the rules read as
+            attention), e.g. ``exclude="*head_router"``; beats ``include`` and ``roles``.
+        roles: patterns to ``"self"`` / ``"cross"``: attention of that kind, whatever the
+            generic rules and the cross-attention name words say, e.g.
+            ``{"*.mixer": "cross"}``. The order of rules (this override, then the table of
+            model facts, then the generic rules) is in
+            :mod:`attnaudit.capturing.model_facts`.
         edit: ``(site, weights, key_mask) -> weights``, called at every selected call with
             weights ``(batch, heads, queries, keys)``; what it returns is what the model's
             downstream computation uses (None leaves the weights unchanged). ``site.call``
             and ``site.query_offset`` say which call it is.
-        kinds: override or supply kinds by site name without suffix, e.g. ``{"attend": "cross"}``.
+        kinds: override or supply kinds by exact site name without suffix, e.g.
+            ``{"attend": "cross"}`` (beats ``roles``).
         heads: state the head count of sites whose code folds heads into the batch axis
             (``(batch * heads, queries, keys)``) where nothing at the call site says it, by
             site name with or without suffix, e.g. ``{"decoder.attn": 8}``. Each record's
@@ -448,6 +468,7 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
     exit raises :class:`NoAttentionFound` if no site was seen and :class:`SiteNotFound` if a
     requested name never appeared.
     """
-    return Capture(model, sites, edit, kinds=kinds, heads=heads, scores=scores, values=values,
+    return Capture(model, sites, edit, include=include, exclude=exclude, roles=roles,
+                   kinds=kinds, heads=heads, scores=scores, values=values,
                    allow_invalid=allow_invalid, on_call=on_call, keep=keep,
                    max_memory=max_memory)

@@ -115,7 +115,8 @@ def _sinks(cap: ActiveCapture, site: Site, shape: tuple[int, ...], dim: int,
     if key not in known:
         module = cap.sites_registry.modules.get(site.module)
         last = dim % len(shape) == len(shape) - 1  # concatenated sinks end the key axis
-        known[key] = sink_columns(names(), module, shape[dim]) if last else 0
+        known[key] = sink_columns(names(), module, shape[dim],
+                                  cap.sites_registry.sink_names) if last else 0
     return known[key]
 
 
