@@ -126,10 +126,10 @@ class ModelFacts:
 
     architecture: str
     serves: str
-    attention: Patterns = ()
-    not_attention: Patterns = ()
-    kinds: tuple[tuple[str, Kind], ...] = ()
-    sinks: Patterns = ()
+    attention: PatternsArg = ()
+    not_attention: PatternsArg = ()
+    kinds: Mapping[str, Kind] | tuple[tuple[str, Kind], ...] = ()
+    sinks: PatternsArg = ()
     lead: int | str = 0
     pad_id: int | None = None
     whole_ids_per_step: bool = False
@@ -146,11 +146,20 @@ class ModelFacts:
         if not (isinstance(self.lead, str) or (type(self.lead) is int and self.lead >= 0)):
             raise CaptureError(f"model facts for {self.architecture!r}: lead must be a "
                                f"non-negative int or a config attribute name, got {self.lead!r}")
-        for name in ("attention", "not_attention", "sinks"):
-            object.__setattr__(self, name, _patterns(getattr(self, name), name))
-        object.__setattr__(self, "kinds", _kinds(self.kinds, "kinds"))
-        object.__setattr__(self, "sites", SiteRules(self.attention, self.not_attention,
-                                                    self.kinds))
+        # held as tuples whatever was given, so that entries compare and hash
+        attention, not_attention = (_patterns(self.attention, "attention"),
+                                    _patterns(self.not_attention, "not_attention"))
+        kinds = _kinds(self.kinds, "kinds")
+        object.__setattr__(self, "attention", attention)
+        object.__setattr__(self, "not_attention", not_attention)
+        object.__setattr__(self, "kinds", kinds)
+        object.__setattr__(self, "sinks", _patterns(self.sinks, "sinks"))
+        object.__setattr__(self, "sites", SiteRules(attention, not_attention, kinds))
+
+    @property
+    def sink_names(self) -> Patterns:
+        """The names of locals or module attributes holding sink logits it adds."""
+        return _patterns(self.sinks, "sinks")
 
     def lead_for(self, config: Any) -> int:
         """The leading positions of a model with ``config`` (``lead``, read off the config

@@ -121,8 +121,8 @@ class SiteRegistry:
         self.kinds = _checked_kinds(kinds)
         # the user's rules first, then each table entry's, before the generic rules
         self.rules = [r for r in (override, *(f.sites for f in facts or ())) if r]
-        self.sink_names = tuple(dict.fromkeys(
-            (*SINK_NAMES, *(n for f in facts or () for n in f.sinks))))
+        extra = [n for f in facts or () for n in f.sink_names]
+        self.sink_names = tuple(dict.fromkeys((*SINK_NAMES, *extra)))
         self.found: dict[str, Site] = {}
         self._by_key: dict[object, Site | None] = {}
         self._base_lines: dict[str, list[object]] = {}

@@ -313,7 +313,7 @@ class KeyValueAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None) -> torch.Tensor:
         is_cross_attention = memory is not None
-        keys = memory if is_cross_attention else x
+        keys = x if memory is None else memory
         return torch.softmax(x @ keys.transpose(-1, -2), -1) @ keys
 
 
@@ -403,15 +403,21 @@ def tiny_llama(backend: str) -> nn.Module:
 
 
 def test_a_packed_grouped_query_step_is_one_query():
+    # with a mask (a left-padded row), transformers' SDPA step packs the query heads
     model, eager = tiny_llama("sdpa"), tiny_llama("eager")
-    ids = torch.randint(3, 50, (1, T))
+    ids = torch.randint(3, 50, (2, T))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
     with torch.no_grad():
-        cache = model(input_ids=ids[:, :-1], use_cache=True).past_key_values
-        truth = eager(input_ids=ids, output_attentions=True).attentions[0][:, :, -1:]
+        cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
+                      use_cache=True).past_key_values
+        truth = eager(input_ids=ids, attention_mask=mask,
+                      output_attentions=True).attentions[0][:, :, -1:]
         with attnaudit.capture(model) as cap:
-            model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
+            model(input_ids=ids[:, -1:], attention_mask=mask, past_key_values=cache,
+                  use_cache=True)
     rec = cap.records["model.layers.0.self_attn:self"]
-    assert rec.weights.shape == (1, 4, 1, T)
+    assert rec.weights.shape == (2, 4, 1, T)
     torch.testing.assert_close(rec.weights, truth, rtol=0, atol=1e-5)
 
 
