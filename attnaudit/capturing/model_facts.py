@@ -259,6 +259,10 @@ HEURISTICS: tuple[Heuristic, ...] = (
               "(multihead_attn) and research code (src_attn, enc_att, ...)",
               _CAPTURING + "test_site_identity.py::"
               "test_cross_attention_module_names_used_by_toolkits_are_cross"),
+    Heuristic("self-attention word", "attnaudit.capturing.sites:kind_from_name",
+              "self-attention modules whose last name part says self, as Hugging Face's "
+              "BERT-style encoders name theirs (encoder.layer.0.attention.self)",
+              _CAPTURING + "test_hf_path.py::test_bert_encoder_self_attention"),
     Heuristic("is_cross_attention local", "attnaudit.capturing.sites:CROSS_LOCAL",
               "Hugging Face attention forwards that compute is_cross_attention from their "
               "key_value_states (LED, LongT5, ProphetNet, SwitchTransformers)",

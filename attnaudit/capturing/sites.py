@@ -7,17 +7,18 @@ root-module method, ``decoder.attn`` for a submodule's forward), plus ``@2``, ``
 further attention calls made from other lines of the same method (in order of first call,
 so names do not depend on line numbers), plus ``:self`` / ``:cross`` when the kind is known.
 
-Whether a call is a site, and its kind, are decided in the order of
-:mod:`attnaudit.capturing.model_facts`: the user's override (``include`` / ``exclude`` /
-``roles``, ``kinds``), then the model's entries in the table of model facts, then the
-generic rules (:mod:`attnaudit.capturing.roles`; for the kind: the attention module's own
-``is_cross_attention`` local, ``is_causal`` on an SDPA call, then :func:`kind_from_name`).
 A free function whose first argument is one of the model's modules
 (``attend(model, q, k, v)`` called from the user's own loop, Hugging Face's
 ``eager_attention_forward(module, ...)``) computes that module's attention: the site is the
 module's own method further up the stack when there is one, else the module's path (plus
 the function's name for the root module). ``torch.compile`` wrappers (``_orig_mod``) are
 left out of paths, so names and overrides are the same compiled or not.
+
+Whether a call is a site, and its kind, are decided in the order of
+:mod:`attnaudit.capturing.model_facts`: the user's override (``include`` / ``exclude`` /
+``roles``, ``kinds``), then the model's entries in the table of model facts, then the
+generic rules (:mod:`attnaudit.capturing.roles`; for the kind: the attention module's own
+``is_cross_attention`` local, ``is_causal`` on an SDPA call, then :func:`kind_from_name`).
 """
 
 from __future__ import annotations
