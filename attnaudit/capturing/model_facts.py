@@ -33,7 +33,7 @@ from typing import Any
 
 from torch import nn
 
-from attnaudit.errors import CaptureError
+from attnaudit.errors import CaptureError, CaptureOptionError
 from attnaudit.record import Kind
 
 KINDS = ("self", "cross")
@@ -59,7 +59,7 @@ def _kinds(value: Mapping[str, str] | Iterable[tuple[str, str]] | None,
         if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
             raise TypeError(f"{what} must map patterns to 'self' or 'cross'; got {value!r}")
         if pair[1] not in KINDS:
-            raise CaptureError(f"{what}[{pair[0]!r}] must be 'self' or 'cross', got "
+            raise CaptureOptionError(f"{what}[{pair[0]!r}] must be 'self' or 'cross', got "
                                f"{pair[1]!r}; leave a site out with exclude=[...] instead")
     return pairs
 
@@ -141,10 +141,10 @@ class ModelFacts:
             raise TypeError(f"architecture must be a model_type or class name, got "
                             f"{self.architecture!r}")
         if not isinstance(self.serves, str) or not self.serves.strip():
-            raise CaptureError(f"model facts for {self.architecture!r}: say which code the "
+            raise CaptureOptionError(f"model facts for {self.architecture!r}: say which code the "
                                "entry serves (serves='...')")
         if not (isinstance(self.lead, str) or (type(self.lead) is int and self.lead >= 0)):
-            raise CaptureError(f"model facts for {self.architecture!r}: lead must be a "
+            raise CaptureOptionError(f"model facts for {self.architecture!r}: lead must be a "
                                f"non-negative int or a config attribute name, got {self.lead!r}")
         # held as tuples whatever was given, so that entries compare and hash
         attention, not_attention = (_patterns(self.attention, "attention"),
@@ -168,7 +168,7 @@ class ModelFacts:
             return self.lead
         value = getattr(config, self.lead, None)
         if type(value) is not int or value < 0:
-            raise CaptureError(f"model facts for {self.architecture!r}: lead names "
+            raise CaptureOptionError(f"model facts for {self.architecture!r}: lead names "
                                f"config.{self.lead}, which the model's config does not hold "
                                f"as a non-negative int (got {value!r})")
         return value

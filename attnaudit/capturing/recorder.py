@@ -30,7 +30,13 @@ from attnaudit.capturing.views import (
     run_name,
     view_mask_source,
 )
-from attnaudit.errors import CaptureError, EditError, NoAttentionFound, SiteNotFound
+from attnaudit.errors import (
+    CaptureError,
+    CaptureOptionError,
+    EditError,
+    NoAttentionFound,
+    SiteNotFound,
+)
 from attnaudit.record import AttentionCall, AttentionRecord, Kind, Site
 
 Edit = Callable[[Site, torch.Tensor, torch.Tensor | None], torch.Tensor | None]
@@ -296,7 +302,8 @@ class Capture:
                             f"site name (str) and a weights tensor; got {type(name).__name__} "
                             f"and {type(weights).__name__}")
         if kind not in (None, "self", "cross"):
-            raise ValueError(f"tap {name!r}: kind must be 'self', 'cross' or None, got {kind!r}")
+            raise CaptureOptionError(f"tap {name!r}: kind must be 'self', 'cross' or None, got "
+                                     f"{kind!r}")
         site = self.sites_registry.for_tap(name, kind)
         if site is None:
             return weights
@@ -304,7 +311,7 @@ class Capture:
         try:
             mask4 = None if key_mask is None else layout.to_record(key_mask.bool())
         except ValueError as exc:
-            raise ValueError(f"tap {name!r}: {exc}") from None
+            raise CaptureOptionError(f"tap {name!r}: {exc}") from None
         edited = self.record(site, layout, layout.to_record(weights),
                              None if mask4 is None else (lambda: mask4), None, None)
         return weights if edited is None else layout.from_record(edited)
@@ -398,7 +405,7 @@ def _checked_heads(heads: Mapping[str, int] | None) -> dict[str, int]:
         raise TypeError(f"heads must map site names to head counts, got {type(heads).__name__}")
     for name, n in heads.items():
         if type(n) is not int or n < 1:
-            raise ValueError(f"heads[{name!r}] must be a positive int, got {n!r}")
+            raise CaptureOptionError(f"heads[{name!r}] must be a positive int, got {n!r}")
     return dict(heads)
 
 

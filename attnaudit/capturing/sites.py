@@ -32,6 +32,7 @@ from torch import nn
 
 from attnaudit.capturing.model_facts import ModelFacts, SiteRules
 from attnaudit.capturing.roles import SINK_NAMES, routes_or_mixes
+from attnaudit.errors import CaptureOptionError
 from attnaudit.record import Kind, Site
 
 SiteSelection = None | Iterable[str] | Callable[[str], bool]
@@ -106,7 +107,7 @@ def _checked_kinds(kinds: Mapping[str, Kind] | None) -> dict[str, Kind]:
         raise TypeError(f"kinds must map site names to 'self' or 'cross', got {kinds!r}")
     bad = {name: kind for name, kind in kinds.items() if kind not in ("self", "cross")}
     if bad:
-        raise ValueError(f"kinds must be 'self' or 'cross'; got {bad}")
+        raise CaptureOptionError(f"kinds must be 'self' or 'cross'; got {bad}")
     return {clean_path(name): kind for name, kind in kinds.items()}
 
 

@@ -27,7 +27,7 @@ from attnaudit.capturing.model_facts import (
 )
 from attnaudit.capturing.roles import ROLE_RULES, routes_or_mixes
 from attnaudit.capturing.views import prompt_views
-from attnaudit.errors import CaptureError, NoAttentionFound
+from attnaudit.errors import CaptureError, CaptureOptionError, NoAttentionFound
 from attnaudit.targets.hf.own_input import OwnInput, own_input
 
 B, H, T, D, E = 2, 2, 6, 8, 6  # batch, heads, tokens, width, experts (as many as tokens)
@@ -189,7 +189,7 @@ def test_an_explicit_role_beats_the_cross_attention_words():
     w = model.cross_layer_attn.q.weight.detach(), model.cross_layer_attn.k.weight.detach()
     torch.testing.assert_close(rec.calls[0].weights.double(), by_hand(x, *w), rtol=0,
                                atol=1e-6)
-    with pytest.raises(CaptureError, match="'self' or 'cross'"):
+    with pytest.raises(CaptureOptionError, match="'self' or 'cross'"):
         attnaudit.capture(model, roles={"*": "router"})
 
 
