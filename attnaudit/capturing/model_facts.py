@@ -1,17 +1,18 @@
 """Model facts: what capture and a target must know of an architecture that its code does
 not say in a form they can read, held as data.
 
-Which softmaxes of a model are attention, which are self- and which cross-attention, which
-tensors are sink logits, how many leading positions of its own a model prepends, and how it
-builds its input from the ids are decided in one order, the first that says something
-winning:
+Which softmaxes of a model are attention, and which are self- and which cross-attention,
+are decided in one order, the first that says something winning (sink names add up; how
+many leading positions a model prepends and how it builds its input from the ids come from
+its entry alone, the defaults without one):
 
 1. the user's override for one capture: ``capture(model, include=..., exclude=...,
    roles=...)`` (:class:`SiteRules`), and ``kinds=`` by exact site name;
 2. the model's entry in the table of model facts (:class:`ModelFacts`), looked up by
    architecture: the ``config.model_type`` of any of its modules that has a Hugging Face
-   config, and the class name of the model itself; an entry registered with
-   :func:`register_model_facts` replaces a built-in one for the same architecture;
+   config, and the class name of the model itself (its class name's entry first, when
+   both have one); an entry registered with :func:`register_model_facts` replaces a
+   built-in one for the same architecture;
 3. the generic heuristics: the role rules (:data:`attnaudit.capturing.roles.ROLE_RULES`),
    the cross-attention name words (:func:`attnaudit.capturing.sites.kind_from_name`), the
    layout and sink names read at the call site. Each is listed in :data:`HEURISTICS` with
