@@ -6,7 +6,8 @@ The hierarchy::
     ├── AttnauditError                 raised on purpose: the CLI prints it as one line, exit 2
     │   ├── CaptureError (RuntimeError)       capture cannot start or proceed
     │   │   ├── NoAttentionFound              the model ran, no attention site was seen
-    │   │   └── SiteNotFound (KeyError)       requested sites never appeared
+    │   │   ├── SiteNotFound (KeyError)       requested sites never appeared
+    │   │   └── CaptureOptionError (ValueError)   a capture option has an unusable value
     │   ├── EditError (ValueError)            an edit returned something unusable
     │   ├── TargetError                       a target cannot be loaded or lacks a part
     │   ├── DataFileError                     a data file is not source[<TAB>target] lines
@@ -47,6 +48,11 @@ class SiteNotFound(CaptureError, KeyError):
 
     def __str__(self) -> str:  # KeyError would print the repr of the message
         return str(self.args[0])
+
+
+class CaptureOptionError(CaptureError, ValueError):
+    """A capture option (``kinds``, ``roles``, ``heads``, ``max_memory``, a tap's ``kind`` or
+    key mask, a model-facts entry) has a value capture cannot use; the message names it."""
 
 
 class EditError(AttnauditError, ValueError):

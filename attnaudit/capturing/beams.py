@@ -104,12 +104,13 @@ def _path_and_slots(beams: Any, slots: int | None, records: Mapping[str, Attenti
     if isinstance(beams, torch.Tensor):
         path = beams
     else:
-        path = getattr(beams, "beam_indices", None)
-        if path is None:
+        found = getattr(beams, "beam_indices", None)
+        if found is None:
             raise CaptureError(
                 "the generate() output has no beam_indices: call generate(..., num_beams=k, "
                 "return_dict_in_generate=True, output_scores=True), or pass the back-pointers "
                 "as a (sequences, steps) tensor")
+        path = found
         scores = getattr(beams, "scores", None)
         if slots is None and scores:
             slots = int(scores[0].shape[0])

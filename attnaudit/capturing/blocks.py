@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 
+from attnaudit.errors import CaptureOptionError
+
 DEFAULT_MAX_MEMORY = 1 << 30  # bytes, unless the caller gives a budget
 # Bytes alive per attention weight of a block at once: the float32 scores, weights and
 # their masked copy capture makes (12), and the float64 copy, eligibility, eligible
@@ -32,11 +34,11 @@ def parse_memory(text: str | int) -> int:
         match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
         unit = match.group(2).lower() if match else None
         if match is None or unit not in _UNITS:
-            raise ValueError(f"memory must look like 2GiB, 512MB, 800M or a byte count, "
-                             f"got {text!r}")
+            raise CaptureOptionError(f"memory must look like 2GiB, 512MB, 800M or a byte count, "
+                                     f"got {text!r}")
         value = int(float(match.group(1)) * _UNITS[unit])
     if value <= 0:
-        raise ValueError(f"memory budget must be positive, got {text!r}")
+        raise CaptureOptionError(f"memory budget must be positive, got {text!r}")
     return value
 
 

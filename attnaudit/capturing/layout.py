@@ -209,9 +209,10 @@ def _many_axes(rest: list[int], site: CallSite) -> tuple[list[Group], str]:
     source = "call"
     queries = site.first(QUERY_NAMES) if site.query_last else None
     packed = queries is not None and rest[-1] != queries and rest[-1] % queries == 0
+    n_q = queries if queries is not None else 1  # what packing is read with
     # a step packing each key/value head's query heads along the queries (multi-query:
     # (B, 1, H * Q)) splits the head count over those two axes: no other axis holds it
-    split = packed and heads == math.prod(rest[1:-1]) * rest[-1] // queries
+    split = packed and heads == math.prod(rest[1:-1]) * rest[-1] // n_q
     if heads is not None and rest[1] != heads and not split:
         # the last axis is the queries unless nothing else can hold the heads
         elsewhere = [i for i in range(2, len(rest)) if rest[i] == heads]
@@ -223,7 +224,7 @@ def _many_axes(rest: list[int], site: CallSite) -> tuple[list[Group], str]:
         letters, source = ["b", "h", *["q"] * (len(rest) - 2)], named
     groups: list[Group] = [[(x, n)] for x, n in zip(letters, rest, strict=True)]
     if packed and letters[-1] == "q":
-        groups[-1] = [("h", rest[-1] // queries), ("q", queries)]
+        groups[-1] = [("h", rest[-1] // n_q), ("q", n_q)]
         source = "call" if site.from_call else "inferred"
     return groups, source
 

@@ -17,6 +17,7 @@ from torch import nn
 from attnaudit.capturing import hf, logsumexp, mha, sdpa, softmax
 from attnaudit.capturing.blocks import DEFAULT_MAX_MEMORY, parse_memory
 from attnaudit.capturing.layout import CallSite, Layout, int_locals, module_heads, resolve_layout
+from attnaudit.capturing.model_facts import PatternsArg, SiteRules, facts_for
 from attnaudit.capturing.protocol import MhaCall
 from attnaudit.capturing.sites import SiteRegistry, SiteSelection, make_selector, site_base
 from attnaudit.capturing.state import ACTIVE, compiled_code_runs_eagerly
@@ -28,7 +29,13 @@ from attnaudit.capturing.views import (
     run_name,
     view_mask_source,
 )
-from attnaudit.errors import CaptureError, EditError, NoAttentionFound, SiteNotFound
+from attnaudit.errors import (
+    CaptureError,
+    CaptureOptionError,
+    EditError,
+    NoAttentionFound,
+    SiteNotFound,
+)
 from attnaudit.record import AttentionCall, AttentionRecord, Kind, Site
 
 Edit = Callable[[Site, torch.Tensor, torch.Tensor | None], torch.Tensor | None]
@@ -57,7 +64,9 @@ class Capture:
     """
 
     def __init__(self, model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None,
-                 *, kinds: Mapping[str, Kind] | None = None,
+                 *, include: PatternsArg = None, exclude: PatternsArg = None,
+                 roles: Mapping[str, Kind] | None = None,
+                 kinds: Mapping[str, Kind] | None = None,
                  heads: Mapping[str, int] | None = None, scores: bool = False,
                  values: bool = False, allow_invalid: bool = False,
                  on_call: OnCall | None = None, keep: bool = True,
@@ -86,7 +95,9 @@ class Capture:
         select, self._requested = make_selector(sites)
         self._modules = list(model.named_modules())
         self._select = select
-        self.sites_registry = SiteRegistry(self._modules, _view_aware(select), kinds)
+        self.sites_registry = SiteRegistry(
+            self._modules, _view_aware(select), kinds, SiteRules.of(include, exclude, roles),
+            facts_for(m for _, m in self._modules))
         self.records: dict[str, AttentionRecord] = {}
         self.recorded: dict[str, Site] = {}
         self._counts: dict[str, tuple[int, int]] = {}  # site -> (calls, queries) so far
@@ -292,7 +303,8 @@ class Capture:
                             f"site name (str) and a weights tensor; got {type(name).__name__} "
                             f"and {type(weights).__name__}")
         if kind not in (None, "self", "cross"):
-            raise ValueError(f"tap {name!r}: kind must be 'self', 'cross' or None, got {kind!r}")
+            raise CaptureOptionError(f"tap {name!r}: kind must be 'self', 'cross' or None, got "
+                                     f"{kind!r}")
         site = self.sites_registry.for_tap(name, kind)
         if site is None:
             return weights
@@ -300,7 +312,7 @@ class Capture:
         try:
             mask4 = None if key_mask is None else layout.to_record(key_mask.bool())
         except ValueError as exc:
-            raise ValueError(f"tap {name!r}: {exc}") from None
+            raise CaptureOptionError(f"tap {name!r}: {exc}") from None
         edited = self.record(site, layout, layout.to_record(weights),
                              None if mask4 is None else (lambda: mask4), None, None)
         return weights if edited is None else layout.from_record(edited)
@@ -394,7 +406,7 @@ def _checked_heads(heads: Mapping[str, int] | None) -> dict[str, int]:
         raise TypeError(f"heads must map site names to head counts, got {type(heads).__name__}")
     for name, n in heads.items():
         if type(n) is not int or n < 1:
-            raise ValueError(f"heads[{name!r}] must be a positive int, got {n!r}")
+            raise CaptureOptionError(f"heads[{name!r}] must be a positive int, got {n!r}")
     return dict(heads)
 
 
@@ -407,6 +419,8 @@ def _model_namespaces(modules: list[nn.Module]) -> list[dict[str, Any]]:
 
 
 def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None, *,
+            include: PatternsArg = None, exclude: PatternsArg = None,
+            roles: Mapping[str, Kind] | None = None,
             kinds: Mapping[str, Kind] | None = None, heads: Mapping[str, int] | None = None,
             scores: bool = False, values: bool = False, allow_invalid: bool = False,
             on_call: OnCall | None = None, keep: bool = True,
@@ -420,12 +434,25 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
     Args:
         model: the model; softmax/SDPA calls are attributed to its modules by call stack.
         sites: None for every site found, a list of names (a name with or without its
-            ``:self``/``:cross`` suffix), or a predicate over names.
+            ``:self``/``:cross`` suffix), or a predicate over names: which of the sites found
+            are recorded.
+        include: a pattern or patterns (``fnmatch``, matched against a site's module path,
+            its name without suffix, or its module's class name) of softmaxes that are
+            attention whatever the table of model facts or the generic rules say, e.g.
+            ``include="*.blend"`` for attention in a module no rule reads as attention.
+        exclude: patterns of softmaxes that are never sites (a router the rules read as
+            attention), e.g. ``exclude="*head_router"``; beats ``include`` and ``roles``.
+        roles: patterns to ``"self"`` / ``"cross"``: attention of that kind, whatever the
+            generic rules and the cross-attention name words say, e.g.
+            ``{"*.mixer": "cross"}``. The order of rules (this override, then the table of
+            model facts, then the generic rules) is in
+            :mod:`attnaudit.capturing.model_facts`.
         edit: ``(site, weights, key_mask) -> weights``, called at every selected call with
             weights ``(batch, heads, queries, keys)``; what it returns is what the model's
             downstream computation uses (None leaves the weights unchanged). ``site.call``
             and ``site.query_offset`` say which call it is.
-        kinds: override or supply kinds by site name without suffix, e.g. ``{"attend": "cross"}``.
+        kinds: override or supply kinds by exact site name without suffix, e.g.
+            ``{"attend": "cross"}`` (beats ``roles``).
         heads: state the head count of sites whose code folds heads into the batch axis
             (``(batch * heads, queries, keys)``) where nothing at the call site says it, by
             site name with or without suffix, e.g. ``{"decoder.attn": 8}``. Each record's
@@ -449,6 +476,7 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
     exit raises :class:`NoAttentionFound` if no site was seen and :class:`SiteNotFound` if a
     requested name never appeared.
     """
-    return Capture(model, sites, edit, kinds=kinds, heads=heads, scores=scores, values=values,
+    return Capture(model, sites, edit, include=include, exclude=exclude, roles=roles,
+                   kinds=kinds, heads=heads, scores=scores, values=values,
                    allow_invalid=allow_invalid, on_call=on_call, keep=keep,
                    max_memory=max_memory)

@@ -48,7 +48,8 @@ def _patched(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
         cap.busy = True
         try:
             out = original(*args, **kwargs)
-            scores = args[0] if args else kwargs.get("input", kwargs.get("self"))
+            # the call above ran, so its input is there
+            scores = args[0] if args else kwargs["input"] if "input" in kwargs else kwargs["self"]
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             if dim is None:
                 dim = _legacy_dim(out.ndim)
@@ -65,12 +66,10 @@ def on_softmax(cap: ActiveCapture, scores: torch.Tensor, out: torch.Tensor, dim:
     # F.multi_head_attention_forward (from nn.MultiheadAttention or called directly) works on
     # (batch * heads, queries, keys); its own num_heads / bsz arguments give the layout.
     in_mha = frame.f_code is MHA_CODE
-    if in_mha and cap.mha_stack:
-        site = cap.mha_stack[-1].site
-    else:
-        site = cap.sites_registry.from_frame(frame, "softmax")
-        if site is None:
-            return out
+    site = cap.mha_stack[-1].site if in_mha and cap.mha_stack else \
+        cap.sites_registry.from_frame(frame, "softmax")
+    if site is None:
+        return out
     names = _Names(cap, frame, site)
     weights, sink = out, None
     n_sinks = _sinks(cap, site, tuple(out.shape), dim, names) if out.ndim else 0
@@ -115,7 +114,8 @@ def _sinks(cap: ActiveCapture, site: Site, shape: tuple[int, ...], dim: int,
     if key not in known:
         module = cap.sites_registry.modules.get(site.module)
         last = dim % len(shape) == len(shape) - 1  # concatenated sinks end the key axis
-        known[key] = sink_columns(names(), module, shape[dim]) if last else 0
+        known[key] = sink_columns(names(), module, shape[dim],
+                                  cap.sites_registry.sink_names) if last else 0
     return known[key]
 
 

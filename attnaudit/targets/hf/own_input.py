@@ -39,9 +39,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnaudit.capturing.model_facts import model_facts
 from attnaudit.errors import TargetError
 
-CPMANT_PADDING = 0  # the id CPM-Ant's forward reads as padding
 MASK_BUILDER = "_prepare_attention_mask"  # CPM-Ant's base model's mask builder
 
 
@@ -80,13 +80,19 @@ class OwnInput:
 
 
 def own_input(model: nn.Module) -> OwnInput:
-    """What ``model`` builds from its ids itself (:class:`OwnInput`; the defaults for a
-    model that builds nothing)."""
+    """What ``model`` builds from its ids itself (:class:`OwnInput`), as the table of model
+    facts gives it for the model's architecture (its ``config.model_type``, else its class
+    name: :mod:`attnaudit.capturing.model_facts`); the defaults for a model that builds
+    nothing."""
     config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) != "cpmant":
+    model_type = getattr(config, "model_type", None)
+    facts = model_facts(model_type) if isinstance(model_type, str) else None
+    facts = facts or model_facts(type(model).__name__)
+    if facts is None:
         return OwnInput()
-    return OwnInput(pad_id=CPMANT_PADDING, lead=int(config.prompt_length),
-                    whole_ids_per_step=True, prefix_context=True)
+    return OwnInput(pad_id=facts.pad_id, lead=facts.lead_for(config),
+                    whole_ids_per_step=facts.whole_ids_per_step,
+                    prefix_context=facts.prefix_context)
 
 
 @contextmanager
