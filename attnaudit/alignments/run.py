@@ -16,7 +16,7 @@ from attnaudit.alignments.aer import AlignmentCounts, count_links
 from attnaudit.alignments.extract import links_from_maps
 from attnaudit.alignments.maps import COMBINED, WEIGHTS, alignment_maps, check_measures, layer_map
 from attnaudit.alignments.pharaoh import Alignment
-from attnaudit.alignments.units import CONVENTIONS, batch_units
+from attnaudit.alignments.units import CONVENTIONS, DEFAULT_CONVENTION, batch_units
 from attnaudit.attribution.options import AttributionOptions
 from attnaudit.errors import AlignmentError
 from attnaudit.targets.contract import Seq2SeqTarget
@@ -54,7 +54,7 @@ def _batch_links(target: Seq2SeqTarget, measures: Sequence[str], layer: int | st
 
 
 def align(target: Seq2SeqTarget, measure: str = WEIGHTS, layer: int | str = COMBINED, *,
-          units: str = "words", convention: str = "input", limit: int | None = None,
+          units: str = "words", convention: str = DEFAULT_CONVENTION, limit: int | None = None,
           attribution: AttributionOptions | None = None,
           max_memory: int | str | None = None) -> list[Alignment]:
     """Word alignments of ``target``'s data (its greedy outputs), one per example.
@@ -65,8 +65,9 @@ def align(target: Seq2SeqTarget, measure: str = WEIGHTS, layer: int | str = COMB
         layer: a layer index of the measure, or ``"mean"`` (the mean over its layers).
         units: ``words`` (subwords merged by the word rules) or ``tokens``
             (:mod:`attnaudit.alignments.units`).
-        convention: ``input`` (output token j is read at the step where it is the decoder
-            input) or ``emit`` (at the step that emits it).
+        convention: ``emit`` (output token j is read at the step that emits it; the
+            default, as on the command line) or ``input`` (at the step where it is the
+            decoder's input).
         limit: the first ``limit`` examples.
         attribution: options of the gradient measures. max_memory: their and
             leave-one-out's chunk budget.

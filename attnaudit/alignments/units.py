@@ -33,6 +33,7 @@ from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 UNITS = ("words", "tokens")
 CONVENTIONS = ("emit", "input")
+DEFAULT_CONVENTION = "emit"  # what the command line, align() and the docs default to
 
 
 @dataclass(frozen=True)

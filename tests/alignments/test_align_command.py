@@ -133,3 +133,17 @@ def test_an_unreadable_or_short_gold_file_is_one_line_error(tmp_path, capsys):
     short.write_text("0-0\n")
     assert main(["align", BART, "--limit", "2", "--gold", str(short), "--quiet"]) == 2
     assert "2 predicted alignments but 1 gold" in capsys.readouterr().err
+
+
+def test_align_defaults_to_the_step_that_emits_as_the_command_line_does(bart_eager_links):
+    """attnaudit.align() with no convention reads output token j at the step that emits it,
+    the command line's and the docs' default: the eager links, not the input step's."""
+    import attnaudit
+    from attnaudit_examples.date_transformer.target import make_target
+
+    target = make_target()
+    got = [set(a.sure) for a in attnaudit.align(target, units="tokens", limit=N)]
+    assert got == bart_eager_links
+    shifted = [set(a.sure) for a in attnaudit.align(target, units="tokens", limit=N,
+                                                    convention="input")]
+    assert shifted != bart_eager_links
