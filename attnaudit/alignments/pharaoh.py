@@ -51,7 +51,8 @@ class Alignment:
 def parse_line(line: str, where: str = "line") -> Alignment:
     """An :class:`Alignment` from one Pharaoh line; AlignmentError naming ``where`` and the
     token that is not ``i-j``, ``i-pj`` or ``i?j``."""
-    sure, possible = set(), set()
+    sure: set[tuple[int, int]] = set()
+    possible: set[tuple[int, int]] = set()
     for token in line.split():
         match = _LINK.match(token)
         if match is None:

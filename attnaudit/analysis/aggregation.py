@@ -70,8 +70,7 @@ def words_from_tokens(tokens: Sequence[str], keep: Sequence[bool] | torch.Tensor
     kept = [True] * len(tokens) if keep is None else [bool(k) for k in keep]
     if len(kept) != len(tokens):
         raise ValueError(f"{len(tokens)} tokens but {len(kept)} keep flags")
-    located = None if text is None else _locate(text, tokens, kept)
-    if located is not None:
+    if text is not None and (located := _locate(text, tokens, kept)) is not None:
         return words_from_offsets(text, located, kept), "located"
     return _marker_words(tokens, kept), "markers"
 

@@ -74,9 +74,9 @@ class AttentionRows:
             return cls(record.site, record.kind, weights,
                        _eligibility(record.site, weights, mask), record.step_offset, produced,
                        record.keys_before_queries, record.sink, record.share)
-        mask = record.key_mask if eligible is None else eligible
+        key_mask = record.key_mask if eligible is None else eligible
         sink, share = record.sink, record.share
-        return cls(record.name, record.kind, weights, _eligibility(record.name, weights, mask),
+        return cls(record.name, record.kind, weights, _eligibility(record.name, weights, key_mask),
                    dtype=produced, keys_before_queries=keys_before_queries(record.site.layout),
                    sink=None if sink is None else sink[..., 0].detach().to(torch.float64),
                    share=None if share is None else share[..., 0].detach().to(torch.float64))
@@ -244,7 +244,7 @@ class Analyser:
         if (self.example_rows is None) != (other.example_rows is None):
             raise ValueError("cannot merge an analyser with per-example rows and one without")
         self.stats.merge(other.stats)
-        if self.example_rows is not None:
+        if self.example_rows is not None and other.example_rows is not None:
             self.example_rows.merge(other.example_rows)
         return self
 

@@ -32,7 +32,8 @@ class EntropyAnalyser(Analyser):
         MetricSpec("n_valid", 0.0, 512.0),
     )
 
-    def rows_metrics(self, rows: AttentionRows):
+    def rows_metrics(self, rows: AttentionRows
+                     ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
         w = rows.eligible_weights
         n_valid = rows.n_valid.to(torch.float64)
         defined = rows.finite & (n_valid >= 1)

@@ -109,22 +109,33 @@ def example_maps(records: Mapping[str, AttentionRecord], roles: Mapping[str, str
 
 
 @dataclass
+class _SiteChecks:
+    """A site's validity columns as gathered so far, on the axes of its map's weights.
+
+    eligible: (H, rows, keys) float32, > 0 where a position of the cell is eligible.
+    row_low, row_high, masked: float64 (H, rows), the least and greatest row sum and the
+    greatest masked mass of each run.
+    """
+
+    eligible: torch.Tensor
+    row_low: torch.Tensor
+    row_high: torch.Tensor
+    masked: torch.Tensor
+
+
+@dataclass
 class _SiteMap:
     """One site's map as gathered so far (see :class:`MapBuilder`).
 
     weights: (H, rows, keys) float32: declared roles hold sums over each run of rows (keys
-    already averaged), captured sites their rows as they came. eligible: the same axes,
-    float32, > 0 where a position of the cell is eligible. row_low, row_high, masked:
-    float64 (H, rows), the least and greatest row sum and the greatest masked mass of each
-    run. rows: captured sites' query rows kept so far; keys: the most keys a call had.
+    already averaged), captured sites their rows as they came. checks: its validity
+    columns, None without validity. rows: captured sites' query rows kept so far; keys: the
+    most keys a call had.
     """
 
     role: str
     weights: torch.Tensor
-    eligible: torch.Tensor | None
-    row_low: torch.Tensor | None
-    row_high: torch.Tensor | None
-    masked: torch.Tensor | None
+    checks: _SiteChecks | None
     rows: int = 0
     keys: int = 0
 
@@ -178,15 +189,16 @@ class MapBuilder:
         site = self._site(record.name, role, rows.shape[0], len(q_index), len(k_index))
         site.weights.index_add_(1, bins, _pool(rows[:, :, keys].float().cpu(), 2,
                                                len(k_index)))
-        if eligible is not None:
+        checks = site.checks
+        if eligible is not None and checks is not None:  # both or neither: self.validity
             mine = eligible[:, local]
-            site.eligible.index_add_(1, bins, _pool(mine[:, :, keys].float().cpu(), 2,
-                                                    len(k_index)))
+            checks.eligible.index_add_(1, bins, _pool(mine[:, :, keys].float().cpu(), 2,
+                                                      len(k_index)))
             row_sum, masked = _row_stats(rows, mine)
             index = bins.expand(row_sum.shape[0], -1)
-            site.row_low.scatter_reduce_(1, index, row_sum, "amin")
-            site.row_high.scatter_reduce_(1, index, row_sum, "amax")
-            site.masked.scatter_reduce_(1, index, masked, "amax")
+            checks.row_low.scatter_reduce_(1, index, row_sum, "amin")
+            checks.row_high.scatter_reduce_(1, index, row_sum, "amax")
+            checks.masked.scatter_reduce_(1, index, masked, "amax")
 
     def _eligible(self, record: AttentionRecord, declared: torch.Tensor | None
                   ) -> torch.Tensor:
@@ -205,12 +217,12 @@ class MapBuilder:
         site = self.sites.get(name)
         if site is None:
             runs, key_runs = _runs(rows), _runs(keys)
-            stats = [torch.full((heads, runs), fill, dtype=torch.float64)
-                     for fill in (torch.inf, -torch.inf, -torch.inf)] if self.validity \
-                else [None, None, None]
-            site = self.sites[name] = _SiteMap(
-                role, torch.zeros(heads, runs, key_runs),
-                torch.zeros(heads, runs, key_runs) if self.validity else None, *stats)
+            checks = _SiteChecks(
+                torch.zeros(heads, runs, key_runs),
+                *(torch.full((heads, runs), fill, dtype=torch.float64)
+                  for fill in (torch.inf, -torch.inf, -torch.inf))) if self.validity else None
+            site = self.sites[name] = _SiteMap(role, torch.zeros(heads, runs, key_runs),
+                                               checks)
         return site
 
     def _add_captured(self, name: str, role: str, weights: torch.Tensor,
@@ -220,21 +232,22 @@ class MapBuilder:
         if site is None:
             empty = torch.zeros(weights.shape[0], 0, 0)
             rows = torch.zeros(weights.shape[0], 0, dtype=torch.float64)
-            site = self.sites[name] = _SiteMap(
-                role, empty, empty.clone() if self.validity else None,
-                *([rows.clone() for _ in range(3)] if self.validity else [None] * 3))
+            checks = _SiteChecks(empty.clone(), *(rows.clone() for _ in range(3))) \
+                if self.validity else None
+            site = self.sites[name] = _SiteMap(role, empty, checks)
         take = max(MAX_MAP_SIDE - site.rows, 0)
         rows = weights[:, :take]
         site.rows += rows.shape[1]
         keys = site.keys = max(site.keys, weights.shape[2])
         site.weights = _append_rows(site.weights, rows.float().cpu(), keys)
-        if eligible is not None:
+        checks = site.checks
+        if eligible is not None and checks is not None:  # both or neither: self.validity
             mine = eligible[:, :take]
-            site.eligible = _append_rows(site.eligible, mine.float().cpu(), keys)
+            checks.eligible = _append_rows(checks.eligible, mine.float().cpu(), keys)
             row_sum, masked = _row_stats(rows, mine)
-            site.row_low = torch.cat([site.row_low, row_sum], dim=1)
-            site.row_high = torch.cat([site.row_high, row_sum], dim=1)
-            site.masked = torch.cat([site.masked, masked], dim=1)
+            checks.row_low = torch.cat([checks.row_low, row_sum], dim=1)
+            checks.row_high = torch.cat([checks.row_high, row_sum], dim=1)
+            checks.masked = torch.cat([checks.masked, masked], dim=1)
 
     def maps(self, source: str, source_tokens: Sequence[object],
              target_tokens: Sequence[object], words: Sequence[int] = (),
@@ -251,21 +264,22 @@ class MapBuilder:
                   "decoder_self": (tgt_labels, inputs)}
         maps = {}
         for name, site in self.sites.items():
+            checks = site.checks
             if site.role in labels:
                 q_labels, k_labels = labels[site.role]
                 weights = site.weights / _counts(len(q_labels))[None, :, None]
-                eligible = site.eligible
+                eligible = None if checks is None else checks.eligible
             else:
                 weights = _pool(site.weights, 2, site.keys)
-                eligible = None if site.eligible is None else _pool(site.eligible, 2, site.keys)
+                eligible = None if checks is None else _pool(checks.eligible, 2, site.keys)
                 q_labels = [str(i) for i in range(site.rows)]
                 k_labels = [str(i) for i in range(site.keys)]
             amap = AttentionMap(name, site.role, weights.numpy(), _pooled(q_labels),
                                 _pooled(k_labels))
-            if eligible is not None:
+            if eligible is not None and checks is not None:  # eligible is None without checks
                 amap.eligible = (eligible > 0).numpy()
-                amap.row_sum = _worst_sum(site.row_low, site.row_high).numpy()
-                amap.masked_mass = site.masked.numpy()
+                amap.row_sum = _worst_sum(checks.row_low, checks.row_high).numpy()
+                amap.masked_mass = checks.masked.numpy()
             maps[name] = amap
         kept_words = [int(words[i]) for i in self.src.tolist()] if len(words) else []
         if len(kept_words) > MAX_MAP_SIDE:

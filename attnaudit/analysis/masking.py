@@ -24,7 +24,8 @@ class MaskingAnalyser(Analyser):
         super().__init__(per_example)
         self.tolerance = tolerance
 
-    def rows_metrics(self, rows: AttentionRows):
+    def rows_metrics(self, rows: AttentionRows
+                     ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
         masked = rows.weights.where(~rows.eligible, 0.0).abs().sum(-1)
         defined = torch.isfinite(masked)
         return {

@@ -75,7 +75,8 @@ class NumericsAnalyser(Analyser):
         super().__init__(per_example)
         self.tolerance = tolerance
 
-    def rows_metrics(self, rows: AttentionRows):
+    def rows_metrics(self, rows: AttentionRows
+                     ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
         w = rows.weights
         tolerance = (row_sum_tolerance(rows.dtype, w.shape[-1]) if self.tolerance is None
                      else self.tolerance)

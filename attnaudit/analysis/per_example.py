@@ -43,11 +43,11 @@ class ExampleRows:
         :meth:`advance` once the whole batch is in.
         """
         self.kinds.setdefault(site, kind)
-        values = values.detach().to(torch.float64).cpu().numpy()
-        keep = defined.expand(values.shape).cpu().numpy() & np.isfinite(values)
+        array = values.detach().to(torch.float64).cpu().numpy()
+        keep = defined.expand(array.shape).cpu().numpy() & np.isfinite(array)
         example, head, step = np.nonzero(keep)
         self.chunks[(site, metric)].append(
-            (example + self.seen.get(site, 0), head, step + step_offset, values[keep]))
+            (example + self.seen.get(site, 0), head, step + step_offset, array[keep]))
 
     def advance(self, site: str, batch: int) -> None:
         """The site's next update numbers its examples after these ``batch`` ones."""

@@ -72,7 +72,7 @@ class ScoreAnalyser(Analyser):
         self.missing: dict[tuple[str, str], int] = {}  # (site, input) -> updates without it
         self.missing_kinds: dict[str, str | None] = {}
 
-    def update(self, record: AttentionRecord | AttentionRows, *,  # type: ignore[override]
+    def update(self, record: AttentionRecord | AttentionRows, *,
                eligible: torch.Tensor | None = None, scores: torch.Tensor | None = None,
                values: torch.Tensor | None = None) -> None:
         """Fold one batch in.

@@ -191,7 +191,7 @@ class RowStats:
             return np.concatenate([getattr(self.cells[key], field)[h, s]
                                    for key, h, s in zip(keys, heads, steps, strict=True)])
 
-        def repeated(values: list[object]) -> np.ndarray:
+        def repeated(values: Sequence[object]) -> np.ndarray:
             each = np.empty(len(values), dtype=object)  # one object per cell, never split
             each[:] = values
             return np.repeat(each, counts)

@@ -50,7 +50,7 @@ def source_words(target: Seq2SeqTarget, batch: Batch) -> tuple[list[list[int]], 
 def word_attention_table(example: ExampleMaps) -> pd.DataFrame:
     """Example 0's cross-attention per source word: one row per cross site, step and word;
     attention = the sum of the word's token weights, averaged over heads."""
-    rows = []
+    rows: list[dict[str, object]] = []
     if example.words:
         groups = torch.tensor(example.words)
         labels = group_labels(example.source_tokens, groups)
@@ -81,7 +81,7 @@ def word_importance_table(target: Seq2SeqTarget, batch: Batch, emitted: torch.Te
     labels = group_labels(target.source_tokens(batch.select([0]))[0], groups)
     counted = steps[0].cpu().nonzero().squeeze(1).tolist()
     step_labels = target.target_tokens(emitted[:1])[0]
-    rows = []
+    rows: list[dict[str, object]] = []
     if labels:
         for method, values in importances.items():
             per_word = aggregate(values[0].detach().cpu(), groups, len(labels))  # (T, words)

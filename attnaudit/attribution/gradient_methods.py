@@ -29,8 +29,8 @@ def gradient_scores(passes: EmbeddingPasses, inputs: EmbeddedInputs, per_pass: i
         sides = [(x[rows], base[rows]) for x, base in inputs.sides()]
         into = [scores, prefix] if prefix is not None else [scores]
         factors = {m: [_gradient_factor(m, x, base) for x, base in sides] for m in group}
-        for step, *grads in passes.gradients(rows, inputs, sides[0][0],
-                                             sides[1][0] if len(sides) > 1 else None, detach):
+        for step, grads in passes.gradients(rows, inputs, sides[0][0],
+                                            sides[1][0] if len(sides) > 1 else None, detach):
             for method in group:
                 for out, grad, at in zip(into, grads, factors[method], strict=False):
                     out[method][rows, step] = token_score(grad, at, reduction).cpu()
@@ -83,8 +83,8 @@ def integrated_gradients(passes: EmbeddingPasses, inputs: EmbeddedInputs, per_pa
             scale, row_weight = alpha.repeat(len(chunk)), weight.repeat(len(chunk))
             path = [base[rows] + scale.to(d.device, d.dtype)[:, None, None] * d[local]
                     for (_, base), d in zip(sides, diffs, strict=True)]
-            for step, *grads in passes.gradients(rows, inputs, path[0],
-                                                 path[1] if len(path) > 1 else None, detach):
+            for step, grads in passes.gradients(rows, inputs, path[0],
+                                                path[1] if len(path) > 1 else None, detach):
                 for integral, grad in zip(integrals, grads, strict=False):
                     weighted = grad.float() * row_weight.to(grad.device)[:, None, None]
                     integral[:, step] += weighted.unflatten(0, (len(chunk), len(alpha))).sum(1)

@@ -152,7 +152,7 @@ class EmbeddingPasses:
                         kinds=self.target.kinds) if detach else nullcontext())
         with edit as cap, calls.active():
             logits = self.target.teacher_forced(batch, emitted[rows])
-        if detach and not any(rec.kind == "cross" for rec in cap.records.values()):
+        if cap is not None and not any(rec.kind == "cross" for rec in cap.records.values()):
             raise InterventionError(
                 f"detaching attention needs a cross-attention site; sites and kinds seen: "
                 f"{ {n: r.kind for n, r in cap.records.items()} }. Declare kinds with "
@@ -163,16 +163,16 @@ class EmbeddingPasses:
 
     def gradients(self, rows: torch.Tensor, inputs: EmbeddedInputs, source: torch.Tensor,
                   prefix: torch.Tensor | None, detach: bool
-                  ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+                  ) -> Iterator[tuple[int, tuple[torch.Tensor, ...]]]:
         """Gradients at ``source`` (R, n, d) (and ``prefix`` (R, T, d)) of every step's
-        output: yields ``(step, source grads (R, n, d), prefix grads (R, T, d) or None)``."""
+        output: yields ``(step, (source grads (R, n, d), prefix grads (R, T, d) when a
+        prefix is given))``."""
         leaves = tuple(x.detach().requires_grad_() for x in (source, prefix) if x is not None)
         with torch.enable_grad():
             with sparse_output_head(self.target.model):
                 values, _, _ = self.outputs(rows, inputs.emitted, inputs.contrast, leaves[0],
                                             leaves[1] if len(leaves) > 1 else None, detach)
-            for step, grads in step_gradients(values, leaves):
-                yield step, grads[0], grads[1] if len(grads) > 1 else None
+            yield from step_gradients(values, leaves)
 
 
 def embedded_inputs(passes: EmbeddingPasses, emitted: torch.Tensor,
@@ -200,8 +200,8 @@ def embedded_inputs(passes: EmbeddingPasses, emitted: torch.Tensor,
         if passes.prefix_module is not None:
             prefix = calls.recorded_prefix
             if prefix is None or prefix.shape[:2] != emitted.shape:
-                got = None if prefix is None else tuple(prefix.shape)
-                raise InterventionError(f"the target embedding gave {got}; target-side "
+                seen = None if prefix is None else tuple(prefix.shape)
+                raise InterventionError(f"the target embedding gave {seen}; target-side "
                                         f"attribution needs {tuple(emitted.shape)} + (d,)")
             prefix_base = passes.prefix_module(baseline_ids(emitted, baseline_id,
                                                             passes.target.eos_id, eos_kept))

@@ -69,9 +69,9 @@ def sparse_output_head(model: nn.Module) -> Iterator[None]:
         yield
         return
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
+    def forward(input: torch.Tensor) -> torch.Tensor:
         bias = None if head.bias is None else head.bias.detach()
-        return RowSparseLinear.apply(x, head.weight.detach(), bias)
+        return RowSparseLinear.apply(input, head.weight.detach(), bias)
 
     head.forward = forward  # type: ignore[method-assign]
     try:

@@ -84,8 +84,9 @@ def deeplift_vectors(passes: EmbeddingPasses, inputs: EmbeddedInputs, per_pass: 
     for rows in torch.arange(len(passes.batch)).split(max(per_pass // 2, 1)):
         both = rows.repeat(2)  # Captum runs the inputs, then the baselines, in one batch
 
-        def outputs(*embedded: torch.Tensor, both: torch.Tensor = both) -> torch.Tensor:
-            return passes.outputs(both, inputs.emitted, inputs.contrast, *embedded)[0]
+        def outputs(source: torch.Tensor, prefix: torch.Tensor | None = None, *,
+                    both: torch.Tensor = both) -> torch.Tensor:
+            return passes.outputs(both, inputs.emitted, inputs.contrast, source, prefix)[0]
 
         explainer = DeepLift(StepOutputs(passes.target.model, outputs))
         xs = tuple(x[rows] for x, _ in sides)
@@ -146,8 +147,8 @@ def gradient_shap_vectors(passes: EmbeddingPasses, inputs: EmbeddedInputs, per_p
             path = [(s + alpha[..., None, None] * d).flatten(0, 1)
                     for s, d in zip(start, diffs, strict=True)]
             rows = chunk.repeat_interleave(alpha.shape[1])
-            for step, *grads in passes.gradients(rows, inputs, path[0],
-                                                 path[1] if len(path) > 1 else None, False):
+            for step, grads in passes.gradients(rows, inputs, path[0],
+                                                path[1] if len(path) > 1 else None, False):
                 for total, grad, d in zip(totals, grads, diffs, strict=False):
                     total[:, step] += (grad.unflatten(0, d.shape[:2]).float()
                                        * d.float()).sum(1)

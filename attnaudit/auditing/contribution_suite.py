@@ -111,8 +111,10 @@ def alignment_counts(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                      maps: Mapping[str, torch.Tensor]) -> pd.DataFrame:
     """Per measure and step convention, the batch's link counts (token units) against
     ``target.gold_alignments``; maps: measure -> (B, T, n)."""
+    gold_alignments = target.gold_alignments
+    assert gold_alignments is not None  # called only for a target that has them
     gold = [parse_line(line, f"{target.name}: gold alignment of example {i}")
-            for i, line in enumerate(target.gold_alignments(batch, emitted))]
+            for i, line in enumerate(gold_alignments(batch, emitted))]
     rows = []
     for convention in CONVENTIONS:
         units = batch_units(target, batch, emitted, "tokens", convention)

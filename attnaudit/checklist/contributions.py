@@ -33,13 +33,14 @@ def larger_score_judgement(tables: Mapping[str, pd.DataFrame]) -> tuple[str, str
     if table is None or table.empty:
         return None
     weights = _row(table, "weights")
-    name = next((m for m in PREFERRED if _row(table, m) is not None), None)
+    found = {m: row for m in PREFERRED if (row := _row(table, m)) is not None}
+    name = next(iter(found), None)  # the first of PREFERRED computed
     if weights is None or name is None:
         return None
-    best = _row(table, name)
+    best = found[name]
     differs = float(best["top_differs_from_weights"])
-    others = [f"{m} {float(_row(table, m)['top_differs_from_weights']):.0%}"
-              for m in PREFERRED if m != name and _row(table, m) is not None]
+    others = [f"{m} {float(row['top_differs_from_weights']):.0%}"
+              for m, row in found.items() if m != name]
     text = (f"The key with the largest attention weight is not the key with the largest "
             f"{name} contribution in {differs:.0%} of {int(best['rows'])} rows"
             f"{' (' + ', '.join(others) + ')' if others else ''}. The top-weight key is the "

@@ -35,9 +35,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from attnaudit.contributions.projection import Projection
-from attnaudit.contributions.trace import Call, SiteTrace
+from attnaudit.contributions.trace import SiteTrace
 
 RESUM_TOLERANCE = 1e-4
 HALF_RESUM_TOLERANCE = 2e-2  # fp16 / bf16 models: their own sums are this coarse
@@ -96,13 +97,13 @@ def _centre(u: torch.Tensor, centred: bool) -> torch.Tensor:
     return u - u.mean(-1, keepdim=True) if centred else u
 
 
-def _linearised(call: Call) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, float]:
-    """(s (B, Q, 1), gamma, beta, centred, fit error) of a norm call: centring (LayerNorm) or
-    not (RMSNorm), and gamma the weight or 1 + weight (Gemma's RMSNorm), whichever form
-    reproduces the call's output."""
-    z, y = call.inputs.float(), call.output.float()
-    weight = getattr(call.module, "weight", None)
-    bias = getattr(call.module, "bias", None)
+def _linearised(module: nn.Module, z: torch.Tensor, y: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool, float]:
+    """(s (B, Q, 1), gamma, beta, centred, fit error) of a norm call, its input ``z`` and
+    output ``y`` (float32 (B, Q, d)): centring (LayerNorm) or not (RMSNorm), and gamma the
+    weight or 1 + weight (Gemma's RMSNorm), whichever form reproduces the call's output."""
+    weight = getattr(module, "weight", None)
+    bias = getattr(module, "bias", None)
     gammas = [torch.ones_like(z[0, 0])] if weight is None else [
         weight.detach().float(), 1 + weight.detach().float()]
     beta = torch.zeros_like(z[0, 0]) if bias is None else bias.detach().float()
@@ -133,10 +134,10 @@ def block_of(site: SiteTrace, projection: Projection) -> Block | str:
     if any(n.times != 1 for n in norms):
         return f"a norm in {site.layer} ran more than once in one pass"
     after = [n for n in norms if n.order > call.order]
-    if not after or after[0].inputs is None:
+    nxt = after[0] if after else None
+    if nxt is None or nxt.inputs is None:
         return f"no norm runs after the attention in {site.layer}: its block output is unseen"
-    out = projection.output if projection.output is not None else call.output
-    nxt, out = after[0], out.float()
+    out = (projection.output if projection.output is not None else call.output).float()
     if out.shape != nxt.inputs.shape:
         return (f"the attention's output {tuple(out.shape)} is not the shape of the next "
                 f"norm's input {tuple(nxt.inputs.shape)} in {site.layer}")
@@ -144,12 +145,14 @@ def block_of(site: SiteTrace, projection: Projection) -> Block | str:
     before = [n for n in norms if n.order < call.order]
     if before and before[-1].output is not None and before[-1].output.shape == call.inputs.shape \
             and _relative(before[-1].output, call.inputs.float()) <= 1e-6:
-        candidates["pre"] = before[-1].inputs
+        pre_input = before[-1].inputs
+        assert pre_input is not None  # a norm call seen with its output but no tensor input
+        candidates["pre"] = pre_input
     z = nxt.inputs.float()
     if _relative(z, out) <= 1e-6 and nxt.output is not None:
         # the norm takes the attention's own output: y = x + N(attention)
         residual = candidates.get("pre", call.inputs).float()
-        scale, gamma, beta, centred, _ = _linearised(nxt)
+        scale, gamma, beta, centred, _ = _linearised(nxt.module, z, nxt.output.float())
         return Block("sandwich", residual, residual + nxt.output.float(), scale, gamma, beta,
                      centred)
     placement, residual = min(candidates.items(),
@@ -157,7 +160,8 @@ def block_of(site: SiteTrace, projection: Projection) -> Block | str:
     residual = residual.float()
     if placement == "pre":
         return Block("pre", residual, z)
-    scale, gamma, beta, centred, _ = _linearised(nxt)
+    assert nxt.output is not None  # a norm call seen with its input but no tensor output
+    scale, gamma, beta, centred, _ = _linearised(nxt.module, z, nxt.output.float())
     return Block("post", residual, nxt.output.float(), scale, gamma, beta, centred)
 
 

@@ -47,20 +47,20 @@ def values_by_role(site: SiteTrace) -> tuple[torch.Tensor, str] | None:
     batch, heads, queries, keys = site.weights.shape
     tolerance = HALF_READS_VALUES if site.module_dtype in (torch.float16, torch.bfloat16) \
         else READS_VALUES
-    readers = [c for c in site.linears.values() if c.inputs is not None and c.times == 1
-               and c.inputs.ndim == 3 and tuple(c.inputs.shape[:2]) == (batch, queries)
-               and c.inputs.shape[-1] % heads == 0]
+    reads = [c.inputs for c in site.linears.values() if c.inputs is not None and c.times == 1
+             and c.inputs.ndim == 3 and tuple(c.inputs.shape[:2]) == (batch, queries)
+             and c.inputs.shape[-1] % heads == 0]  # each (B, Q, H * d_v)
     for path, call in site.linears.items():
         if call.times != 1:
             continue
-        for reader in readers:
-            width = reader.inputs.shape[-1] // heads
-            for output in _candidates(call, batch, keys, reader.inputs.shape[-1]):
+        for read_in in reads:
+            width = read_in.shape[-1] // heads
+            for output in _candidates(call, batch, keys, read_in.shape[-1]):
                 values = _split(output, heads, width)
                 if values is None:
                     continue
                 read = merged_read(site.weights, values)
-                error = (reader.inputs.float() - read).norm() / read.norm().clamp_min(1e-30)
+                error = (read_in.float() - read).norm() / read.norm().clamp_min(1e-30)
                 if float(error) <= tolerance:
                     return values, path
     return None

@@ -21,6 +21,7 @@ from torch import nn
 from attnaudit.capturing import capture
 from attnaudit.contributions.trace import Trace, run_pass
 from attnaudit.record import Site
+from attnaudit.targets.contract import Batch
 
 # Edited copies run in one pass: bounds the memory of a long source (a pass's logits alone
 # are copies * steps * vocabulary numbers).
@@ -76,7 +77,8 @@ def value_zeroing(trace: Trace, sites: Iterable[str]) -> dict[str, torch.Tensor]
                 copies = batch.select([b]).repeat(count)
                 repeated = emitted[b : b + 1].repeat(count, 1)
 
-                def run(copies=copies, repeated=repeated, name=name, first=first) -> None:
+                def run(copies: Batch = copies, repeated: torch.Tensor = repeated,
+                        name: str = name, first: int = first) -> None:
                     with torch.no_grad(), capture(target.model, [name], _zeroing(first),
                                                   kinds=target.kinds):
                         run_pass(target, copies, repeated)

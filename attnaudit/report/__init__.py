@@ -90,16 +90,16 @@ def write_report(out_dir: str | Path, *, checklist: Checklist,
         "explorer": None,
         "contributions": contributions_section(tables),
     }
-    views = explorer_views(examples)
-    if views:
-        data = payload(views, max_masked_mass=max_masked_mass,
+    explored = explorer_views(examples)
+    if explored:
+        data = payload(explored, max_masked_mass=max_masked_mass,
                        row_sum_tolerance=site_tolerances(tables.get("sites")))
-        context["explorer"] = {"csv": CSV_NAME, "examples": len(views),
+        context["explorer"] = {"csv": CSV_NAME, "examples": len(explored),
                                "block": explorer_block(data)}
     with folder.assembling() as out:
         write_csvs(tables, out)
-        if views:
-            maps_frame(views).to_csv(out / CSV_NAME, index=False)
+        if explored:
+            maps_frame(explored).to_csv(out / CSV_NAME, index=False)
         write_manifest({**manifest, "tables": table_schema(tables)}, out)
         page = write_html(context, out).name
     return folder.path / page

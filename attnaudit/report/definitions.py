@@ -28,7 +28,8 @@ def definition_blocks(text: str | None = None) -> list[Block]:
     """The definitions page (or ``text``, in its Markdown subset) as blocks."""
     text = DEFINITIONS.read_text(encoding="utf-8") if text is None else text
     blocks: list[Block] = []
-    kind, lines = "", []
+    kind = ""
+    lines: list[str] = []
 
     def close() -> None:
         if lines:

@@ -14,6 +14,7 @@ import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 import numpy as np
@@ -21,8 +22,11 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure as MplFigure
 
+if TYPE_CHECKING:  # matplotlib.typing is new in matplotlib 3.8
+    from matplotlib.typing import RcKeyType
+
 DPI = 96
-STYLE = {"text.parse_math": False, "font.size": 9, "axes.titlesize": 10,
+STYLE: dict[RcKeyType, Any] = {"text.parse_math": False, "font.size": 9, "axes.titlesize": 10,
          "svg.fonttype": "none"}
 MAX_HEATMAP_KEYS = 60  # longer sources are cut for legibility; the caption says so
 MAX_HEATMAP_QUERIES = 60  # and longer outputs

@@ -90,7 +90,7 @@ class Shard:
     def device(self, requested: str | torch.device | None) -> str | torch.device | None:
         """The device this rank runs on: ``cuda:LOCAL_RANK`` for a plain ``"cuda"``, or
         for None under a backend with nccl; anything else as requested."""
-        if not self.is_distributed:
+        if self.backend is None:  # not distributed
             return requested
         if requested is None and "nccl" in self.backend:
             return f"cuda:{self.local_rank}"

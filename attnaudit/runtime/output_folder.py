@@ -148,12 +148,12 @@ def _signals_deferred() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    for signum in caught[:1]:
-        handler = previous[signum]
+    for number in caught[:1]:
+        handler = previous[signal.Signals(number)]
         if callable(handler):
-            handler(signum, None)
+            handler(number, None)
         elif handler == signal.SIG_DFL:
-            signal.raise_signal(signum)
+            signal.raise_signal(number)
 
 
 def check_output_file(path: str | Path, what: str) -> None:

@@ -142,9 +142,9 @@ def _check_batch(name: str, index: int, batch: Any, limit: tuple[int, str] | Non
         raise TargetError(f"{where}: source_ids must be integer ids (batch, positions), "
                           f"got {got}")
     if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
-        got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        seen = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise TargetError(f"{where}: source_mask must match source_ids {tuple(ids.shape)}, "
-                          f"got {got}")
+                          f"got {seen}")
     if len(batch.texts) != ids.shape[0]:
         raise TargetError(f"{where}: {len(batch.texts)} texts for {ids.shape[0]} sources")
     if limit is not None and ids.shape[1] > limit[0]:

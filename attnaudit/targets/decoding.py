@@ -17,9 +17,9 @@ the unedited one. Nothing here imports transformers at module level.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -116,11 +116,11 @@ class Decoding:
         ``(B, L)``, one per input. A sampling decoding runs from a fresh generator state
         seeded with :attr:`seed`; the caller's random state is restored afterwards."""
         if not self.samples:
-            return model.generate(**inputs, **self.overrides)
+            return _generate(model)(**inputs, **self.overrides)
         cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(int(self.seed))  # type: ignore[arg-type]
-            return model.generate(**inputs, **self.overrides)
+            return _generate(model)(**inputs, **self.overrides)
 
 
 def resolve_decoding(model: nn.Module, *, mode: str = "model",
@@ -248,8 +248,14 @@ def forced_logits(model: nn.Module, emitted: torch.Tensor, **inputs: Any) -> tor
             token = emitted[:, input_ids.shape[1] - self.start].to(scores.device)
             return torch.full_like(scores, -torch.inf).scatter_(1, token[:, None], 0.0)
 
-    out = model.generate(**inputs, logits_processor=LogitsProcessorList([Forced()]),
-                         do_sample=False, num_beams=1, num_return_sequences=1,
-                         max_new_tokens=emitted.shape[1], output_logits=True,
-                         return_dict_in_generate=True)
+    out = _generate(model)(**inputs, logits_processor=LogitsProcessorList([Forced()]),
+                           do_sample=False, num_beams=1, num_return_sequences=1,
+                           max_new_tokens=emitted.shape[1], output_logits=True,
+                           return_dict_in_generate=True)
     return torch.stack(out.logits, dim=1)
+
+
+def _generate(model: nn.Module) -> Callable[..., Any]:
+    """A Hugging Face model's ``generate`` (nn.Module types unknown attributes as tensors or
+    modules, so the method's type is stated here)."""
+    return cast(Callable[..., Any], model.generate)

@@ -142,13 +142,12 @@ def row_groups(site: str, selected: torch.Tensor | None, batch: int, queries: in
 
 def _runs(steps: list[int]) -> Iterator[tuple[int, int]]:
     """Sorted indices -> (start, stop) of each run of consecutive ones."""
-    start = prev = None
-    for s in steps:
-        if start is None:
-            start = s
-        elif s != prev + 1:
+    if not steps:
+        return
+    start = prev = steps[0]
+    for s in steps[1:]:
+        if s != prev + 1:
             yield start, prev + 1
             start = s
         prev = s
-    if start is not None:
-        yield start, prev + 1
+    yield start, prev + 1
