@@ -19,6 +19,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from attnaudit.errors import InterventionError
 from attnaudit.interventions.draws import eligible_draws
 from attnaudit.interventions.outputs import jsd, tvd
 from attnaudit.interventions.reference_run import Reference, RowIndex
@@ -76,7 +77,9 @@ def adversarial_search(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | N
     chunk_size: candidate sequences per forward and backward pass (default: from the
     reference's memory budget)."""
     if candidates < 1 or steps < 0 or eps < 0:
-        raise ValueError("adversarial_search needs candidates >= 1, steps >= 0, eps >= 0")
+        raise InterventionError(f"adversarial_search needs candidates >= 1, steps >= 0 and "
+                                f"eps >= 0; got candidates={candidates}, steps={steps}, "
+                                f"eps={eps}")
     rows = ref.rows() if rows is None else rows
     if chunk_size is None:
         longest = int(rows.step.max()) if len(rows) else 0
