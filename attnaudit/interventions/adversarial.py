@@ -16,6 +16,7 @@ into the batch dimension: one forward and backward pass per optimisation step.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -102,7 +103,8 @@ def adversarial_search(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | N
     })
     ids = row_columns(ref, rows)
     per_candidate = pd.DataFrame({
-        "example": ids["example"].repeat(candidates), "step": ids["step"].repeat(candidates),
+        "example": np.asarray(ids["example"]).repeat(candidates),
+        "step": np.asarray(ids["step"]).repeat(candidates),
         "candidate": torch.arange(candidates).repeat(len(rows)).numpy(),
         "jsd_to_original": jsd_final.reshape(-1).numpy(),
         "output_tvd": tvd_final.reshape(-1).numpy(),

@@ -237,14 +237,14 @@ def cached_states(target: Seq2SeqTarget, batch: Batch, encoded: Any, emitted: to
     needs no cache. Any other error is a bug in the cached path and propagates: falling back
     would hide it behind a slower run."""
     n_steps = emitted.shape[1]
-    if n_steps == 0:
+    decode_states, decode_step = target.decode_states, target.decode_step
+    if n_steps == 0 or decode_states is None or decode_step is None:
         return None, None
     try:
-        states = target.decode_states(batch, encoded, emitted)
+        states = decode_states(batch, encoded, emitted)
         every = torch.arange(len(emitted))
         for step in sorted({0, n_steps - 1}):
-            stepped = target.decode_step(batch, encoded, select_state(states, every), emitted,
-                                         step)
+            stepped = decode_step(batch, encoded, select_state(states, every), emitted, step)
             expected = torch.softmax(logits[:, step].float(), -1)
             gap = 0.5 * (torch.softmax(stepped.float(), -1) - expected).abs().sum(-1).max()
             if not gap <= step_tolerance(logits.dtype):
