@@ -25,8 +25,7 @@ from attnaudit.checklist.items import (
     Verdict,
 )
 from attnaudit.interventions.permutation import SMALL_TVD
-from attnaudit.interventions.protocol import ROWS, InterventionProtocol, table_with
-from attnaudit.interventions.protocols import rate
+from attnaudit.interventions.protocol import ROWS, InterventionProtocol, rate, table_with
 from attnaudit.interventions.registry import registered_protocols
 
 # docs/metrics.md, "Explanation status": pass needs fewer than this share of rows whose

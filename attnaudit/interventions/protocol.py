@@ -171,3 +171,23 @@ def table_with(tables: Mapping[str, pd.DataFrame], name: str, column: str
     suite may lack it), else None."""
     table = tables.get(name)
     return table if table is not None and len(table) and column in table.columns else None
+
+
+def rate(series: pd.Series) -> float:
+    """The mean of a flag column read as numbers (NaN rows left out)."""
+    return float(pd.to_numeric(series, errors="coerce").astype(float).mean())
+
+
+def example_mean(rows: pd.DataFrame, column: str) -> float:
+    """Mean over steps within each example, then over examples (docs/metrics.md)."""
+    return float(rows.dropna(subset=[column]).groupby("example")[column].mean().mean())
+
+
+def tvd_and_flip(rows: pd.DataFrame, prefix: str) -> list[SummaryRow]:
+    """``{prefix}_tvd`` (example mean) and ``{prefix}_flip`` (rate) over the rows that have
+    them."""
+    part = rows.dropna(subset=[f"{prefix}_tvd"])
+    return [(f"{prefix}_tvd", example_mean(part, f"{prefix}_tvd"), len(part),
+             "mean over steps, then over examples"),
+            (f"{prefix}_flip", part[f"{prefix}_flip"].astype(bool).mean(), len(part),
+             "token flip rate")]

@@ -40,34 +40,16 @@ from attnaudit.interventions.protocol import (
     InterventionProtocol,
     SuiteSettings,
     SummaryRow,
+    rate,
     seeded_examples,
     table_with,
+    tvd_and_flip,
 )
 from attnaudit.interventions.registry import register_protocol
 from attnaudit.interventions.sequence import SEQUENCE_PROTOCOLS, sequence_effects
-from attnaudit.interventions.values import value_replacement
+from attnaudit.interventions.values import merge_controls, value_replacement
 
 SEQUENCE = "sequence_effects"  # its name: the permutation test keeps its median draw for it
-STEP_MEAN = "mean over steps, then over examples"
-
-
-def rate(series: pd.Series) -> float:
-    """The mean of a flag column read as numbers (NaN rows left out)."""
-    return float(pd.to_numeric(series, errors="coerce").astype(float).mean())
-
-
-def example_mean(rows: pd.DataFrame, column: str) -> float:
-    """Mean over steps within each example, then over examples (docs/metrics.md)."""
-    return float(rows.dropna(subset=[column]).groupby("example")[column].mean().mean())
-
-
-def tvd_and_flip(rows: pd.DataFrame, prefix: str) -> list[SummaryRow]:
-    """``{prefix}_tvd`` (example mean) and ``{prefix}_flip`` (rate) over the rows that have
-    them."""
-    part = rows.dropna(subset=[f"{prefix}_tvd"])
-    return [(f"{prefix}_tvd", example_mean(part, f"{prefix}_tvd"), len(part), STEP_MEAN),
-            (f"{prefix}_flip", part[f"{prefix}_flip"].astype(bool).mean(), len(part),
-             "token flip rate")]
 
 
 @register_protocol
@@ -188,7 +170,7 @@ class ValueReplacement(InterventionProtocol):
 
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
                  ) -> dict[str, pd.DataFrame]:
-        return {"value_controls": _merge_controls(parts["value_controls"], tables[ROWS])}
+        return {"value_controls": merge_controls(parts["value_controls"], tables[ROWS])}
 
     def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
         return tvd_and_flip(tables[ROWS], "value_zero") + tvd_and_flip(tables[ROWS],
@@ -206,19 +188,6 @@ class ValueReplacement(InterventionProtocol):
         return [("Value replacement at the top-weighted key — " + "; ".join(parts)
                  + ". This tests whether that position's content mattered, not whether the "
                  "weight was right.", "larger_score")]
-
-
-def _merge_controls(controls: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per control over all batches (per-batch status rows re-aggregated)."""
-    out = []
-    for control, group in controls.groupby("control", sort=False):
-        first = group.iloc[0]
-        ran = first["status"] == "run"
-        out.append({"control": control, "status": first["status"], "reason": first["reason"],
-                    "n": int(group["n"].sum()),
-                    "tvd_mean": rows[f"value_{control}_tvd"].mean() if ran else float("nan"),
-                    "flip_rate": rows[f"value_{control}_flip"].mean() if ran else float("nan")})
-    return pd.DataFrame(out)
 
 
 @register_protocol
