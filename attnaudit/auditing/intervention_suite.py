@@ -5,49 +5,42 @@ output (greedy, or the hypothesis the target's decoding returns) and intervene a
 step at a time, at every cross-attention site at once (``sites=`` narrows it); keys are
 source positions; special source tokens and padding are not eligible and keep their weight
 in place. "Attention" as one key-level distribution is the mean over the edited sites and
-heads. Permutation, uniform, single zeroing and value replacement run on every row; the
-cumulative removal test and the adversarial search run on seeded subsets of examples
-(stated in ``InterventionSuite.metadata``). With ``sequence_effects``, the uniform, zeroing
-and median permutation edits are also held while the sources are decoded again
-(:mod:`attnaudit.interventions.sequence`).
+heads. The suite runs every registered protocol
+(:func:`~attnaudit.interventions.registry.registered_protocols`): the built-in ones of
+:mod:`attnaudit.interventions.protocols` — permutation, uniform, single zeroing and value
+replacement on every row, the cumulative removal test and the adversarial search on seeded
+subsets of examples (stated in ``InterventionSuite.metadata``), with ``sequence_effects``
+the re-decoding with edits held (:mod:`attnaudit.interventions.sequence`) — and the
+attribution protocol (:mod:`attnaudit.auditing.attribution_protocol`). It names none of
+them: their tables, summary rows, progress counters and metadata come from their classes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 
 from attnaudit.analysis.degenerate import degenerate_table, describe_counts, reason_counts
-from attnaudit.analysis.words import word_importance_table
-from attnaudit.attribution.agreement import agreement, summarise_agreement
-from attnaudit.attribution.loo import leave_one_out
-from attnaudit.attribution.methods import attribute
 from attnaudit.attribution.options import METHODS, AttributionOptions
-from attnaudit.auditing.contribution_suite import add_contribution_parts, contribution_tables
-from attnaudit.errors import InterventionError
-from attnaudit.interventions.ablation import (
-    cumulative_summary,
-    cumulative_test,
-    uniform_test,
-    zeroing_flip_table,
-    zeroing_test,
+from attnaudit.auditing import attribution_protocol  # noqa: F401  (registers the protocol)
+from attnaudit.errors import InterventionError, TargetError
+from attnaudit.interventions.permutation import N_PERMUTATIONS
+from attnaudit.interventions.protocol import (
+    BATCH,
+    ROW_KEYS,
+    ROWS,
+    BatchContext,
+    InterventionProtocol,
+    SuiteSettings,
+    subset_rows,
 )
-from attnaudit.interventions.adversarial import EPS_SEQ2SEQ, adversarial_search
-from attnaudit.interventions.permutation import (
-    N_PERMUTATIONS,
-    SMALL_TVD,
-    permutation_summary,
-    permutation_test,
-)
-from attnaudit.interventions.reference_run import Reference, RowIndex, reference
-from attnaudit.interventions.sequence import SEQUENCE_PROTOCOLS, sequence_effects
-from attnaudit.interventions.values import value_replacement
+from attnaudit.interventions.reference_run import Reference, reference
+from attnaudit.interventions.registry import registered_protocols
 from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
 from attnaudit.runtime.progress import advance, display, phase, settle, split
 from attnaudit.targets.checks import checked_target
@@ -57,10 +50,12 @@ from attnaudit.targets.decoding import describe_decoding
 CUMULATIVE_EXAMPLES = 50
 QUICK_PERMUTATIONS = 20
 ADVERSARIAL_EXAMPLES = 2
-ROW_KEYS = ["example", "step", "n_valid", "max_attention"]
+SUITE = ""  # the suite's own tables (degenerate) among the protocols' parts
 
-# table name -> its frames, one per batch (or per part of a batch)
-_BatchParts = dict[str, list[pd.DataFrame]]
+# (protocol name, table name) -> its frames, one per batch
+_BatchParts = dict[tuple[str, str], list[pd.DataFrame]]
+# The protocols the suite runs, each with its seeded examples (None: every example).
+_Plan = list[tuple[InterventionProtocol, set[int] | None]]
 # What the metadata says of the variant run (docs/metrics.md).
 _PROTOCOL_NOTE = ("teacher-forced decoded output; one target step edited at a time; all listed "
                   "sites edited together; special and padding keys in place")
@@ -69,10 +64,12 @@ _ATTENTION_NOTE = "mean over the edited sites and heads (max_attention, top key,
 
 @dataclass
 class InterventionSuite:
-    """Tables (docs/metrics.md names) keyed by name, and what was run on what."""
+    """Tables (docs/metrics.md names) keyed by name, what was run on what, and the
+    registered protocols the suite ran with (the checklist reads their lines)."""
 
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     metadata: dict[str, object] = field(default_factory=dict)
+    protocols: tuple[InterventionProtocol, ...] = field(default_factory=registered_protocols)
 
     def write_csv(self, out: str | Path) -> list[Path]:
         """Write each table as ``<name>.csv`` under ``out``; return the paths."""
@@ -86,22 +83,6 @@ class InterventionSuite:
         return paths
 
 
-def seeded_examples(n_examples: int, count: int, seed: int) -> set[int]:
-    """``count`` global example indices out of ``n_examples``, drawn with ``seed``."""
-    gen = torch.Generator().manual_seed(seed)
-    return set(torch.randperm(n_examples, generator=gen)[:count].tolist())
-
-
-def _subset(ref: Reference, rows: RowIndex, chosen: set[int]) -> RowIndex:
-    keep = torch.tensor([ref.first_example + int(e) in chosen for e in rows.example],
-                        dtype=torch.bool)
-    return rows.select(keep.nonzero().squeeze(1))
-
-
-def _per_batch(parts: _BatchParts, name: str, frame: pd.DataFrame) -> None:
-    parts.setdefault(name, []).append(frame)
-
-
 def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None = None,
               progress: bool = True, sites: Sequence[str] | None = None,
               heads: Sequence[int] | None = None,
@@ -111,7 +92,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
               max_memory: int | str | None = None, shard: Shard = SINGLE,
               attribution: AttributionOptions | None = None,
               sequence_effects: bool = False) -> InterventionSuite:
-    """Run every intervention, attribution and agreement statistic on ``target``'s data.
+    """Run every registered intervention protocol (attribution and agreement among them) on
+    ``target``'s data.
 
     quick skips the adversarial search and integrated gradients and draws
     ``QUICK_PERMUTATIONS`` permutations per row instead of 100 (unless ``n_permutations``
@@ -137,17 +119,25 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     batches = list(target.iter_batches(limit))
     n_examples = sum(len(b) for b in batches)
     if n_examples == 0:
-        raise ValueError("the target yielded no examples")
-    cumulative_set = seeded_examples(n_examples, cumulative_examples, target.seed)
-    adversarial_set = set() if quick else seeded_examples(n_examples, adversarial_examples,
-                                                          target.seed + 1)
+        raise TargetError(f"target {target.name!r} yielded no examples to intervene on; "
+                          "give it data (or a larger limit)")
     methods = attribution.methods or tuple(m for m in METHODS
                                            if not (quick and m == "integrated_gradients"))
+    settings = SuiteSettings(quick=quick, n_examples=n_examples, seed=target.seed,
+                             n_permutations=n_permutations,
+                             cumulative_examples=cumulative_examples,
+                             adversarial_examples=adversarial_examples,
+                             sequence_effects=sequence_effects, progress=progress,
+                             attribution=attribution, methods=methods)
+    protocols = registered_protocols()
+    chosen = {p.name: p.examples(settings) if p.enabled(settings) else set() for p in protocols}
+    plan: _Plan = [(p, chosen[p.name]) for p in protocols
+                   if p.enabled(settings) and chosen[p.name] != set()]
     if shard.is_distributed:
         _agree_on_data(shard, batches)
     local: list[tuple[int, _BatchParts]] = []
     starts = [0, *accumulate(len(b) for b in batches)]
-    ref = None
+    ref, facts = None, {}
     with display(n_examples, enabled=progress, name=f"interventions {target.name}"), \
             shard.together("the intervention suite"):
         phase("interventions")
@@ -158,39 +148,35 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
             ref = reference(target, batch, sites=sites, heads=heads,
                             first_example=starts[index], max_memory=max_memory)
             local.append((index, {}))
-            variants = _run_batch(target, ref, batch, local[-1][1], methods, n_permutations,
-                                  cumulative_set, adversarial_set, progress, attribution,
-                                  sequence_effects, zeroing=not quick)
+            facts = _run_batch(target, ref, batch, local[-1][1], plan, settings)
             settle()
-    shared = (_reference_facts(ref), variants) if ref is not None else None
-    parts, (facts, attribution_variants) = _gathered(shard, local, shared)
+    shared = (_reference_facts(ref), facts) if ref is not None else None
+    parts, (ref_facts, facts) = _gathered(shard, local, shared)
     _check_rows_to_intervene_on(parts, n_examples)
-    tables = _assemble(parts)
-    tables["summary"] = _summary(tables)
-    return InterventionSuite(tables, {
+    tables = _assemble(parts, plan)
+    tables["summary"] = pd.DataFrame([row for p, _ in plan for row in p.summary(tables)],
+                                     columns=["metric", "value", "n", "variant"])
+    metadata: dict[str, object] = {
         "target": target.name,
         "examples": n_examples,
-        "rows": len(tables["rows"]),
-        "sites": facts["sites"],
-        "heads": facts["heads"],
+        "rows": len(tables[ROWS]),
+        "sites": ref_facts["sites"],
+        "heads": ref_facts["heads"],
         "edited_heads": "all" if heads is None else list(heads),
         "seed": target.seed,
         "protocol": _PROTOCOL_NOTE,
         "attention": _ATTENTION_NOTE,
-        "n_permutations": n_permutations,
-        "cumulative_examples": sorted(cumulative_set),
-        "adversarial_examples": sorted(adversarial_set),
-        "adversarial_eps": EPS_SEQ2SEQ,
-        "attribution_methods": list(methods),
-        "attribution_variants": attribution_variants,
-        "attribution_output": attribution.output,
         "quick": quick,
-        "edited_items": facts["edited_items"],
-        "max_memory_bytes": facts["max_memory_bytes"],
+        "edited_items": ref_facts["edited_items"],
+        "max_memory_bytes": ref_facts["max_memory_bytes"],
         "degenerate_rows": reason_counts(tables["degenerate"]),
         "decoding": describe_decoding(target.decoding),
-        "sequence_effects": sequence_effects,
-    })
+        "protocols": [p.name for p, _ in plan],
+    }
+    for protocol in protocols:
+        metadata.update(protocol.metadata(settings, chosen[protocol.name],
+                                          facts.get(protocol.name, {})))
+    return InterventionSuite(tables, metadata, protocols)
 
 
 def _agree_on_data(shard: Shard, batches: Sequence[Batch]) -> None:
@@ -217,9 +203,9 @@ def _gathered(shard: Shard, local: list[tuple[int, _BatchParts]], shared: Any
 
 def _check_rows_to_intervene_on(parts: _BatchParts, n_examples: int) -> None:
     """Raise InterventionError, saying why, when no batch had a row to intervene on."""
-    if "permutation" in parts:
+    if any(table == ROWS for _, table in parts):
         return
-    degenerate = pd.concat(parts["degenerate"], ignore_index=True)
+    degenerate = pd.concat(parts[(SUITE, "degenerate")], ignore_index=True)
     if degenerate.empty:
         raise InterventionError(f"no row to intervene on: the greedy outputs of the "
                                 f"{n_examples} examples have no step")
@@ -246,158 +232,44 @@ def _edited_items(ref: Reference) -> str:
     return "decoder prefix re-run"
 
 
-def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch,
-               parts: _BatchParts, methods: tuple[str, ...],
-               n_permutations: int, cumulative_set: set[int], adversarial_set: set[int],
-               progress: bool, attribution: AttributionOptions,
-               sequence_effects: bool = False, *, zeroing: bool = True) -> dict[str, str]:
-    """Run everything on one batch; returns each attribution method's variant in words.
-    zeroing: compare value zeroing with the other measures too (one re-run per key)."""
-    _per_batch(parts, "degenerate", degenerate_table(ref.reasons, ref.eligible,
-                                                     ref.first_example))
-    rows = ref.rows()
-    # the batch's progress counters: the row protocols (when it has rows), attribution, and
-    # leave-one-out; the cumulative and adversarial subsets are counted when drawn at all
-    row_protocols = 4 + bool(cumulative_set) + bool(adversarial_set) + sequence_effects
-    split(len(batch), 2 + (row_protocols if len(rows) else 0))
-    if len(rows):
-        _run_row_protocols(target, ref, rows, parts, n_permutations, cumulative_set,
-                           adversarial_set, progress, sequence_effects)
-    found = attribute(target, batch, ref.emitted, methods, progress=progress,
-                      output=attribution.output, reduction=attribution.reduction,
-                      baseline=attribution.baseline, target_side=attribution.target_side,
-                      detach_attention=attribution.detach_attention,
-                      contrast=attribution.contrast_ids(batch, ref.emitted, target.eos_id),
-                      max_memory=ref.budget.max_memory, seed=ref.seed,
-                      first_example=ref.first_example)
-    loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
-                        max_memory=ref.budget.max_memory, progress=progress)
-    importances = {"attention": ref.attention, **found.importance, "loo": loo}
-    if ref.first_example == 0:  # the first example, per source word (a bounded table)
-        _per_batch(parts, "word_importance", word_importance_table(
-            target, batch, ref.emitted, importances, ref.steps))
-    rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
-    rows_agree["example"] += ref.first_example
-    _per_batch(parts, "agreement", rows_agree)  # before the contribution agreement
-    add_contribution_parts(target, batch, ref, importances, parts, zeroing=zeroing)
-    if found.convergence_delta is not None:
-        delta = found.delta_frame()
-        delta["example"] += ref.first_example
-        _per_batch(parts, "attribution_delta", delta)
-    if found.prefix_scores is not None:
-        prefix = found.to_frame().query("side == 'prefix'").drop(columns="side")
-        prefix["example"] += ref.first_example
-        _per_batch(parts, "attribution_prefix", prefix)
-    return {m: found.variant(m) for m in methods}
-
-
-def _run_row_protocols(target: Seq2SeqTarget, ref: Reference, rows: RowIndex,
-                       parts: _BatchParts, n_permutations: int,
-                       cumulative_set: set[int], adversarial_set: set[int],
-                       progress: bool, sequence: bool = False) -> None:
-    """The per-row protocols on a batch's counted (not degenerate) rows."""
-    run: dict[str, Callable[[], pd.DataFrame]] = {
-        "permutation": lambda: permutation_test(target, ref, rows, n_permutations=n_permutations,
-                                                progress=progress, median_draw=sequence),
-        "uniform": lambda: uniform_test(target, ref, rows, progress=progress),
-        "zeroing": lambda: zeroing_test(target, ref, rows, progress=progress),
-    }
-    for name, fn in run.items():
-        _per_batch(parts, name, fn())
-    if sequence:
-        draws = parts["permutation"][-1]["perm_median_draw"].to_numpy()
-        _per_batch(parts, "sequence_effects", sequence_effects(
-            target, ref, rows, perm_median_draw=draws, n_permutations=n_permutations,
-            progress=progress))
-    values, controls = value_replacement(target, ref, rows, progress=progress)
-    _per_batch(parts, "values", values)
-    _per_batch(parts, "value_controls", controls)
-    chosen = _subset(ref, rows, cumulative_set)
-    if len(chosen):
-        _per_batch(parts, "cumulative", cumulative_test(target, ref, chosen, progress=progress))
-    chosen = _subset(ref, rows, adversarial_set)
-    if len(chosen):
-        per_row, per_candidate = adversarial_search(target, ref, chosen, progress=progress)
-        _per_batch(parts, "adversarial", per_row)
-        _per_batch(parts, "adversarial_candidates", per_candidate)
-
-
-def _assemble(parts: _BatchParts) -> dict[str, pd.DataFrame]:
-    joined = {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
-    rows = joined.pop("permutation")
-    for name in ("uniform", "zeroing", "values"):
-        rows = rows.merge(joined.pop(name), on=ROW_KEYS, how="left")
-    tables = {"rows": rows, "permutation_bins": permutation_summary(rows),
-              "zeroing_flips": zeroing_flip_table(rows.dropna(subset=["zero_top_flip"]))}
-    controls = joined.pop("value_controls")
-    tables["value_controls"] = _merge_controls(controls, rows)
-    if "cumulative" in joined:
-        tables["cumulative"] = joined.pop("cumulative")
-        tables["cumulative_summary"] = cumulative_summary(tables["cumulative"])
-    tables.update(joined)
-    tables["agreement_summary"] = summarise_agreement(tables["agreement"])
-    tables.update(contribution_tables(tables))
-    return tables
-
-
-def _merge_controls(controls: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per control over all batches (per-batch status rows re-aggregated)."""
-    out = []
-    for control, group in controls.groupby("control", sort=False):
-        first = group.iloc[0]
-        ran = first["status"] == "run"
-        out.append({"control": control, "status": first["status"], "reason": first["reason"],
-                    "n": int(group["n"].sum()),
-                    "tvd_mean": rows[f"value_{control}_tvd"].mean() if ran else float("nan"),
-                    "flip_rate": rows[f"value_{control}_flip"].mean() if ran else float("nan")})
-    return pd.DataFrame(out)
-
-
-def _example_mean(rows: pd.DataFrame, column: str) -> float:
-    """Mean over steps within each example, then over examples (docs/metrics.md)."""
-    return float(rows.dropna(subset=[column]).groupby("example")[column].mean().mean())
-
-
-def _summary(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """Scalar results: metric, value, n (rows counted), variant."""
-    rows = tables["rows"]
-    out = [
-        ("perm_median_tvd", rows["perm_median_tvd"].median(), len(rows),
-         "median over rows of the per-row median over permutations"),
-        ("perm_small_tvd_share", (rows["perm_median_tvd"] < SMALL_TVD).mean(), len(rows),
-         f"share of rows with perm_median_tvd < {SMALL_TVD}"),
-        ("perm_flip_rate", rows["perm_flip_rate"].mean(), len(rows),
-         "token flip rate over rows and permutations"),
-    ]
-    for prefix in ("uniform", "zero_top", "zero_random", "value_zero", "value_mean"):
-        part = rows.dropna(subset=[f"{prefix}_tvd"])
-        out.append((f"{prefix}_tvd", _example_mean(part, f"{prefix}_tvd"), len(part),
-                    "mean over steps, then over examples"))
-        out.append((f"{prefix}_flip", part[f"{prefix}_flip"].astype(bool).mean(), len(part),
-                    "token flip rate"))
-    if "sequence_effects" in tables:
-        out.extend(_sequence_summary(tables["sequence_effects"]))
-    if "adversarial" in tables:
-        adv = tables["adversarial"]
-        out.append(("eps_max_jsd", adv["eps_max_jsd"].mean(), len(adv),
-                    f"mean over rows of the adversarial subset, eps = {EPS_SEQ2SEQ}"))
-    if "attribution_delta" in tables:
-        delta = tables["attribution_delta"]["convergence_delta"].abs()
-        out.append(("convergence_delta_abs", delta.mean(), len(delta),
-                    "integrated gradients, mean |delta| in probability units"))
-    return pd.DataFrame(out, columns=["metric", "value", "n", "variant"])
-
-
-def _sequence_summary(table: pd.DataFrame) -> list[tuple[str, float, int, str]]:
-    """Per sequence protocol: the exact-match share and the mean token edit distance."""
-    out = []
-    for protocol in SEQUENCE_PROTOCOLS:
-        part = table[table["protocol"] == protocol]
-        if part.empty:
+def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch, parts: _BatchParts,
+               plan: _Plan, settings: SuiteSettings) -> dict[str, dict[str, Any]]:
+    """Run the planned protocols on one batch, their tables appended to ``parts``; returns
+    each protocol's facts for the metadata. Row protocols get the batch's counted rows
+    (their scope); a batch without one runs only the BATCH protocols."""
+    parts[(SUITE, "degenerate")] = [degenerate_table(ref.reasons, ref.eligible,
+                                                     ref.first_example)]
+    counted = ref.rows()
+    # the batch's share of the display, split evenly over the counters its protocols open
+    split(len(batch), sum(p.progress_items(len(counted)) for p, _ in plan))
+    running = frozenset(p.name for p, _ in plan)
+    earlier: dict[str, dict[str, pd.DataFrame]] = {}
+    shared: dict[str, Any] = {}
+    facts: dict[str, dict[str, Any]] = {}
+    for protocol, examples in plan:
+        rows = counted if examples is None else subset_rows(ref, counted, examples)
+        if protocol.scope != BATCH and not len(rows):
             continue
-        held = "re-decoded with the edit held at every step"
-        out.append((f"seq_{protocol}_exact_match", part["exact_match"].astype(bool).mean(),
-                    len(part), f"share of outputs unchanged, {held}"))
-        out.append((f"seq_{protocol}_edit_distance", part["edit_distance"].mean(), len(part),
-                    f"mean token edit distance to the unedited output, {held}"))
-    return out
+        facts[protocol.name] = {}
+        ctx = BatchContext(target, batch, ref, rows, settings, running, earlier, shared,
+                           facts[protocol.name])
+        earlier[protocol.name] = protocol.run(ctx)
+        for table, frame in earlier[protocol.name].items():
+            parts[(protocol.name, table)] = [frame]
+    return facts
+
+
+def _assemble(parts: _BatchParts, plan: _Plan) -> dict[str, pd.DataFrame]:
+    """The suite's tables: ``rows`` (every protocol's per-row columns joined on ROW_KEYS,
+    in run order), ``degenerate``, then each protocol's own."""
+    joined = {key: pd.concat(frames, ignore_index=True) for key, frames in parts.items()}
+    per_row = [joined[(p.name, ROWS)] for p, _ in plan if (p.name, ROWS) in joined]
+    rows = per_row[0]
+    for frame in per_row[1:]:
+        rows = rows.merge(frame, on=ROW_KEYS, how="left")
+    tables = {ROWS: rows, "degenerate": joined[(SUITE, "degenerate")]}
+    for protocol, _ in plan:
+        own = {table: frame for (name, table), frame in joined.items()
+               if name == protocol.name and table != ROWS}
+        tables.update(protocol.assemble(own, tables))
+    return tables

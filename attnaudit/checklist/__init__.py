@@ -20,7 +20,6 @@ from attnaudit.checklist.explanation import (
     ADVERSARIAL_DIFFERENT,
     agreement_summary,
     explanation_status,
-    find_table,
 )
 from attnaudit.checklist.items import (
     FAIL,
@@ -63,7 +62,6 @@ __all__ = [
     "agreement_summary",
     "build_checklist",
     "explanation_status",
-    "find_table",
     "parameter_table",
     "site_metric_table",
     "worst",

@@ -125,7 +125,7 @@ def _misconception_notes(model: nn.Module, audit: ValidityAudit | None,
         if separate:
             notes["keys_are_values"] = separate
     if suite is not None:
-        for line, key in intervention_lines(dict(suite.tables)):
+        for line, key in intervention_lines(dict(suite.tables), suite.protocols):
             if key:
                 notes[key] = f"{notes[key]} {line}" if key in notes else line
     return [MisconceptionNote(m.claim, m.correction, notes[m.key])

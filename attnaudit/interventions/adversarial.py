@@ -16,9 +16,11 @@ into the batch dimension: one forward and backward pass per optimisation step.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import torch
 
+from attnaudit.errors import InterventionError
 from attnaudit.interventions.draws import eligible_draws
 from attnaudit.interventions.outputs import jsd, tvd
 from attnaudit.interventions.reference_run import Reference, RowIndex
@@ -76,7 +78,9 @@ def adversarial_search(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | N
     chunk_size: candidate sequences per forward and backward pass (default: from the
     reference's memory budget)."""
     if candidates < 1 or steps < 0 or eps < 0:
-        raise ValueError("adversarial_search needs candidates >= 1, steps >= 0, eps >= 0")
+        raise InterventionError(f"adversarial_search needs candidates >= 1, steps >= 0 and "
+                                f"eps >= 0; got candidates={candidates}, steps={steps}, "
+                                f"eps={eps}")
     rows = ref.rows() if rows is None else rows
     if chunk_size is None:
         longest = int(rows.step.max()) if len(rows) else 0
@@ -99,7 +103,8 @@ def adversarial_search(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | N
     })
     ids = row_columns(ref, rows)
     per_candidate = pd.DataFrame({
-        "example": ids["example"].repeat(candidates), "step": ids["step"].repeat(candidates),
+        "example": np.asarray(ids["example"]).repeat(candidates),
+        "step": np.asarray(ids["step"]).repeat(candidates),
         "candidate": torch.arange(candidates).repeat(len(rows)).numpy(),
         "jsd_to_original": jsd_final.reshape(-1).numpy(),
         "output_tvd": tvd_final.reshape(-1).numpy(),

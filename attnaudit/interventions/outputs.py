@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import torch
 
+from attnaudit.errors import InterventionError
+
 EPS = 1e-10
 
 
 def _check(p: torch.Tensor, q: torch.Tensor) -> None:
     if p.shape != q.shape:
-        raise ValueError(f"output distributions differ in shape: {tuple(p.shape)} vs "
-                         f"{tuple(q.shape)}")
+        raise InterventionError(f"output distributions differ in shape: {tuple(p.shape)} vs "
+                                f"{tuple(q.shape)}; compare distributions over the same "
+                                "rows and vocabulary")
     if p.ndim == 0:
-        raise ValueError("output distributions need a vocabulary axis (..., V)")
+        raise InterventionError("output distributions need a vocabulary axis (..., V); "
+                                "pass probabilities, not a scalar")
 
 
 def tvd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from attnaudit.errors import InterventionError
 from attnaudit.interventions.draws import eligible_draws
 from attnaudit.interventions.outputs import median
 from attnaudit.interventions.reference_run import Reference, RowIndex
@@ -27,6 +28,8 @@ from attnaudit.targets.contract import Seq2SeqTarget
 N_PERMUTATIONS = 100
 # docs/metrics.md: a median permutation TVD below this counts as a small output change
 SMALL_TVD = 0.05
+# docs/metrics.md: a row whose largest eligible weight exceeds this counts as sharp
+SHARP_ATTENTION = 0.75
 N_BINS = 4
 _SALT = 1
 _CACHE_ROWS = 4096  # rows whose permutations are kept between calls
@@ -84,7 +87,8 @@ def permutation_test(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | Non
     :class:`Seq2SeqTarget` ``ref`` came from.
     """
     if n_permutations < 1:
-        raise ValueError(f"n_permutations must be positive, got {n_permutations}")
+        raise InterventionError(f"n_permutations must be a positive number of permutations "
+                                f"per row, got {n_permutations}")
     rows = ref.rows() if rows is None else rows
     n_rows = len(rows)
     edit = _PermutationEdit(ref, rows, n_permutations)

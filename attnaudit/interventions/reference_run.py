@@ -19,10 +19,16 @@ import torch
 from attnaudit.analysis.cached_decoding import step_tolerance
 from attnaudit.analysis.degenerate import negligible_rows, row_reasons
 from attnaudit.capturing.recorder import capture
-from attnaudit.errors import InterventionError
+from attnaudit.errors import InterventionError, TargetError
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes, tensor_bytes
 from attnaudit.record import AttentionRecord
 from attnaudit.targets.contract import Batch, Seq2SeqTarget, select_state
+
+# What a target raises when its cached step cannot be taken, so the prefix is re-run:
+# TargetError (attnaudit's Hugging Face targets, attnaudit.targets.hf.cache: a recurrent or
+# hybrid cache that cannot go back to an earlier position, a model that returns no cache)
+# and NotImplementedError (a target's own code saying it has no such step).
+CACHE_REFUSALS = (TargetError, NotImplementedError)
 
 
 @dataclass
@@ -223,25 +229,28 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
 def cached_states(target: Seq2SeqTarget, batch: Batch, encoded: Any, emitted: torch.Tensor,
                   logits: torch.Tensor) -> tuple[Any, str | None]:
     """The unedited decoder states (``target.decode_states``) when one cached step from
-    them gives the teacher-forced output, else None and why: the target's own states or
-    step fail, or their first and last steps' output distributions differ from the
-    teacher-forced ``logits`` (B, T, V) by more than :func:`step_tolerance` in total
-    variation. Edited items then re-run the prefix, which needs no cache."""
+    them gives the teacher-forced output, else None and why: the target says its states or
+    step cannot be taken (:data:`CACHE_REFUSALS`: a Hugging Face cache that cannot be cut
+    back to an earlier position, a model that returns none), or their first and last steps'
+    output distributions differ from the teacher-forced ``logits`` (B, T, V) by more than
+    :func:`step_tolerance` in total variation. Edited items then re-run the prefix, which
+    needs no cache. Any other error is a bug in the cached path and propagates: falling back
+    would hide it behind a slower run."""
     n_steps = emitted.shape[1]
-    if n_steps == 0:
+    decode_states, decode_step = target.decode_states, target.decode_step
+    if n_steps == 0 or decode_states is None or decode_step is None:
         return None, None
     try:
-        states = target.decode_states(batch, encoded, emitted)
+        states = decode_states(batch, encoded, emitted)
         every = torch.arange(len(emitted))
         for step in sorted({0, n_steps - 1}):
-            stepped = target.decode_step(batch, encoded, select_state(states, every), emitted,
-                                         step)
+            stepped = decode_step(batch, encoded, select_state(states, every), emitted, step)
             expected = torch.softmax(logits[:, step].float(), -1)
             gap = 0.5 * (torch.softmax(stepped.float(), -1) - expected).abs().sum(-1).max()
             if not gap <= step_tolerance(logits.dtype):
                 return None, (f"one cached step disagreed with the teacher-forced pass at step "
                               f"{step} (total variation {float(gap):.3g})")
-    except Exception as exc:  # any failure of the target's cache: re-run the prefix
+    except CACHE_REFUSALS as exc:
         return None, f"one cached step could not be taken: {type(exc).__name__}: {exc}"
     return states, None
 

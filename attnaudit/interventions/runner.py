@@ -140,7 +140,9 @@ def item_chunks(ref: Reference, step: torch.Tensor, chunk_size: int | None = Non
     items running one cached step are chunked per step.
     """
     if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        raise InterventionError(f"chunk_size must be a positive number of edited sequences, "
+                                f"got {chunk_size}; leave it None to size chunks from the "
+                                "memory budget")
     order = torch.argsort(step, stable=True)
     ordered = step[order].tolist()
     at, n_items = 0, len(ordered)

@@ -70,3 +70,18 @@ def value_replacement(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | No
                    "reason": NOT_REACHABLE, "n": 0, "tvd_mean": float("nan"),
                    "flip_rate": float("nan")})
     return pd.DataFrame(columns), pd.DataFrame(status)
+
+
+def merge_controls(controls: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per control over all batches (the per-batch status rows of
+    :func:`value_replacement` re-aggregated; ``tvd_mean`` and ``flip_rate`` from the suite's
+    per-row table ``rows``)."""
+    out = []
+    for control, group in controls.groupby("control", sort=False):
+        first = group.iloc[0]
+        ran = first["status"] == "run"
+        out.append({"control": control, "status": first["status"], "reason": first["reason"],
+                    "n": int(group["n"].sum()),
+                    "tvd_mean": rows[f"value_{control}_tvd"].mean() if ran else float("nan"),
+                    "flip_rate": rows[f"value_{control}_flip"].mean() if ran else float("nan")})
+    return pd.DataFrame(out)

@@ -13,8 +13,8 @@ import pandas as pd
 
 from attnaudit.analysis.example_maps import START_LABEL, ExampleMaps
 from attnaudit.attribution.agreement import ATTENTION, GRADIENT, JAIN_WALLACE_REFERENCE
-from attnaudit.checklist import find_table
 from attnaudit.interventions.permutation import BIN_LABELS, SMALL_TVD, max_attention_bins
+from attnaudit.interventions.protocol import ROWS, table_with
 from attnaudit.report import figures as figs
 
 
@@ -86,7 +86,7 @@ def _masked_mass_figure(site_summary: pd.DataFrame,
 
 def _intervention_figures(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figure]:
     out = []
-    per_row = find_table(tables, ("max_attention", "perm_median_tvd"))
+    per_row = table_with(tables, ROWS, "perm_median_tvd")
     if per_row is not None:
         binned = figs.finite_or_empty(
             per_row.assign(max_attention_bin=max_attention_bins(per_row["max_attention"])),
@@ -179,7 +179,7 @@ def agreement_with_intervals(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame
     its bootstrap interval ``ci_low`` .. ``ci_high`` (:data:`CI_LEVEL`), resampling whole
     examples, since the steps of one example are not independent; None without the
     per-row agreement table."""
-    rows = find_table(tables, ("method_a", "method_b", "example", "kendall_tau"))
+    rows = table_with(tables, "agreement", "kendall_tau")
     if rows is None:
         return None
     rows = figs.finite_or_empty(rows, "kendall_tau")

@@ -36,20 +36,22 @@ def test_explanation_status_from_intervention_tables():
     assert explanation_status({}) == NOT_RECORDED
     assert explanation_status({"other": pd.DataFrame({"x": [1]})}) == WARN
     insensitive = _perm([0.0, 0.01, 0.02, 0.0])
-    no_flips = pd.DataFrame({"uniform_tvd": [0.0] * 4, "uniform_flip": [False] * 4})
-    assert explanation_status({"p": insensitive, "u": no_flips}) == FAIL
+    no_flips = insensitive.assign(uniform_tvd=0.0, uniform_flip=False)
+    assert explanation_status({"rows": no_flips}) == FAIL
+    # tables are read by name: the same columns under another name are not the suite's rows
+    assert explanation_status({"p": no_flips}) == WARN
     sensitive = _perm([0.3, 0.5, 0.2, 0.01])
-    top_matters = pd.DataFrame({"zero_top_flip": [True, True, False, True],
-                                "zero_random_flip": [False, False, False, True]})
-    assert explanation_status({"p": sensitive, "z": top_matters}) == PASS
+    top_matters = sensitive.assign(zero_top_flip=[True, True, False, True],
+                                   zero_random_flip=[False, False, False, True])
+    assert explanation_status({"rows": top_matters}) == PASS
     top_no_better = top_matters.assign(zero_random_flip=[True, True, False, True])
-    assert explanation_status({"p": sensitive, "z": top_no_better}) == WARN
+    assert explanation_status({"rows": top_no_better}) == WARN
     same_output_other_weights = pd.DataFrame({"eps_max_jsd": [0.5, 0.6]})
-    assert explanation_status({"p": sensitive, "z": top_matters,
-                               "a": same_output_other_weights}) == WARN
+    assert explanation_status({"rows": top_matters,
+                               "adversarial": same_output_other_weights}) == WARN
     no_alternative_found = pd.DataFrame({"eps_max_jsd": [0.0, 0.05]})
-    assert explanation_status({"p": sensitive, "z": top_matters,
-                               "a": no_alternative_found}) == PASS
+    assert explanation_status({"rows": top_matters,
+                               "adversarial": no_alternative_found}) == PASS
 
 
 def test_parameter_table_reports_tied_tensors():
@@ -71,21 +73,19 @@ def test_parameter_table_reports_tied_tensors():
 
 
 def test_intervention_tables_become_observations_and_figures():
-    from types import SimpleNamespace
-
+    from attnaudit.auditing.intervention_suite import InterventionSuite
     from attnaudit.checklist import build_checklist
     from attnaudit.report.item_figures import item_figures
 
+    rows = _perm([0.3, 0.5, 0.01, 0.2], max_attention=0.8).assign(
+        uniform_tvd=[0.2, 0.4, 0.2, 0.4], uniform_flip=[True, False, True, False],
+        zero_top_flip=True, zero_random_flip=[False, True, False, True],
+        value_zero_tvd=0.1, value_zero_flip=True, value_mean_tvd=0.3)
     tables = {
-        "permutation": _perm([0.3, 0.5, 0.01, 0.2], max_attention=0.8),
-        "uniform": pd.DataFrame({"uniform_tvd": [0.2, 0.4], "uniform_flip": [True, False]}),
-        "zeroing": pd.DataFrame({"zero_top_flip": [True, True], "zero_random_flip": [False,
-                                                                                      True]}),
+        "rows": rows,
         "cumulative_summary": pd.DataFrame({"order": ["attention", "random"], "n": [2, 10],
                                             "n_flipped": [2, 5], "never_flipped": [0, 5],
                                             "frac_keys_median": [0.1, 0.5]}),
-        "value_replacement": pd.DataFrame({"value_zero_tvd": [0.1], "value_zero_flip": [True],
-                                           "value_mean_tvd": [0.3]}),
         "adversarial": pd.DataFrame({"eps_max_jsd": [0.2, 0.4]}),
         "agreement_summary": pd.DataFrame({"method_a": ["attention"], "method_b": ["saliency"],
                                            "n": [4], "kendall_tau_mean": [0.25],
@@ -94,14 +94,14 @@ def test_intervention_tables_become_observations_and_figures():
                                    "example": [0, 0, 1, 1], "step": [0, 1, 0, 1],
                                    "kendall_tau": [0.1, 0.2, 0.3, 0.4]}),
     }
-    checklist = build_checklist(nn.Linear(1, 1), None, SimpleNamespace(tables=tables, metadata={}),
+    checklist = build_checklist(nn.Linear(1, 1), None, InterventionSuite(tables, {}),
                                 audit_reason="not run in this test")
     item = checklist.item("interventions")
     # 3 of 4 rows change by TVD >= 0.05 and the top key flips 100 % vs 50 %, but the
     # adversarial search found very different weights with the same output (mean 0.3).
     assert item.status == WARN
     text = " ".join(item.observations)
-    for expected in ("25% of 4 rows", "flips in 50% of 2 rows", "top-weighted key flips the "
+    for expected in ("25% of 4 rows", "flips in 50% of 4 rows", "top-weighted key flips the "
                      "argmax in 100% of rows; zeroing a random other eligible key in 50%",
                      "attention: median 0.1 of the keys (0 of 2 never flipped)",
                      "zero: mean TVD 0.1, flips 100%; mean: mean TVD 0.3",

@@ -1,0 +1,121 @@
+"""The attribution protocol of the intervention suite: the attribution methods, leave-one-out,
+their rank agreement with the weights, and the weights-vs-contributions tables.
+
+It registers here, not in :mod:`attnaudit.interventions.protocols`: it needs
+:mod:`attnaudit.attribution` and :mod:`attnaudit.auditing.contribution_suite`, layers above
+the registry. It runs on the whole batch (degenerate rows included: the agreement table
+marks them undefined) and leaves the batch's importance maps in ``ctx.shared["importances"]``
+(name -> (B, T, n), ``attention``, the gradient methods and ``loo``) for protocols that
+name it in ``after`` (a faithfulness test that ranks keys by an attribution).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import pandas as pd
+
+from attnaudit.analysis.words import word_importance_table
+from attnaudit.attribution.agreement import agreement, summarise_agreement
+from attnaudit.attribution.loo import leave_one_out
+from attnaudit.attribution.methods import attribute
+from attnaudit.auditing.contribution_suite import add_contribution_parts, contribution_tables
+from attnaudit.interventions.protocol import (
+    BATCH,
+    BatchContext,
+    ChecklistLine,
+    Columns,
+    InterventionProtocol,
+    SuiteSettings,
+    SummaryRow,
+    table_with,
+)
+from attnaudit.interventions.registry import register_protocol
+
+ATTRIBUTION = "attribution"
+IMPORTANCES = "importances"  # the ctx.shared key of the batch's importance maps
+
+
+@register_protocol
+class Attribution(InterventionProtocol):
+    """Attribution methods, leave-one-out and agreement (:mod:`attnaudit.attribution`),
+    and the contribution measures beside them (:mod:`~attnaudit.auditing.contribution_suite`)."""
+
+    name = ATTRIBUTION
+    columns: ClassVar[Columns] = {
+        "agreement": ("method_a", "method_b", "example", "step", "kendall_tau"),
+        "top_keys": ("example", "step"),
+        "contribution_measures": ("measure", "reading", "status", "reason")}
+    scope = BATCH
+    row_tables = ()
+
+    def progress_items(self, counted_rows: int) -> int:
+        return 2  # the attribution methods, then leave-one-out
+
+    def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
+        target, batch, ref, options = ctx.target, ctx.batch, ctx.ref, ctx.settings.attribution
+        methods, progress = ctx.settings.methods, ctx.settings.progress
+        found = attribute(target, batch, ref.emitted, methods, progress=progress,
+                          output=options.output, reduction=options.reduction,
+                          baseline=options.baseline, target_side=options.target_side,
+                          detach_attention=options.detach_attention,
+                          contrast=options.contrast_ids(batch, ref.emitted, target.eos_id),
+                          max_memory=ref.budget.max_memory, seed=ref.seed,
+                          first_example=ref.first_example)
+        loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
+                            max_memory=ref.budget.max_memory, progress=progress)
+        importances = {"attention": ref.attention, **found.importance, "loo": loo}
+        if ctx.shared is not None:
+            ctx.shared[IMPORTANCES] = importances
+        parts: dict[str, list[pd.DataFrame]] = {}
+        if ref.first_example == 0:  # the first example, per source word (a bounded table)
+            parts["word_importance"] = [word_importance_table(target, batch, ref.emitted,
+                                                              importances, ref.steps)]
+        rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
+        rows_agree["example"] += ref.first_example
+        parts["agreement"] = [rows_agree]  # before the contribution agreement
+        add_contribution_parts(target, batch, ref, importances, parts,
+                               zeroing=not ctx.settings.quick)
+        if found.convergence_delta is not None:
+            delta = found.delta_frame()
+            delta["example"] += ref.first_example
+            parts["attribution_delta"] = [delta]
+        if found.prefix_scores is not None:
+            prefix = found.to_frame().query("side == 'prefix'").drop(columns="side")
+            prefix["example"] += ref.first_example
+            parts["attribution_prefix"] = [prefix]
+        if ctx.facts is not None:
+            ctx.facts["variants"] = {m: found.variant(m) for m in methods}
+        return {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
+
+    def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
+                 ) -> dict[str, pd.DataFrame]:
+        out = dict(parts)
+        out["agreement_summary"] = summarise_agreement(out["agreement"])
+        out.update(contribution_tables({**tables, **out}))
+        return out
+
+    def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
+        if "attribution_delta" not in tables:
+            return []
+        delta = tables["attribution_delta"]["convergence_delta"].abs()
+        return [("convergence_delta_abs", delta.mean(), len(delta),
+                 "integrated gradients, mean |delta| in probability units")]
+
+    def checklist_lines(self, tables: Mapping[str, pd.DataFrame]) -> list[ChecklistLine]:
+        summary = table_with(tables, "agreement_summary", "kendall_tau_mean")
+        if summary is None:
+            return []
+        parts = [f"{r.method_a} vs {r.method_b}: {r.kendall_tau_mean:.3g} (sig_frac "
+                 f"{r.sig_frac:.2f}, {r.n} rows)" for r in summary.itertuples(index=False)]
+        return [("Mean Kendall tau-b between importance rankings — " + "; ".join(parts)
+                 + ". Jain & Wallace report 0.24-0.44 between attention and gradients for "
+                 "BiLSTM classifiers with additive attention (a different task).",
+                 "causal_explanation")]
+
+    def metadata(self, settings: SuiteSettings, examples: set[int] | None,
+                 facts: Mapping[str, Any]) -> dict[str, object]:
+        return {"attribution_methods": list(settings.methods),
+                "attribution_variants": facts.get("variants", {}),
+                "attribution_output": settings.attribution.output}

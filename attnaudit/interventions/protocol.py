@@ -1,0 +1,193 @@
+"""One protocol of the intervention suite as one class (docs/interventions.md, "Adding a
+protocol").
+
+A protocol is an :class:`InterventionProtocol` registered with
+:func:`~attnaudit.interventions.registry.register_protocol`. The suite
+(:func:`attnaudit.auditing.intervention_suite.run_suite`), its progress plan, its metadata,
+the checklist and the protocol contract test read every protocol from the registry; none
+of them names one. Per batch the suite hands each running protocol a :class:`BatchContext`
+and keeps the tables its :meth:`~InterventionProtocol.run` returns: columns returned under
+:data:`ROWS` join the per-row table ``rows`` on :data:`ROW_KEYS`, every other name is a
+table of its own (its CSV name), concatenated over batches in batch order.
+
+Which rows a protocol sees is its degenerate-row handling (:attr:`~InterventionProtocol.scope`):
+:data:`EVERY_ROW` and :data:`SUBSET` protocols get only counted rows (degenerate rows are
+listed in the ``degenerate`` table and never handed to them), :data:`BATCH` protocols the
+whole batch. A protocol that needs another's results on the batch (a faithfulness test
+reading attribution maps) names it in :attr:`~InterventionProtocol.after` and reads
+``ctx.earlier`` or ``ctx.shared``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pandas as pd
+import torch
+
+from attnaudit.interventions.reference_run import Reference, RowIndex
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
+
+QUICK, FULL = "quick", "full"  # the suite's modes (``run_suite(quick=...)``)
+BOTH_MODES = frozenset({QUICK, FULL})
+# What rows a protocol runs on (its degenerate-row handling, module docstring).
+EVERY_ROW = "every counted row"
+SUBSET = "the counted rows of seeded examples"
+BATCH = "the whole batch"
+ROWS = "rows"  # the per-row table: EVERY_ROW protocols' columns joined on ROW_KEYS
+ROW_KEYS = ["example", "step", "n_valid", "max_attention"]
+# table -> the columns a protocol writes into it (ROWS: besides ROW_KEYS)
+Columns = Mapping[str, tuple[str, ...]]
+# One row of the ``summary`` table: metric, value, n (rows counted), variant.
+SummaryRow = tuple[str, float, int, str]
+# One checklist sentence and the misconception key it speaks to ("" for none).
+ChecklistLine = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class SuiteSettings:
+    """What the suite was asked to run (``run_suite``'s arguments, resolved).
+
+    attribution: the suite's ``attnaudit.attribution.options.AttributionOptions`` (typed
+    loosely: attribution is a layer above this one); methods: the attribution methods run.
+    """
+
+    quick: bool
+    n_examples: int
+    seed: int
+    n_permutations: int
+    cumulative_examples: int
+    adversarial_examples: int
+    sequence_effects: bool = False
+    progress: bool = False
+    attribution: Any = None
+    methods: tuple[str, ...] = ()
+
+    @property
+    def mode(self) -> str:
+        return QUICK if self.quick else FULL
+
+
+@dataclass
+class BatchContext:
+    """What a protocol's :meth:`~InterventionProtocol.run` gets for one batch.
+
+    rows: the rows it runs on (its :attr:`~InterventionProtocol.scope`; all counted rows of
+    the batch for a BATCH protocol); running: the names of every protocol the suite runs;
+    earlier: the tables of the protocols run before it on this batch, by protocol name;
+    shared: values a protocol leaves for later ones on this batch (the attribution protocol
+    leaves ``importances``: name -> (B, T, n) maps); facts: the protocol's own notes for
+    :meth:`~InterventionProtocol.metadata` (the last batch's are kept).
+    """
+
+    target: Seq2SeqTarget
+    batch: Batch
+    ref: Reference
+    rows: RowIndex
+    settings: SuiteSettings
+    running: frozenset[str] = frozenset()
+    earlier: Mapping[str, Mapping[str, pd.DataFrame]] | None = None
+    shared: dict[str, Any] | None = None
+    facts: dict[str, Any] | None = None
+
+
+class InterventionProtocol(ABC):
+    """One protocol: what it runs, its tables, summary, checklist lines and metadata.
+
+    Subclasses set :attr:`name` and :attr:`columns` and implement :meth:`run`; the other
+    methods default to nothing. Instances hold no state between runs (the registry keeps
+    one); a protocol's own settings are attributes.
+    """
+
+    name: ClassVar[str]
+    columns: ClassVar[Columns]  # what every run writes, at least
+    scope: ClassVar[str] = EVERY_ROW
+    modes: ClassVar[frozenset[str]] = BOTH_MODES
+    # the protocols whose results on the batch it reads (run before it)
+    after: ClassVar[tuple[str, ...]] = ()
+    # the tables of per-(example, step) rows, which hold counted rows only
+    row_tables: ClassVar[tuple[str, ...]] = (ROWS,)
+
+    def enabled(self, settings: SuiteSettings) -> bool:
+        """Whether the suite runs it with ``settings`` (default: in its :attr:`modes`)."""
+        return settings.mode in self.modes
+
+    def examples(self, settings: SuiteSettings) -> set[int] | None:
+        """A SUBSET protocol's global example indices (an empty set: it does not run);
+        None for every example."""
+        return None
+
+    def progress_items(self, counted_rows: int) -> int:
+        """Progress counters it opens on a batch with ``counted_rows`` rows (each moves the
+        display on by an equal share of the batch, :func:`attnaudit.runtime.progress.split`)."""
+        return 1 if counted_rows or self.scope == BATCH else 0
+
+    @abstractmethod
+    def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
+        """Its tables for one batch, by name (:data:`ROWS`: per-row columns, ROW_KEYS
+        included), with global example indices."""
+
+    def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
+                 ) -> dict[str, pd.DataFrame]:
+        """Its final tables from ``parts`` (its own tables over every batch, ROWS excluded)
+        and ``tables`` (the suite's so far, ``rows`` complete). Default: ``parts``."""
+        return dict(parts)
+
+    def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
+        """Its rows of the ``summary`` table."""
+        return []
+
+    def checklist_lines(self, tables: Mapping[str, pd.DataFrame]) -> list[ChecklistLine]:
+        """Its sentences on the checklist's intervention item, from the suite's tables by
+        name (nothing when its tables are absent)."""
+        return []
+
+    def metadata(self, settings: SuiteSettings, examples: set[int] | None,
+                 facts: Mapping[str, Any]) -> dict[str, object]:
+        """Its entries of the suite's metadata (asked also when it did not run);
+        examples: :meth:`examples`; facts: what its last batch left in ``ctx.facts``."""
+        return {}
+
+
+def seeded_examples(n_examples: int, count: int, seed: int) -> set[int]:
+    """``count`` global example indices out of ``n_examples``, drawn with ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return set(torch.randperm(n_examples, generator=gen)[:count].tolist())
+
+
+def subset_rows(ref: Reference, rows: RowIndex, chosen: set[int]) -> RowIndex:
+    """The ``rows`` of ``ref``'s batch whose global example index is in ``chosen``."""
+    keep = torch.tensor([ref.first_example + int(e) in chosen for e in rows.example],
+                        dtype=torch.bool)
+    return rows.select(keep.nonzero().squeeze(1))
+
+
+def table_with(tables: Mapping[str, pd.DataFrame], name: str, column: str
+               ) -> pd.DataFrame | None:
+    """Table ``name`` when it has rows and ``column`` (a protocol's own column: a quick
+    suite may lack it), else None."""
+    table = tables.get(name)
+    return table if table is not None and len(table) and column in table.columns else None
+
+
+def rate(series: pd.Series) -> float:
+    """The mean of a flag column read as numbers (NaN rows left out)."""
+    return float(pd.to_numeric(series, errors="coerce").astype(float).mean())
+
+
+def example_mean(rows: pd.DataFrame, column: str) -> float:
+    """Mean over steps within each example, then over examples (docs/metrics.md)."""
+    return float(rows.dropna(subset=[column]).groupby("example")[column].mean().mean())
+
+
+def tvd_and_flip(rows: pd.DataFrame, prefix: str) -> list[SummaryRow]:
+    """``{prefix}_tvd`` (example mean) and ``{prefix}_flip`` (rate) over the rows that have
+    them."""
+    part = rows.dropna(subset=[f"{prefix}_tvd"])
+    return [(f"{prefix}_tvd", example_mean(part, f"{prefix}_tvd"), len(part),
+             "mean over steps, then over examples"),
+            (f"{prefix}_flip", part[f"{prefix}_flip"].astype(bool).mean(), len(part),
+             "token flip rate")]

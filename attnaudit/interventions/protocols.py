@@ -1,0 +1,332 @@
+"""The built-in intervention protocols, one class each, registered in the order the suite
+runs them and lists their tables, summary rows and checklist lines (docs/metrics.md names).
+
+Each wraps the test of its own module (:mod:`~attnaudit.interventions.permutation`,
+:mod:`~attnaudit.interventions.ablation`, :mod:`~attnaudit.interventions.values`,
+:mod:`~attnaudit.interventions.sequence`, :mod:`~attnaudit.interventions.adversarial`);
+the attribution protocol registers from :mod:`attnaudit.auditing.attribution_protocol`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pandas as pd
+
+from attnaudit.interventions.ablation import (
+    RANDOM_DRAWS,
+    cumulative_summary,
+    cumulative_test,
+    uniform_test,
+    zeroing_flip_table,
+    zeroing_test,
+)
+from attnaudit.interventions.adversarial import EPS_SEQ2SEQ, STEPS, adversarial_search
+from attnaudit.interventions.permutation import (
+    SHARP_ATTENTION,
+    SMALL_TVD,
+    permutation_summary,
+    permutation_test,
+)
+from attnaudit.interventions.protocol import (
+    FULL,
+    ROWS,
+    SUBSET,
+    BatchContext,
+    ChecklistLine,
+    Columns,
+    InterventionProtocol,
+    SuiteSettings,
+    SummaryRow,
+    rate,
+    seeded_examples,
+    table_with,
+    tvd_and_flip,
+)
+from attnaudit.interventions.registry import register_protocol
+from attnaudit.interventions.sequence import SEQUENCE_PROTOCOLS, sequence_effects
+from attnaudit.interventions.values import merge_controls, value_replacement
+
+SEQUENCE = "sequence_effects"  # its name: the permutation test keeps its median draw for it
+
+
+@register_protocol
+class Permutation(InterventionProtocol):
+    """Shuffle each row's weights among its eligible keys (Jain & Wallace)."""
+
+    name = "permutation"
+    columns: ClassVar[Columns] = {ROWS: ("perm_median_tvd", "perm_median_jsd", "perm_flip_rate")}
+
+    def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
+        return {ROWS: permutation_test(ctx.target, ctx.ref, ctx.rows,
+                                       n_permutations=ctx.settings.n_permutations,
+                                       progress=ctx.settings.progress,
+                                       median_draw=SEQUENCE in ctx.running)}
+
+    def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
+                 ) -> dict[str, pd.DataFrame]:
+        return {"permutation_bins": permutation_summary(tables[ROWS])}
+
+    def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
+        rows = tables[ROWS]
+        return [("perm_median_tvd", rows["perm_median_tvd"].median(), len(rows),
+                 "median over rows of the per-row median over permutations"),
+                ("perm_small_tvd_share", (rows["perm_median_tvd"] < SMALL_TVD).mean(),
+                 len(rows), f"share of rows with perm_median_tvd < {SMALL_TVD}"),
+                ("perm_flip_rate", rows["perm_flip_rate"].mean(), len(rows),
+                 "token flip rate over rows and permutations")]
+
+    def checklist_lines(self, tables: Mapping[str, pd.DataFrame]) -> list[ChecklistLine]:
+        perm = table_with(tables, ROWS, "perm_median_tvd")
+        if perm is None:
+            return []
+        share = float((perm["perm_median_tvd"] < SMALL_TVD).mean())
+        lines = [(f"Permutation: for {share:.0%} of {len(perm)} rows, shuffling the weights "
+                  "among eligible keys changes the output distribution by a median TVD below "
+                  f"{SMALL_TVD}.", "causal_explanation")]
+        sharp = perm[perm["max_attention"] > SHARP_ATTENTION]
+        if len(sharp):
+            lines.append((f"Rows whose largest weight exceeds {SHARP_ATTENTION} ({len(sharp)}): "
+                          f"median permutation TVD {sharp['perm_median_tvd'].median():.3g}; "
+                          f"{(sharp['perm_median_tvd'] < SMALL_TVD).mean():.0%} of them "
+                          f"below {SMALL_TVD}.", "sharp_is_correct"))
+        return lines
+
+    def metadata(self, settings: SuiteSettings, examples: set[int] | None,
+                 facts: Mapping[str, Any]) -> dict[str, object]:
+        return {"n_permutations": settings.n_permutations}
+
+
+@register_protocol
+class Uniform(InterventionProtocol):
+    """Uniform weights over the eligible keys (Wiegreffe & Pinter)."""
+
+    name = "uniform"
+    columns: ClassVar[Columns] = {ROWS: ("uniform_tvd", "uniform_jsd", "uniform_flip")}
+
+    def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
+        return {ROWS: uniform_test(ctx.target, ctx.ref, ctx.rows,
+                                   progress=ctx.settings.progress)}
+
+    def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
+        return tvd_and_flip(tables[ROWS], "uniform")
+
+    def checklist_lines(self, tables: Mapping[str, pd.DataFrame]) -> list[ChecklistLine]:
+        rows = table_with(tables, ROWS, "uniform_flip")
+        if rows is None:
+            return []
+        return [(f"Uniform weights over the eligible keys: mean output TVD "
+                 f"{rows['uniform_tvd'].mean():.3g}, argmax flips in "
+                 f"{rate(rows['uniform_flip']):.0%} of {len(rows)} rows.", "causal_explanation")]
+
+
+@register_protocol
+class Zeroing(InterventionProtocol):
+    """Zero the top-weighted key, or a random other eligible key (Serrano & Smith)."""
+
+    name = "zeroing"
+    columns: ClassVar[Columns] = {ROWS: ("zero_top_tvd", "zero_top_flip", "zero_random_tvd",
+                                         "zero_random_flip", "zero_weight_difference")}
+
+    def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
+        return {ROWS: zeroing_test(ctx.target, ctx.ref, ctx.rows,
+                                   progress=ctx.settings.progress)}
+
+    def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
+                 ) -> dict[str, pd.DataFrame]:
+        return {"zeroing_flips": zeroing_flip_table(
+            tables[ROWS].dropna(subset=["zero_top_flip"]))}
+
+    def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
+        return tvd_and_flip(tables[ROWS], "zero_top") + tvd_and_flip(tables[ROWS],
+                                                                     "zero_random")
+
+    def checklist_lines(self, tables: Mapping[str, pd.DataFrame]) -> list[ChecklistLine]:
+        rows = table_with(tables, ROWS, "zero_top_flip")
+        if rows is None:
+            return []
+        return [(f"Zeroing the top-weighted key flips the argmax in "
+                 f"{rate(rows['zero_top_flip']):.0%} of rows; zeroing a random other eligible "
+                 f"key in {rate(rows['zero_random_flip']):.0%}.", "larger_score")]
+
+
+@register_protocol
+class ValueReplacement(InterventionProtocol):
+    """Replace the value at the top-weighted key (zero, mean; another example's: not
+    reachable)."""
+
+    name = "values"
+    columns: ClassVar[Columns] = {ROWS: ("value_zero_tvd", "value_zero_flip", "value_mean_tvd",
+                      "value_mean_flip"),
+               "value_controls": ("control", "status", "reason", "n")}
+    row_tables = (ROWS,)
+
+    def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
+        values, controls = value_replacement(ctx.target, ctx.ref, ctx.rows,
+                                             progress=ctx.settings.progress)
+        return {ROWS: values, "value_controls": controls}
+
+    def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
+                 ) -> dict[str, pd.DataFrame]:
+        return {"value_controls": merge_controls(parts["value_controls"], tables[ROWS])}
+
+    def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
+        return tvd_and_flip(tables[ROWS], "value_zero") + tvd_and_flip(tables[ROWS],
+                                                                       "value_mean")
+
+    def checklist_lines(self, tables: Mapping[str, pd.DataFrame]) -> list[ChecklistLine]:
+        rows = table_with(tables, ROWS, "value_zero_tvd")
+        if rows is None:
+            return []
+        controls = [c[len("value_"):-len("_tvd")] for c in rows.columns
+                    if c.startswith("value_") and c.endswith("_tvd")]
+        parts = [f"{c}: mean TVD {rows[f'value_{c}_tvd'].mean():.3g}"
+                 + (f", flips {rate(rows[f'value_{c}_flip']):.0%}"
+                    if f"value_{c}_flip" in rows.columns else "") for c in controls]
+        return [("Value replacement at the top-weighted key — " + "; ".join(parts)
+                 + ". This tests whether that position's content mattered, not whether the "
+                 "weight was right.", "larger_score")]
+
+
+@register_protocol
+@dataclass(frozen=True)
+class CumulativeRemoval(InterventionProtocol):
+    """Remove keys in each order until the argmax flips, on a seeded subset of examples."""
+
+    random_draws: int = RANDOM_DRAWS
+    name: ClassVar[str] = "cumulative"
+    columns: ClassVar[Columns] = {
+        "cumulative": ("example", "step", "order", "flipped", "keys_removed", "frac_keys",
+                       "frac_mass")}
+    scope: ClassVar[str] = SUBSET
+    row_tables: ClassVar[tuple[str, ...]] = ("cumulative",)
+
+    def examples(self, settings: SuiteSettings) -> set[int] | None:
+        return seeded_examples(settings.n_examples, settings.cumulative_examples,
+                               settings.seed)
+
+    def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
+        return {"cumulative": cumulative_test(ctx.target, ctx.ref, ctx.rows,
+                                              random_draws=self.random_draws,
+                                              progress=ctx.settings.progress)}
+
+    def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
+                 ) -> dict[str, pd.DataFrame]:
+        if "cumulative" not in parts:
+            return {}
+        return {"cumulative": parts["cumulative"],
+                "cumulative_summary": cumulative_summary(parts["cumulative"])}
+
+    def checklist_lines(self, tables: Mapping[str, pd.DataFrame]) -> list[ChecklistLine]:
+        summary = table_with(tables, "cumulative_summary", "frac_keys_median")
+        if summary is None:
+            return []
+        parts = [f"{r.order}: median {r.frac_keys_median:.3g} of the keys "
+                 f"({r.never_flipped} of {r.n} never flipped)"
+                 for r in summary.itertuples(index=False)]
+        return [("Cumulative removal until the argmax flips — " + "; ".join(parts) + ".", "")]
+
+    def metadata(self, settings: SuiteSettings, examples: set[int] | None,
+                 facts: Mapping[str, Any]) -> dict[str, object]:
+        return {"cumulative_examples": sorted(examples or ())}
+
+
+@register_protocol
+class SequenceEffects(InterventionProtocol):
+    """Decode again with the uniform, zeroing and median permutation edits held at every
+    step (only when the suite is asked for ``sequence_effects``)."""
+
+    name = SEQUENCE
+    columns: ClassVar[Columns] = {SEQUENCE: ("example", "step", "protocol", "exact_match",
+                                             "edit_distance")}
+    after = ("permutation",)
+    row_tables = ()  # the uniform edit's re-decodings are per example (step -1)
+
+    def enabled(self, settings: SuiteSettings) -> bool:
+        return settings.sequence_effects
+
+    def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
+        perm = (ctx.earlier or {}).get("permutation", {}).get(ROWS)
+        draws = None if perm is None else perm["perm_median_draw"].to_numpy()
+        return {SEQUENCE: sequence_effects(ctx.target, ctx.ref, ctx.rows, perm_median_draw=draws,
+                                           n_permutations=ctx.settings.n_permutations,
+                                           progress=ctx.settings.progress)}
+
+    def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
+        """Per sequence protocol: the exact-match share and the mean token edit distance."""
+        table, out = tables.get(SEQUENCE), []
+        if table is None:
+            return []
+        held = "re-decoded with the edit held at every step"
+        for protocol in SEQUENCE_PROTOCOLS:
+            part = table[table["protocol"] == protocol]
+            if part.empty:
+                continue
+            out.append((f"seq_{protocol}_exact_match", part["exact_match"].astype(bool).mean(),
+                        len(part), f"share of outputs unchanged, {held}"))
+            out.append((f"seq_{protocol}_edit_distance", part["edit_distance"].mean(), len(part),
+                        f"mean token edit distance to the unedited output, {held}"))
+        return out
+
+    def checklist_lines(self, tables: Mapping[str, pd.DataFrame]) -> list[ChecklistLine]:
+        table = table_with(tables, SEQUENCE, "exact_match")
+        if table is None:
+            return []
+        parts = [f"{protocol}: {rate(group['exact_match']):.0%} of {len(group)} unchanged, "
+                 f"mean edit distance {group['edit_distance'].mean():.3g} tokens"
+                 for protocol, group in table.groupby("protocol", sort=False)]
+        return [("Decoded again with the edit held at every step, the returned text — "
+                 + "; ".join(parts) + ".", "causal_explanation")]
+
+    def metadata(self, settings: SuiteSettings, examples: set[int] | None,
+                 facts: Mapping[str, Any]) -> dict[str, object]:
+        return {SEQUENCE: settings.sequence_effects}
+
+
+@register_protocol
+@dataclass(frozen=True)
+class AdversarialSearch(InterventionProtocol):
+    """Search for very different weights that keep the output (full mode, seeded subset)."""
+
+    steps: int = STEPS
+    name: ClassVar[str] = "adversarial"
+    columns: ClassVar[Columns] = {
+        "adversarial": ("example", "step", "eps_max_jsd", "n_within_eps", "min_tvd"),
+        "adversarial_candidates": ("example", "step", "candidate", "jsd_to_original",
+                                   "output_tvd")}
+    scope: ClassVar[str] = SUBSET
+    modes: ClassVar[frozenset[str]] = frozenset({FULL})
+    row_tables: ClassVar[tuple[str, ...]] = ("adversarial", "adversarial_candidates")
+
+    def examples(self, settings: SuiteSettings) -> set[int] | None:
+        return seeded_examples(settings.n_examples, settings.adversarial_examples,
+                               settings.seed + 1)
+
+    def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
+        per_row, per_candidate = adversarial_search(ctx.target, ctx.ref, ctx.rows,
+                                                    steps=self.steps,
+                                                    progress=ctx.settings.progress)
+        return {"adversarial": per_row, "adversarial_candidates": per_candidate}
+
+    def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
+        if "adversarial" not in tables:
+            return []
+        adv = tables["adversarial"]
+        return [("eps_max_jsd", adv["eps_max_jsd"].mean(), len(adv),
+                 f"mean over rows of the adversarial subset, eps = {EPS_SEQ2SEQ}")]
+
+    def checklist_lines(self, tables: Mapping[str, pd.DataFrame]) -> list[ChecklistLine]:
+        adversarial = table_with(tables, "adversarial", "eps_max_jsd")
+        if adversarial is None:
+            return []
+        jsd = adversarial["eps_max_jsd"]
+        return [(f"Adversarial attention ({len(jsd)} rows): eps-max JSD median "
+                 f"{jsd.median():.3g}, mean {jsd.mean():.3g} (at most ln 2 = 0.693) between "
+                 "the original weights and the most different weights found that keep the "
+                 "output within the TVD bound.", "causal_explanation")]
+
+    def metadata(self, settings: SuiteSettings, examples: set[int] | None,
+                 facts: Mapping[str, Any]) -> dict[str, object]:
+        return {"adversarial_examples": sorted(examples or ()), "adversarial_eps": EPS_SEQ2SEQ}
