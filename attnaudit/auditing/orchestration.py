@@ -262,7 +262,7 @@ def _manifest_options(options: AuditOptions) -> dict[str, Any]:
     """The settings the manifest records: always the mode's ``quick``, ``limit`` and
     ``explorer_examples``; the edits only when given."""
     edits = options.edits
-    given = {"sequence_effects": True} if edits.sequence_effects else {}
+    given: dict[str, Any] = {"sequence_effects": True} if edits.sequence_effects else {}
     given |= {name: list(value) for name, value in (("sites", edits.sites),
                                                      ("heads", edits.heads))
               if value is not None}

@@ -111,3 +111,15 @@ def test_the_audit_keywords_are_the_settings_names():
     assert audit_keywords | groups | loading | {"mode"} == \
         {f.name for f in fields(AuditOptions)} | set(setting_names()) - \
         {f.name for f in fields(AttributionSettings)}
+
+
+def test_the_reproducing_command_line_keeps_the_edited_sites_and_heads():
+    from attnaudit.cli.commands import report_command_line
+
+    args = build_parser().parse_args(["report", "--out", "o", "--site", "attend:cross",
+                                      "--head", "2", "--head", "0"])
+    line = report_command_line(args)
+    assert line[line.index("--site"):line.index("--site") + 6] == [
+        "--site", "attend:cross", "--head", "2", "--head", "0"]
+    again = build_parser().parse_args(line[1:])
+    assert vars(again) == vars(args)
