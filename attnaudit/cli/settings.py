@@ -6,18 +6,24 @@ from __future__ import annotations
 
 import argparse
 import re
+from dataclasses import fields
 
 from attnaudit.cli.loading import memory_option
 from attnaudit.errors import OptionError
-from attnaudit.options import AuditMode, AuditOptions, flag_of, setting_names
+from attnaudit.options import AuditMode, AuditOptions, Loading, flag_of, setting_names
+
+# What load_cli_target has used already: the target it returns is placed and batched.
+LOADED = ("device", "dtype", *(f.name for f in fields(Loading)))
 
 
 def audit_options(args: argparse.Namespace, mode: AuditMode | None = None) -> AuditOptions:
-    """The command's settings (``mode`` default: ``--quick`` or full). device and dtype are
-    left out: :func:`attnaudit.cli.loading.load_cli_target` has placed the target on them;
-    ``--max-memory`` is in bytes. A bad value is an OptionError that names its flag."""
+    """The command's settings (``mode`` default: ``--quick`` or full) for the target
+    :func:`attnaudit.cli.loading.load_cli_target` returns: the settings it has used
+    (:data:`LOADED`: the device, the dtype and :class:`~attnaudit.options.Loading`'s) are
+    left out. ``--max-memory`` is in bytes. A bad value is an OptionError that names its
+    flag."""
     given = {name: getattr(args, name) for name in setting_names()
-             if name not in ("device", "dtype") and hasattr(args, name)}
+             if name not in LOADED and hasattr(args, name)}
     given["max_memory"] = memory_option(args)
     if mode is None:
         mode = AuditMode.QUICK if getattr(args, "quick", False) else AuditMode.FULL

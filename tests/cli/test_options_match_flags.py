@@ -82,8 +82,11 @@ def test_parsed_flags_become_the_options_python_builds():
     assert audit_options(args) == AuditOptions(
         mode=AuditMode.QUICK, limit=3, max_memory=2 << 30, explorer_examples=2,
         edits=Edits(sites=("a", "b"), heads=(1,), sequence_effects=True),
-        attribution=AttributionSettings("entropy", "inseq", methods=("deeplift", "saliency")),
-        loading=Loading(batch_size=4, num_beams=2))
+        attribution=AttributionSettings("entropy", "inseq", methods=("deeplift", "saliency")))
+    # the loading flags made the target already (load_cli_target): an audit of a ready
+    # target refuses them
+    assert Loading(batch_size=args.batch_size, num_beams=args.num_beams).given() == {
+        "batch_size": 4, "generation": {"num_beams": 2}}
     plain = build_parser().parse_args(["report", "--out", "o"])
     assert audit_options(plain) == AuditOptions()
     check = build_parser().parse_args(["check", "--max-masked-mass", "0.01"])
