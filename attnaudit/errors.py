@@ -15,7 +15,7 @@ The hierarchy::
     │   ├── AlignmentError (ValueError)       a word-alignment file or request is unusable
     │   ├── AnalysisError (ValueError)        an analyser cannot use its input (shapes, spans)
     │   ├── TokenizerError                    a checkpoint's tokenizer is missing or useless
-    │   ├── InterventionError (ValueError)    an intervention cannot run on this target
+    │   ├── InterventionError (ValueError)    an intervention or attribution cannot run
     │   ├── OutputFolderError                 an output location cannot take the output
     │   ├── RankError                         an AttnauditError on one rank, on every rank
     │   ├── CollectiveError                   a collective failed (a peer died or timed out)
@@ -25,7 +25,7 @@ The hierarchy::
     │   ├── ReportError (ValueError)          a table or figure of a report cannot be made
     │   └── ContributionError (ValueError)    a contribution measure cannot be computed
     ├── RankFailed (RuntimeError)      an unexpected error on one rank, raised on every rank:
-    │                                  a bug, not a refusal, so it keeps its traceback
+    │                                  a bug, not a refusal, so it keeps its traceback (exit 4)
     └── KeyboardInterrupt
         └── Terminated                 SIGTERM in the CLI, raised like Ctrl-C so that every
                                        ``finally`` and output folder cleans up
@@ -86,7 +86,8 @@ class TokenizerError(AttnauditError):
 
 
 class InterventionError(AttnauditError, ValueError):
-    """An intervention cannot run on this target (no selectable sites, wrong shapes...)."""
+    """An intervention or an attribution cannot run on this target or input (no selectable
+    sites, wrong shapes, an unknown method or baseline...)."""
 
 
 class OutputFolderError(AttnauditError):
