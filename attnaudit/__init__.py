@@ -2,37 +2,81 @@
 
 Capture attention weights from an unmodified model, replace them inside the forward pass,
 and test what they do and do not explain. The top level holds capture, the audit target,
-:func:`audit` and its result :class:`Audit`; the rest lives in one subpackage per layer
+:func:`audit`, :func:`intervene`, their options :class:`AuditOptions` and the result
+:class:`Audit`; the rest lives in one subpackage per layer
 (docs/architecture.md): ``capturing``, ``targets``, ``analysis`` (streaming analysers),
 ``runtime`` (processes, progress, output folders), ``interventions`` (weight and value
 edits), ``validity`` (the validity pipeline, findings and the CI gate), ``attribution``
 (Captum methods, leave-one-out, agreement), ``checklist``, ``alignments`` (word
 alignments and their error rate), ``report`` (HTML/CSV),
-``auditing`` (the orchestration) and ``cli``; ``attnaudit.testing`` is a pytest helper.
+``auditing`` (the orchestration) and ``cli``; ``attnaudit.testing`` is a pytest helper;
+``attnaudit.options`` the settings.
 """
 
-from typing import Any
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-from attnaudit.capturing import Capture, Edit, beam_path, beam_records, capture, tap
-from attnaudit.errors import (
-    AttnauditError,
-    CaptureError,
-    EditError,
-    NoAttentionFound,
-    SiteNotFound,
-    TargetError,
-)
-from attnaudit.record import AttentionCall, AttentionRecord, Site
-from attnaudit.targets import Batch, Expectation, Seq2SeqTarget, from_hf, load_target
+if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr__
+    from attnaudit.alignments.run import align
+    from attnaudit.auditing.orchestration import audit, intervene
+    from attnaudit.auditing.result import Audit
+    from attnaudit.capturing import Capture, Edit, beam_path, beam_records, capture, tap
+    from attnaudit.errors import (
+        AttnauditError,
+        CaptureError,
+        EditError,
+        NoAttentionFound,
+        SiteNotFound,
+        TargetError,
+    )
+    from attnaudit.options import AuditMode, AuditOptions
+    from attnaudit.record import AttentionCall, AttentionRecord, Site
+    from attnaudit.report.capture_view import show
+    from attnaudit.targets import Batch, Expectation, Seq2SeqTarget, from_hf, load_target
 
 __version__ = "0.1.0"
-_LAZY = ("audit", "Audit", "show")  # imported on first use: see __getattr__
+
+# Each public name and the module that defines it. Every name is imported on first use
+# (see __getattr__): ``import attnaudit`` itself imports nothing, so that the command line
+# answers --help without torch, and capture works without the extras of attnaudit[all]
+# that audit, Audit, show and align need.
+_WHERE = {
+    "AttentionCall": "attnaudit.record",
+    "AttentionRecord": "attnaudit.record",
+    "Site": "attnaudit.record",
+    "AttnauditError": "attnaudit.errors",
+    "CaptureError": "attnaudit.errors",
+    "EditError": "attnaudit.errors",
+    "NoAttentionFound": "attnaudit.errors",
+    "SiteNotFound": "attnaudit.errors",
+    "TargetError": "attnaudit.errors",
+    "AuditMode": "attnaudit.options",
+    "AuditOptions": "attnaudit.options",
+    "Capture": "attnaudit.capturing",
+    "Edit": "attnaudit.capturing",
+    "beam_path": "attnaudit.capturing",
+    "beam_records": "attnaudit.capturing",
+    "capture": "attnaudit.capturing",
+    "tap": "attnaudit.capturing",
+    "Batch": "attnaudit.targets",
+    "Expectation": "attnaudit.targets",
+    "Seq2SeqTarget": "attnaudit.targets",
+    "from_hf": "attnaudit.targets",
+    "load_target": "attnaudit.targets",
+    "align": "attnaudit.alignments.run",
+    "audit": "attnaudit.auditing.orchestration",
+    "intervene": "attnaudit.auditing.orchestration",
+    "Audit": "attnaudit.auditing.result",
+    "show": "attnaudit.report.capture_view",
+}
 
 __all__ = [
     "AttentionCall",
     "AttentionRecord",
     "AttnauditError",
     "Audit",
+    "AuditMode",
+    "AuditOptions",
     "Batch",
     "Capture",
     "CaptureError",
@@ -50,26 +94,24 @@ __all__ = [
     "beam_records",
     "capture",
     "from_hf",
+    "intervene",
     "load_target",
     "show",
     "tap",
 ]
 
 
-_LAZY = ("audit", "Audit", "show", "align")
-
-
 def __getattr__(name: str) -> Any:
-    # audit, Audit, show and align bring in the interventions, report and plotting libraries
-    # (the extras of attnaudit[all]); they are imported on first use so that ``import attnaudit``
-    # (capture) stays light and works without them.
-    if name not in _LAZY:
+    if name not in _WHERE:
+        # A subpackage, as ``import attnaudit`` used to load capturing and targets eagerly.
+        try:
+            return import_module(f"attnaudit.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"attnaudit.{name}":
+                raise
         raise AttributeError(f"module 'attnaudit' has no attribute {name!r}")
     try:
-        from attnaudit.alignments.run import align
-        from attnaudit.auditing.orchestration import audit
-        from attnaudit.auditing.result import Audit
-        from attnaudit.report.capture_view import show
+        value = getattr(import_module(_WHERE[name]), name)
     except ModuleNotFoundError as exc:
         from attnaudit.cli.extras import missing_extra
 
@@ -77,8 +119,9 @@ def __getattr__(name: str) -> Any:
         if message is None:
             raise
         raise ModuleNotFoundError(message, name=exc.name) from None
-    return {"audit": audit, "Audit": Audit, "show": show, "align": align}[name]
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *_WHERE})

@@ -24,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "attnaudit"
 
 # Bottom to top. Layers in one tier are peers: neither imports the other.
 TIERS: list[dict[str, tuple[str, ...]]] = [
-    {"base": ("attnaudit.errors", "attnaudit.record")},
+    {"base": ("attnaudit.errors", "attnaudit.record", "attnaudit.options")},
     {"capturing": ("attnaudit.capturing",)},
     {"targets": ("attnaudit.targets",)},
     {"analysis": ("attnaudit.analysis",)},
@@ -133,8 +133,8 @@ def test_every_module_belongs_to_a_layer_and_no_module_floats_at_the_top():
     for module in MODULES:
         _layer_of(module)
     top = sorted(m for m in MODULES if m.count(".") == 1 and not (PACKAGE / f"{m[10:]}").is_dir())
-    assert top == ["attnaudit.__main__", "attnaudit.errors", "attnaudit.record",
-                   "attnaudit.testing"]
+    assert top == ["attnaudit.__main__", "attnaudit.errors", "attnaudit.options",
+                   "attnaudit.record", "attnaudit.testing"]
 
 
 def test_no_import_cycle_among_attnaudit_modules():

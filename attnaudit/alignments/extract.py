@@ -16,14 +16,15 @@ import torch
 from attnaudit.alignments.pharaoh import Alignment
 from attnaudit.alignments.units import Units
 from attnaudit.analysis.aggregation import aggregate
+from attnaudit.errors import AlignmentError
 
 
 def links_from_maps(maps: torch.Tensor, units: Units) -> list[Alignment]:
     """One alignment per example from ``maps`` (B, T, S) float and the batch's ``units``."""
     if maps.ndim != 3 or maps.shape[0] != units.source.shape[0] \
             or maps.shape[2] != units.source.shape[1]:
-        raise ValueError(f"maps must be (B, T, S) = ({units.source.shape[0]}, T, "
-                         f"{units.source.shape[1]}), got {tuple(maps.shape)}")
+        raise AlignmentError(f"maps must be (B, T, S) = ({units.source.shape[0]}, T, "
+                             f"{units.source.shape[1]}), got {tuple(maps.shape)}")
     out = []
     for b, per_unit in enumerate(units.rows):
         n_source = units.n_source[b]

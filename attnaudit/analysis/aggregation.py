@@ -35,6 +35,8 @@ from itertools import pairwise
 
 import torch
 
+from attnaudit.errors import AnalysisError
+
 REDUCTIONS = ("sum", "max", "mean")
 WORD_STARTS = ("Ġ", "▁")
 CONTINUES = "##"
@@ -47,7 +49,7 @@ def words_from_offsets(text: str, offsets: Sequence[Sequence[int]] | torch.Tenso
     pairs = offsets.tolist() if isinstance(offsets, torch.Tensor) else list(offsets)
     kept = [True] * len(pairs) if keep is None else [bool(k) for k in keep]
     if len(kept) != len(pairs):
-        raise ValueError(f"{len(pairs)} token offsets but {len(kept)} keep flags")
+        raise AnalysisError(f"{len(pairs)} token offsets but {len(kept)} keep flags")
     word_at, word = [-1] * len(text), -1
     for i, char in enumerate(text):
         if not char.isspace():
@@ -69,7 +71,7 @@ def words_from_tokens(tokens: Sequence[str], keep: Sequence[bool] | torch.Tensor
     ``markers`` (module docstring)."""
     kept = [True] * len(tokens) if keep is None else [bool(k) for k in keep]
     if len(kept) != len(tokens):
-        raise ValueError(f"{len(tokens)} tokens but {len(kept)} keep flags")
+        raise AnalysisError(f"{len(tokens)} tokens but {len(kept)} keep flags")
     if text is not None and (located := _locate(text, tokens, kept)) is not None:
         return words_from_offsets(text, located, kept), "located"
     return _marker_words(tokens, kept), "markers"
@@ -127,10 +129,10 @@ def span_groups(n_keys: int, spans: Iterable[tuple[int, int]],
     """
     wanted = [(int(s), int(e)) for s, e in spans]
     if any(not 0 <= s <= e for s, e in wanted):
-        raise ValueError(f"spans must be (start, end) pairs with 0 <= start <= end: {wanted}")
+        raise AnalysisError(f"spans must be (start, end) pairs with 0 <= start <= end: {wanted}")
     ordered = sorted(wanted)
     if any(a[1] > b[0] for a, b in pairwise(ordered)):
-        raise ValueError(f"spans overlap: {wanted}; a key can be in one span only")
+        raise AnalysisError(f"spans overlap: {wanted}; a key can be in one span only")
     groups = torch.full((n_keys,), -1, dtype=torch.long)
     if offsets is None:
         for index, (start, end) in enumerate(wanted):
@@ -153,15 +155,15 @@ def aggregate(values: torch.Tensor, groups: torch.Tensor | Sequence[int],
     float64 values, else float32.
     """
     if reduce not in REDUCTIONS:
-        raise ValueError(f"reduce must be one of {', '.join(REDUCTIONS)}, got {reduce!r}")
+        raise AnalysisError(f"reduce must be one of {', '.join(REDUCTIONS)}, got {reduce!r}")
     groups = torch.as_tensor(groups, dtype=torch.long, device=values.device)
     if groups.shape[-1] != values.shape[-1] or groups.ndim not in (1, 2):
-        raise ValueError(f"groups {tuple(groups.shape)} must be (keys,) or (batch, keys) "
-                         f"for values {tuple(values.shape)}")
+        raise AnalysisError(f"groups {tuple(groups.shape)} must be (keys,) or (batch, keys) "
+                            f"for values {tuple(values.shape)}")
     if groups.ndim == 2:
         if groups.shape[0] != values.shape[0]:
-            raise ValueError(f"groups for {groups.shape[0]} examples, values for "
-                             f"{values.shape[0]}")
+            raise AnalysisError(f"groups for {groups.shape[0]} examples, values for "
+                                f"{values.shape[0]}")
         groups = groups.reshape(groups.shape[0], *[1] * (values.ndim - 2), groups.shape[-1])
     n_groups = int(groups.max()) + 1 if n_groups is None else n_groups
     dtype = torch.float64 if values.dtype == torch.float64 else torch.float32

@@ -35,6 +35,7 @@ import torch
 
 from attnaudit.analysis.base import Analyser, AttentionRows
 from attnaudit.analysis.stats import layer_of
+from attnaudit.errors import AnalysisError
 from attnaudit.record import AttentionRecord
 
 Link = tuple[int, int]
@@ -60,8 +61,8 @@ def _sure_possible(gold: Gold) -> tuple[set[Link], set[Link]]:
         try:
             first, second = gold
         except (TypeError, ValueError):
-            raise ValueError(f"gold {gold!r} is neither a (sure, possible) pair of link "
-                             "sets nor a set of links") from None
+            raise AnalysisError(f"gold {gold!r} is neither a (sure, possible) pair of link "
+                                "sets nor a set of links") from None
         sure = {(int(i), int(j)) for i, j in first}
         possible = {(int(i), int(j)) for i, j in second}
     return sure, possible | sure
@@ -71,12 +72,12 @@ def _word_map(ids: WordIds, length: int, what: str, site: str, b: int
               ) -> tuple[list[int], torch.Tensor]:
     """Sorted distinct word ids and the (n_words, length) membership matrix in float64."""
     if len(ids) > length:
-        raise ValueError(f"site {site!r}, example {b}: {len(ids)} {what} word ids for an axis "
-                         f"of length {length}")
+        raise AnalysisError(f"site {site!r}, example {b}: {len(ids)} {what} word ids for an axis "
+                            f"of length {length}")
     for w in ids:
         if w is not None and (isinstance(w, bool) or not isinstance(w, Integral) or w < 0):
-            raise ValueError(f"site {site!r}, example {b}: {what} word id {w!r} is not a "
-                             "non-negative int or None")
+            raise AnalysisError(f"site {site!r}, example {b}: {what} word id {w!r} is not a "
+                                "non-negative int or None")
     words = sorted({int(w) for w in ids if w is not None})
     column = {w: c for c, w in enumerate(words)}
     member = torch.zeros(len(words), length, dtype=torch.float64)
@@ -120,7 +121,7 @@ class AlignmentAnalyser(Analyser):
         batch, heads = data.weights.shape[:2]
         lengths = {len(gold), len(src_word_ids), len(tgt_word_ids)}
         if lengths != {batch}:
-            raise ValueError(
+            raise AnalysisError(
                 f"site {data.site!r}: weights of shape {tuple(data.weights.shape)} have batch "
                 f"{batch}, but gold/src_word_ids/tgt_word_ids have {len(gold)}/"
                 f"{len(src_word_ids)}/{len(tgt_word_ids)} examples")
@@ -128,8 +129,8 @@ class AlignmentAnalyser(Analyser):
         if state is None:
             state = _SiteCounts(data.kind, np.zeros((heads + 1, len(COUNTS))))
         elif state.counts.shape[0] != heads + 1:
-            raise ValueError(f"site {data.site!r} had {state.counts.shape[0] - 1} heads, "
-                             f"now {heads}")
+            raise AnalysisError(f"site {data.site!r} had {state.counts.shape[0] - 1} heads, "
+                                f"now {heads}")
         weights = torch.cat([data.weights, data.weights.mean(1, keepdim=True)], dim=1)
         total = np.zeros_like(state.counts)  # all examples first: an error leaves no trace
         for b in range(batch):
@@ -150,7 +151,7 @@ class AlignmentAnalyser(Analyser):
             stray = sorted(link for link in possible
                            if link[0] not in src_set or link[1] not in tgt_set)
             if stray:
-                raise ValueError(
+                raise AnalysisError(
                     f"site {site!r}, example {b}: gold links {stray[:5]} name words absent "
                     f"from the word ids (source words {src_words[:10]}, target words "
                     f"{tgt_words[:10]}); check 0-based indices and example order, or pass "
@@ -226,8 +227,8 @@ class AlignmentAnalyser(Analyser):
             if mine is None:
                 self.sites[site] = _SiteCounts(theirs.kind, theirs.counts.copy())
             elif mine.counts.shape != theirs.counts.shape:
-                raise ValueError(f"site {site!r}: cannot merge {mine.counts.shape[0] - 1} heads "
-                                 f"with {theirs.counts.shape[0] - 1}")
+                raise AnalysisError(f"site {site!r}: cannot merge {mine.counts.shape[0] - 1} heads "
+                                    f"with {theirs.counts.shape[0] - 1}")
             else:
                 mine.counts += theirs.counts
         return self

@@ -18,6 +18,7 @@ import torch
 
 from attnaudit.analysis.per_example import ExampleRows
 from attnaudit.analysis.stats import MetricSpec, RowStats
+from attnaudit.errors import AnalysisError
 from attnaudit.record import AttentionRecord
 
 
@@ -54,14 +55,14 @@ class AttentionRows:
         name = record.site if isinstance(record, AttentionRows) else record.name
         weights = record.weights
         if not isinstance(weights, torch.Tensor) or weights.ndim != 4:
-            raise ValueError(f"site {name!r}: weights must be a 4-D tensor "
-                             "(batch, heads, queries, keys)")
+            raise AnalysisError(f"site {name!r}: weights must be a 4-D tensor "
+                                "(batch, heads, queries, keys)")
         if not weights.is_floating_point():
-            raise ValueError(f"site {name!r}: weights must be floating point, "
-                             f"got {weights.dtype}")
+            raise AnalysisError(f"site {name!r}: weights must be floating point, "
+                                f"got {weights.dtype}")
         if weights.is_meta:
-            raise ValueError(f"site {name!r}: the weights are on the meta device, which holds "
-                             "shapes but no data; load the model's weights before analysing")
+            raise AnalysisError(f"site {name!r}: the weights are on the meta device, which holds "
+                                "shapes but no data; load the model's weights before analysing")
         if (isinstance(record, AttentionRows) and eligible is None
                 and weights.dtype == torch.float64
                 and record.eligible.dtype == torch.bool
@@ -129,7 +130,7 @@ def as_4d(site: str, tensor: torch.Tensor, shape: tuple[int, ...], what: str) ->
     per-row rule as (1, Q, K) or (1, 1, Q, K).
     """
     if tensor.ndim not in RANK_LAYOUTS:
-        raise ValueError(
+        raise AnalysisError(
             f"site {site!r}: {what} of shape {tuple(tensor.shape)} has {tensor.ndim} dims; "
             f"give (K,), (B, K), (B, Q, K) or (B, H, Q, K) for weights of shape {shape}")
     view = {1: lambda t: t[None, None, None], 2: lambda t: t[:, None, None],
@@ -137,7 +138,7 @@ def as_4d(site: str, tensor: torch.Tensor, shape: tuple[int, ...], what: str) ->
     try:
         return view.expand(shape)
     except RuntimeError:
-        raise ValueError(
+        raise AnalysisError(
             f"site {site!r}: {what} of shape {tuple(tensor.shape)} (read as "
             f"{RANK_LAYOUTS[tensor.ndim]}) does not broadcast to weights of shape {shape} "
             "(batch, heads, queries, keys)"
@@ -148,8 +149,8 @@ def _eligibility(site: str, weights: torch.Tensor, mask: torch.Tensor | None) ->
     if mask is None:
         return torch.ones_like(weights, dtype=torch.bool)
     if mask.dtype != torch.bool:
-        raise ValueError(f"site {site!r}: key mask must be bool (True = eligible), "
-                         f"got {mask.dtype}")
+        raise AnalysisError(f"site {site!r}: key mask must be bool (True = eligible), "
+                            f"got {mask.dtype}")
     return as_4d(site, mask.to(weights.device), tuple(weights.shape), "key mask")
 
 
@@ -234,15 +235,15 @@ class Analyser:
         :mod:`attnaudit.analysis.per_example`). Needs ``per_example=True``.
         """
         if self.example_rows is None:
-            raise ValueError(f"{type(self).__name__} keeps no per-example rows: construct it "
-                             f"with {type(self).__name__}(per_example=True)")
+            raise AnalysisError(f"{type(self).__name__} keeps no per-example rows: construct it "
+                                f"with {type(self).__name__}(per_example=True)")
         return self.example_rows.frame()
 
     def merge(self, other: Self) -> Self:
         if type(other) is not type(self):
             raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
         if (self.example_rows is None) != (other.example_rows is None):
-            raise ValueError("cannot merge an analyser with per-example rows and one without")
+            raise AnalysisError("cannot merge an analyser with per-example rows and one without")
         self.stats.merge(other.stats)
         if self.example_rows is not None and other.example_rows is not None:
             self.example_rows.merge(other.example_rows)

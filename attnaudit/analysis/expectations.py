@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from attnaudit.errors import AnalysisError
+
 Span = tuple[int, int]
 Link = tuple[int, int]
 Offsets = Sequence[Sequence[int]] | torch.Tensor
@@ -39,15 +41,15 @@ def _spans(spans: Iterable[Span | range]) -> list[Span]:
     for span in spans:
         if isinstance(span, range):
             if span.step != 1:
-                raise ValueError(f"span {span!r}: a range span needs step 1")
+                raise AnalysisError(f"span {span!r}: a range span needs step 1")
             start, end = span.start, span.stop
         else:
             try:
                 start, end = span
             except (TypeError, ValueError):
-                raise ValueError(f"span {span!r} is not a (start, end) pair") from None
+                raise AnalysisError(f"span {span!r} is not a (start, end) pair") from None
         if not 0 <= int(start) <= int(end):
-            raise ValueError(f"span {span!r}: need 0 <= start <= end")
+            raise AnalysisError(f"span {span!r}: need 0 <= start <= end")
         out.append((int(start), int(end)))
     return out
 
@@ -64,7 +66,7 @@ def keys_from_char_spans(offsets: Offsets, spans: Iterable[Span | range],
     """
     pairs = offsets.tolist() if isinstance(offsets, torch.Tensor) else list(offsets)
     if len(pairs) > n_keys:
-        raise ValueError(f"{len(pairs)} token offsets do not fit in n_keys={n_keys}")
+        raise AnalysisError(f"{len(pairs)} token offsets do not fit in n_keys={n_keys}")
     wanted = _spans(spans)
     out = torch.zeros(n_keys, dtype=torch.bool)
     for k, pair in enumerate(pairs):
@@ -86,7 +88,7 @@ def keys_from_word_spans(words: Sequence[int] | torch.Tensor,
     """
     index = torch.as_tensor(words, dtype=torch.long).reshape(-1)
     if index.numel() > n_keys:
-        raise ValueError(f"{index.numel()} token words do not fit in n_keys={n_keys}")
+        raise AnalysisError(f"{index.numel()} token words do not fit in n_keys={n_keys}")
     out = torch.zeros(n_keys, dtype=torch.bool)
     for start, end in _spans(spans):
         out[: index.numel()] |= (index >= start) & (index < end)
@@ -98,7 +100,7 @@ def expected_from_spans(offsets_batch: Sequence[Offsets],
                         n_keys: int) -> torch.Tensor:
     """Bool (B, n_keys): :func:`keys_from_char_spans` per example."""
     if len(offsets_batch) != len(spans_batch):
-        raise ValueError(f"{len(offsets_batch)} offset lists but {len(spans_batch)} span lists")
+        raise AnalysisError(f"{len(offsets_batch)} offset lists but {len(spans_batch)} span lists")
     out = torch.zeros(len(offsets_batch), n_keys, dtype=torch.bool)
     for row, (offsets, spans) in enumerate(zip(offsets_batch, spans_batch, strict=True)):
         out[row] = keys_from_char_spans(offsets, spans, n_keys)
@@ -113,7 +115,7 @@ def expected_from_callable(sources: Sequence[str],
     ``offsets_batch[b]`` must be the offsets of ``sources[b]`` as tokenized for the keys.
     """
     if len(sources) != len(offsets_batch):
-        raise ValueError(f"{len(sources)} sources but {len(offsets_batch)} offset lists")
+        raise AnalysisError(f"{len(sources)} sources but {len(offsets_batch)} offset lists")
     return expected_from_spans(offsets_batch, [fn(s) for s in sources], n_keys)
 
 
@@ -140,8 +142,8 @@ def read_pharaoh(path_or_lines: str | os.PathLike[str] | Iterable[str]
         for token in line.split():
             match = _LINK.match(token)
             if match is None:
-                raise ValueError(f"line {number}: {token!r} is not a Pharaoh link "
-                                 "('i-j' sure or 'i?j' possible)")
+                raise AnalysisError(f"line {number}: {token!r} is not a Pharaoh link "
+                                    "('i-j' sure or 'i?j' possible)")
             link = (int(match.group(1)), int(match.group(3)))
             (sure if match.group(2) == "-" else possible).add(link)
         out.append((sure, possible | sure))

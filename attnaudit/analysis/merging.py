@@ -17,6 +17,7 @@ import numpy as np
 
 from attnaudit.analysis.base import Analyser
 from attnaudit.analysis.stats import Cells, RowStats
+from attnaudit.errors import AnalysisError
 
 ReduceOp = Literal["sum", "min", "max"]
 
@@ -52,8 +53,8 @@ def merge_analyser(analyser: Analyser, collectives: Collectives) -> None:
             ranks.
     """
     if analyser.example_rows is not None:
-        raise ValueError("per-example rows are numbered by arrival and cannot be merged "
-                         "across ranks; use per_example=False")
+        raise AnalysisError("per-example rows are numbered by arrival and cannot be merged "
+                            "across ranks; use per_example=False")
     _all_reduce_stats(analyser.stats, collectives)
     shell = _without_stats(analyser)
     for rank, other in enumerate(collectives.all_gather(shell)):
@@ -71,8 +72,8 @@ def _all_reduce_stats(stats: RowStats, collectives: Collectives) -> None:
         for key, (heads, steps) in theirs.items():
             known = merged.setdefault(key, (heads, steps))
             if known[0] != heads:
-                raise ValueError(f"cannot merge site {key[0]!r}: {known[0]} heads on one "
-                                 f"rank, {heads} on another")
+                raise AnalysisError(f"cannot merge site {key[0]!r}: {known[0]} heads on one "
+                                    f"rank, {heads} on another")
             merged[key] = (heads, max(known[1], steps))
     for key in sorted(merged):
         heads, steps = merged[key]

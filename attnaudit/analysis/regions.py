@@ -32,6 +32,7 @@ import torch
 
 from attnaudit.analysis.base import Analyser, AttentionRows, as_4d
 from attnaudit.analysis.stats import MetricSpec
+from attnaudit.errors import AnalysisError
 from attnaudit.record import AttentionRecord
 
 HEAD_MEAN_SUFFIX = ":head_mean"
@@ -96,8 +97,8 @@ def expected_4d(site: str, expected: torch.Tensor, shape: tuple[int, ...]) -> to
     """``expected`` as a bool view broadcast to ``shape`` = (B, H, Q, K); see RegionAnalyser."""
     if not isinstance(expected, torch.Tensor) or expected.dtype != torch.bool:
         got = expected.dtype if isinstance(expected, torch.Tensor) else type(expected).__name__
-        raise ValueError(f"site {site!r}: expected must be a bool tensor (True = expected "
-                         f"key), got {got}")
+        raise AnalysisError(f"site {site!r}: expected must be a bool tensor (True = expected "
+                            f"key), got {got}")
     return as_4d(site, expected, shape, "expected")
 
 
@@ -109,25 +110,25 @@ def select_rows(site: str, rows: RowSelection, batch: int, queries: int) -> torc
         try:
             return rows.cpu().expand(batch, queries)
         except RuntimeError:
-            raise ValueError(f"site {site!r}: rows mask of shape {tuple(rows.shape)} does not "
-                             f"broadcast to (batch, queries) = ({batch}, {queries})") from None
+            raise AnalysisError(f"site {site!r}: rows mask of shape {tuple(rows.shape)} does not "
+                                f"broadcast to (batch, queries) = ({batch}, {queries})") from None
     if isinstance(rows, bool):
-        raise ValueError(f"site {site!r}: rows must be None, an int, indices or a bool "
-                         "tensor, not a bool")
+        raise AnalysisError(f"site {site!r}: rows must be None, an int, indices or a bool "
+                            "tensor, not a bool")
     if isinstance(rows, int):
         if rows < 0:
-            raise ValueError(f"site {site!r}: rows={rows}: the number of leading query "
-                             "steps must be >= 0")
+            raise AnalysisError(f"site {site!r}: rows={rows}: the number of leading query "
+                                "steps must be >= 0")
         mask = torch.zeros(batch, queries, dtype=torch.bool)
         mask[:, :rows] = True
         return mask
     index = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
     if any(isinstance(i, bool) or not isinstance(i, Integral) for i in index):
-        raise ValueError(f"site {site!r}: rows must be int query indices (for a per-row "
-                         "mask pass a bool tensor)")
+        raise AnalysisError(f"site {site!r}: rows must be int query indices (for a per-row "
+                            "mask pass a bool tensor)")
     bad = [i for i in index if not 0 <= i < queries]
     if bad:
-        raise ValueError(f"site {site!r}: query indices {bad} outside [0, {queries})")
+        raise AnalysisError(f"site {site!r}: query indices {bad} outside [0, {queries})")
     mask = torch.zeros(batch, queries, dtype=torch.bool)
     mask[:, [int(i) for i in index]] = True
     return mask
@@ -149,8 +150,8 @@ def mean_over_heads(record_or_rows: AttentionRecord | AttentionRows,
     weights = data.weights.mean(1, keepdim=True)
     first = data.eligible[:, :1]
     if not bool((data.eligible == first).all()):
-        raise ValueError(f"site {data.site!r}: the key eligibility differs between heads; "
-                         "average heads only under one key rule")
+        raise AnalysisError(f"site {data.site!r}: the key eligibility differs between heads; "
+                            "average heads only under one key rule")
     sink = None if data.sink is None else data.sink.mean(1, keepdim=True)
     # the mean of a head whose view underflowed to zero sums below one: the least share
     share = None if data.share is None else data.share.amin(1, keepdim=True)

@@ -39,6 +39,7 @@ import torch
 
 from attnaudit.analysis.base import Analyser, AttentionRows, as_4d
 from attnaudit.analysis.stats import MetricSpec, layer_of
+from attnaudit.errors import AnalysisError
 from attnaudit.record import AttentionRecord
 
 INPUTS = ("scores", "values")
@@ -159,7 +160,7 @@ def _score_metrics(rows: AttentionRows, scores: torch.Tensor
                    ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
     """Per-row score metrics (B, H, Q) and where they are defined."""
     if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
-        raise ValueError(f"site {rows.site!r}: scores must be a floating-point tensor")
+        raise AnalysisError(f"site {rows.site!r}: scores must be a floating-point tensor")
     s = as_4d(rows.site, scores.detach().to(rows.weights.device, torch.float64),
               tuple(rows.weights.shape), "scores")
     finite = torch.isfinite(s)
@@ -183,11 +184,11 @@ def _output_norm(rows: AttentionRows, values: torch.Tensor) -> torch.Tensor:
     if (not isinstance(values, torch.Tensor) or not values.is_floating_point()
             or values.ndim != 4):
         got = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
-        raise ValueError(f"site {site!r}: values must be a floating-point tensor "
-                         f"(batch, heads, keys, d_v), got {got}")
+        raise AnalysisError(f"site {site!r}: values must be a floating-point tensor "
+                            f"(batch, heads, keys, d_v), got {got}")
     v_batch, v_heads, v_keys, _ = values.shape
     if v_batch not in (batch, 1) or v_keys != keys or heads % v_heads:
-        raise ValueError(
+        raise AnalysisError(
             f"site {site!r}: values of shape {tuple(values.shape)} (batch, heads, keys, d_v) "
             f"do not fit weights of shape {tuple(rows.weights.shape)} (batch, heads, queries, "
             "keys): batch must match (or be 1), keys must match, and the value heads must "

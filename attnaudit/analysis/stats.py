@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attnaudit.errors import AnalysisError
+
 HIST_BINS = 256
 QUANTILES = (0.1, 0.5, 0.9)
 # a metric's per-row values (batch, heads, steps) and the rows where it is defined (None: all)
@@ -137,7 +139,7 @@ class RowStats:
             key = (site, metric)
             cells = self.cells.get(key) or Cells.empty(heads, 0)
             if cells.n.shape[0] != heads:
-                raise ValueError(f"site {site!r} had {cells.n.shape[0]} heads, now {heads}")
+                raise AnalysisError(f"site {site!r} had {cells.n.shape[0]} heads, now {heads}")
             if cells.n.shape[1] < stop:  # room to spare: calls come step by step
                 cells = cells.grown(max(stop, 2 * cells.n.shape[1]))
             cells.n[:, cols] += n[m]
@@ -156,8 +158,8 @@ class RowStats:
                     theirs.n, theirs.total, theirs.minimum, theirs.maximum, theirs.hist)))
                 continue
             if mine.n.shape[0] != theirs.n.shape[0]:
-                raise ValueError(f"cannot merge site {key[0]!r}: {mine.n.shape[0]} heads here, "
-                                 f"{theirs.n.shape[0]} in the other shard")
+                raise AnalysisError(f"cannot merge site {key[0]!r}: {mine.n.shape[0]} heads here, "
+                                    f"{theirs.n.shape[0]} in the other shard")
             steps = max(mine.n.shape[1], theirs.n.shape[1])
             mine, theirs = mine.grown(steps), theirs.grown(steps)
             self.cells[key] = Cells(mine.n + theirs.n, mine.total + theirs.total,

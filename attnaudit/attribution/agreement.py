@@ -39,6 +39,8 @@ import torch
 from scipy.stats import norm
 from scipy.stats import t as student_t
 
+from attnaudit.errors import InterventionError
+
 SIGNIFICANCE = 0.05
 DEFAULT_TOP_K = 3
 ATTENTION, GRADIENT, LOO = "attention", "input_x_gradient", "loo"
@@ -68,26 +70,28 @@ def _check_inputs(importances: Mapping[str, torch.Tensor], keys: torch.Tensor,
                                                                     torch.Tensor]:
     """The pairs to compare and the eligible keys per (example, step), bool (B, T, n)."""
     if steps.ndim != 2 or steps.dtype != torch.bool:
-        raise ValueError(f"steps must be bool (B, T), got {steps.dtype} {tuple(steps.shape)}")
+        raise InterventionError(f"steps must be bool (B, T), got {steps.dtype} "
+                                f"{tuple(steps.shape)}")
     if keys.dtype != torch.bool or keys.ndim not in (2, 3) or keys.shape[0] != steps.shape[0]:
-        raise ValueError(f"keys must be bool (B={steps.shape[0]}, n) or (B, T, n), got "
-                         f"{keys.dtype} {tuple(keys.shape)}")
+        raise InterventionError(f"keys must be bool (B={steps.shape[0]}, n) or (B, T, n), got "
+                                f"{keys.dtype} {tuple(keys.shape)}")
     keys = keys[:, None, :].expand(-1, steps.shape[1], -1) if keys.ndim == 2 else keys
     expected = (*steps.shape, keys.shape[-1])
     if tuple(keys.shape) != expected:
-        raise ValueError(f"keys (B, T, n) {tuple(keys.shape)} do not match steps "
-                         f"{tuple(steps.shape)}")
+        raise InterventionError(f"keys (B, T, n) {tuple(keys.shape)} do not match steps "
+                                f"{tuple(steps.shape)}")
     for name, value in importances.items():
         if tuple(value.shape) != expected:
-            raise ValueError(f"importance {name!r} has shape {tuple(value.shape)}, expected "
-                             f"(B, T, n) = {expected}")
+            raise InterventionError(f"importance {name!r} has shape {tuple(value.shape)}, expected "
+                                    f"(B, T, n) = {expected}")
     names = list(importances)
     pairs = list(itertools.combinations(names, 2)) if pairs is None else list(pairs)
     unknown = sorted({m for pair in pairs for m in pair} - set(names))
     if unknown or any(len(pair) != 2 or pair[0] == pair[1] for pair in pairs):
-        raise ValueError(f"pairs must name two different measures among {names}; got {pairs}")
+        raise InterventionError(f"pairs must name two different measures among {names}; "
+                                f"got {pairs}")
     if not pairs:
-        raise ValueError("agreement needs at least two importance measures")
+        raise InterventionError("agreement needs at least two importance measures")
     return pairs, keys
 
 
@@ -198,7 +202,7 @@ def agreement(importances: Mapping[str, torch.Tensor], keys: torch.Tensor, steps
     empty (NaN) metrics.
     """
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+        raise InterventionError(f"top_k must be a positive int, got {top_k!r}")
     pairs, keys = _check_inputs(importances, keys, steps, pairs)
     example, step = (t.numpy() for t in steps.cpu().nonzero(as_tuple=True))
     eligible = keys.cpu().numpy()[example, step]  # (R, n)
@@ -243,8 +247,8 @@ def summarise_agreement(rows: pd.DataFrame) -> pd.DataFrame:
     """
     missing = [c for c in ROW_COLUMNS if c not in rows.columns]
     if missing:
-        raise ValueError(f"summarise_agreement needs the table agreement() returns; missing "
-                         f"columns {missing}")
+        raise InterventionError(f"summarise_agreement needs the table agreement() returns; missing "
+                                f"columns {missing}")
     out = []
     for (name_a, name_b), group in rows.groupby(["method_a", "method_b"], sort=False):
         defined = group[group["excluded"] == ""]

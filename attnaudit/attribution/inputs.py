@@ -62,7 +62,7 @@ def resolve_baseline_id(target: Seq2SeqTarget, batch: Batch, baseline: str | int
                                     "token id instead")
         return int(unk)
     if isinstance(baseline, bool) or not isinstance(baseline, int) or baseline < 0:
-        raise ValueError(f'baseline must be "pad", "unk" or a token id, got {baseline!r}')
+        raise InterventionError(f'baseline must be "pad", "unk" or a token id, got {baseline!r}')
     return baseline
 
 

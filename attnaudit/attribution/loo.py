@@ -35,15 +35,16 @@ def replacement_id(target: Seq2SeqTarget, batch: Batch, replace_with: str | int,
     given id (checked against the source embedding's vocabulary when it has one)."""
     if isinstance(replace_with, str):
         if replace_with != "pad":
-            raise ValueError(f'replace_with must be "pad" or a token id, got {replace_with!r}')
+            raise InterventionError(f'replace_with must be "pad" or a token id, got '
+                                    f'{replace_with!r}')
         return resolve_pad_id(target, batch, pad_id)
     if isinstance(replace_with, bool) or not isinstance(replace_with, int):
         raise TypeError(f'replace_with must be "pad" or an int token id, got '
                         f"{type(replace_with).__name__}")
     vocab = getattr(target.source_embedding, "num_embeddings", None)
     if replace_with < 0 or (vocab is not None and replace_with >= vocab):
-        raise ValueError(f"replacement token id {replace_with} is outside the source "
-                         f"vocabulary (0..{vocab - 1 if vocab is not None else '?'})")
+        raise InterventionError(f"replacement token id {replace_with} is outside the source "
+                                f"vocabulary (0..{vocab - 1 if vocab is not None else '?'})")
     return replace_with
 
 
@@ -69,10 +70,10 @@ def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
     first end-of-sequence (``target.step_mask``).
     """
     if emitted.ndim != 2 or emitted.shape[0] != len(batch) or emitted.dtype != torch.long:
-        raise ValueError(f"emitted must be long ids (B={len(batch)}, T), got "
-                         f"{emitted.dtype} {tuple(emitted.shape)}")
+        raise InterventionError(f"emitted must be long ids (B={len(batch)}, T), got "
+                                f"{emitted.dtype} {tuple(emitted.shape)}")
     if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        raise InterventionError(f"chunk_size must be positive, got {chunk_size}")
     token = replacement_id(target, batch, replace_with, pad_id)
     with torch.no_grad():
         if reference_probs is None:

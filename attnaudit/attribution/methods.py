@@ -95,6 +95,7 @@ from attnaudit.attribution.reference_methods import (
 )
 from attnaudit.attribution.scores import SCORE_REDUCTIONS, normalised_importance, reduced
 from attnaudit.attribution.step_gradients import OUTPUTS, pass_sequences
+from attnaudit.errors import InterventionError
 from attnaudit.interventions.runner import progress_bar
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
@@ -269,10 +270,11 @@ def _check_methods(methods: Sequence[str], detach_attention: Collection[str]) ->
     unknown = [m for m in methods if m not in ALL_METHODS]
     unknown += [m for m in detach_attention if m not in DETACHABLE]
     if unknown or not methods:
-        raise ValueError(f"attribution methods must be among {ALL_METHODS}, and those holding "
-                         f"attention constant among {DETACHABLE}; got {unknown or 'none'}")
+        raise InterventionError(f"attribution methods must be among {ALL_METHODS}, and those "
+                                f"holding attention constant among {DETACHABLE}; got "
+                                f"{unknown or 'none'}")
     if len(set(methods)) != len(methods):
-        raise ValueError(f"attribution methods repeat: {methods}")
+        raise InterventionError(f"attribution methods repeat: {methods}")
     return methods
 
 
@@ -283,25 +285,26 @@ def _check_options(batch: Batch, emitted: torch.Tensor, contrast: torch.Tensor |
     if contrast is not None:
         _check_ids("contrast", batch, contrast, emitted.shape[1])
     if output not in OUTPUTS:
-        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+        raise InterventionError(f"output must be one of {OUTPUTS}, got {output!r}")
     if output.startswith("contrast") != (contrast is not None):
-        raise ValueError(f"output {output!r} needs contrast ids" if contrast is None
-                         else f"contrast ids were given but output is {output!r}; use "
+        raise InterventionError(f"output {output!r} needs contrast ids" if contrast is None
+                                else f"contrast ids were given but output is {output!r}; use "
                               "output='contrast' or 'contrast_logit'")
     if reduction not in SCORE_REDUCTIONS:
-        raise ValueError(f"reduction must be one of {SCORE_REDUCTIONS}, got {reduction!r}")
+        raise InterventionError(f"reduction must be one of {SCORE_REDUCTIONS}, got {reduction!r}")
     if n_steps < 1 or shap_samples < 1 or (internal_batch_size is not None
                                             and internal_batch_size < 1):
-        raise ValueError(f"n_steps, shap_samples and internal_batch_size must be positive, got "
-                         f"{n_steps}, {shap_samples}, {internal_batch_size}")
+        raise InterventionError(f"n_steps, shap_samples and internal_batch_size must be "
+                                f"positive, got {n_steps}, {shap_samples}, "
+                                f"{internal_batch_size}")
     if not shap_stdev >= 0:
-        raise ValueError(f"shap_stdev must be >= 0, got {shap_stdev}")
+        raise InterventionError(f"shap_stdev must be >= 0, got {shap_stdev}")
 
 
 def _check_ids(name: str, batch: Batch, ids: torch.Tensor, width: int | None = None) -> None:
     if (ids.ndim != 2 or ids.shape[0] != len(batch) or ids.dtype != torch.long
             or (width is not None and ids.shape[1] != width)):
-        raise ValueError(f"{name} must be long ids (B={len(batch)}, "
-                         f"{'T' if width is None else width}), got {ids.dtype} "
-                         f"{tuple(ids.shape)}")
+        raise InterventionError(f"{name} must be long ids (B={len(batch)}, "
+                                f"{'T' if width is None else width}), got {ids.dtype} "
+                                f"{tuple(ids.shape)}")
 

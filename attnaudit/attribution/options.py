@@ -53,7 +53,7 @@ class AttributionOptions:
         input x gradient) or ``inseq`` (inseq's defaults: L2 norm over the embedding
         dimension, ``<unk>`` baseline, gradients through the attention weights)."""
         if name not in ("attnaudit", "inseq"):
-            raise ValueError(f"attribution variant must be attnaudit or inseq, got {name!r}")
+            raise InterventionError(f"attribution variant must be attnaudit or inseq, got {name!r}")
         if name == "attnaudit":
             return cls(output, target_side=target_side, methods=methods)
         return cls(output, "norm", "unk", target_side, detach_attention=(), methods=methods)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 import torch
@@ -23,8 +23,8 @@ from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
 from attnaudit.auditing.result import Audit
 from attnaudit.checklist import build_checklist
 from attnaudit.checklist.contributions import CONTRIBUTION_TABLES
-from attnaudit.errors import AttnauditError, TargetError
-from attnaudit.report.explorer import DEFAULT_EXAMPLES as DEFAULT_EXPLORER_EXAMPLES
+from attnaudit.errors import AttnauditError, OptionError, TargetError
+from attnaudit.options import DEFAULT_EXPLORER_EXAMPLES, AttributionSettings, AuditOptions
 from attnaudit.report.manifest import build_manifest
 from attnaudit.runtime.distributed import Shard, current_shard
 from attnaudit.runtime.progress import display
@@ -36,37 +36,47 @@ from attnaudit.targets.placement import placed
 from attnaudit.validity.analysers import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
 from attnaudit.validity.pipeline import run_validity_audit
 
+_T = TypeVar("_T")
+
 
 def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
-          data: Any = None, *, tokenizer: Any = None, quick: bool = False,
-          limit: int | None = None, interventions: bool = True, checks_only: bool = False,
-          device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-          max_memory: int | str | None = None,
+          data: Any = None, *, tokenizer: Any = None, options: AuditOptions | None = None,
+          quick: bool = False, limit: int | None = None, interventions: bool = True,
+          checks_only: bool = False, device: str | torch.device | None = None,
+          dtype: str | torch.dtype | None = None, max_memory: int | str | None = None,
           max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
           row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
           progress: bool = True, command_line: Sequence[str] | str | None = None,
-          process_group: Any = None, attribution: AttributionOptions | None = None,
+          process_group: Any = None,
+          attribution: AttributionOptions | AttributionSettings | None = None,
+          sites: Sequence[str] | None = None, heads: Sequence[int] | None = None,
           sequence_effects: bool = False,
           explorer_examples: int = DEFAULT_EXPLORER_EXAMPLES, **hf_options: Any) -> Audit:
     """Audit the attention of a seq2seq model: validity, interventions, checklist.
+
+    Every setting is a field of :class:`~attnaudit.options.AuditOptions` (``options``);
+    the keywords of the same names set them too (a keyword left at its default leaves
+    ``options``' value), as do the flags of ``attnaudit report`` of the same names.
 
     Args:
         target_or_model: a :class:`~attnaudit.targets.contract.Seq2SeqTarget`; or a loaded Hugging
             Face seq2seq model (with ``tokenizer``) or its folder, with ``data``: both go
             through :func:`attnaudit.from_hf` (``hf_options``: its ``batch_size``,
             ``max_new_tokens``, ``max_source_tokens``, ``name``, ``decoding``,
-            ``generation``, ``seed``).
+            ``generation``, ``seed``; or ``options.loading``).
         data: with a model or folder: the sources (see :func:`attnaudit.from_hf`).
         tokenizer: with a loaded model: its tokenizer.
+        options: every setting at once (:class:`~attnaudit.options.AuditOptions`).
         quick: skip the adversarial search and integrated gradients; 20 permutations per
-            row instead of 100.
+            row instead of 100 (``options.mode`` quick).
         limit: audit only the first ``limit`` examples (>= 1).
         interventions: run the intervention and attribution suite (False: validity and
             checklist only; the intervention item is "not recorded").
-        checks_only: only what the CI gate judges (``attnaudit check``): capture without
-            scores and values, the masking and numerics analysers, no timing, no example
-            maps, no expectations, no interventions and no model hash in the manifest.
-            Cheap; its checklist items on distributions and performance have little to say.
+        checks_only: only what the CI gate judges (``attnaudit check``; ``options.mode``
+            checks): capture without scores and values, the masking and numerics analysers,
+            no timing, no example maps, no expectations, no interventions and no model hash
+            in the manifest. Cheap; its checklist items on distributions and performance
+            have little to say.
         device, dtype: run on this device (cpu, cuda, cuda:N, mps) and in this floating
             dtype (float32, bfloat16, float16). A target's model is moved for the audit and
             restored exactly afterwards; a loaded model is left alone and a copy is placed
@@ -74,7 +84,7 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
         max_memory: the memory budget (bytes or "2GiB"; default 1 GiB) of the interventions'
             chunks and of a query block of explicitly computed attention.
         max_masked_mass, row_sum_tolerance: the validity tolerances (row_sum_tolerance
-            None: per site from the weights' dtype and key count).
+            None: per site from the weights' dtype and key count; ``options.tolerances``).
         progress: one progress display on stderr for the whole audit
             (:mod:`attnaudit.runtime.progress`).
         command_line: recorded in the manifest and shown in the report.
@@ -86,7 +96,10 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             gathered from every rank); progress is printed by rank 0 only. Every rank must call
             ``audit`` with the same arguments; only one should save the report.
         attribution: what the attribution methods attribute and their variant
-            (:class:`~attnaudit.attribution.options.AttributionOptions`).
+            (:class:`~attnaudit.options.AttributionSettings`, the flags' settings, or
+            :class:`~attnaudit.attribution.options.AttributionOptions`).
+        sites, heads: the sites the interventions edit (default every cross-attention
+            site) and the heads edited at each (default all; ``options.edits``).
         sequence_effects: also decode the sources again with the uniform, zeroing and
             median permutation edits held at every step, and report whether the returned
             text changed (:mod:`attnaudit.interventions.sequence`; off by default: one
@@ -96,59 +109,113 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
 
     Returns:
         The :class:`~attnaudit.auditing.result.Audit`. The model is left as it was.
+
+    Raises:
+        OptionError: a setting has a value it cannot take (a TargetError and a ValueError).
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                              or limit < 1):
-        raise TargetError(f"limit must be a positive number of examples, got {limit!r}")
-    if isinstance(explorer_examples, bool) or not isinstance(explorer_examples, int) \
-            or explorer_examples < 1:
-        raise TargetError(f"explorer_examples must be a positive number of examples, got "
-                          f"{explorer_examples!r}")
+    options = AuditOptions.from_settings(
+        {"quick": quick, "checks_only": checks_only, "limit": limit,
+         "interventions": interventions, "device": device, "dtype": dtype,
+         "max_memory": max_memory, "max_masked_mass": max_masked_mass,
+         "row_sum_tolerance": row_sum_tolerance, "attribution": attribution,
+         "sites": sites, "heads": heads, "sequence_effects": sequence_effects,
+         "explorer_examples": explorer_examples}, options)
     shard = current_shard(process_group)
-    device, progress = shard.device(device), progress and shard.is_main
-    run = partial(_run, quick=quick, limit=limit, interventions=interventions,
-                  checks_only=checks_only, max_memory=max_memory,
-                  max_masked_mass=max_masked_mass, row_sum_tolerance=row_sum_tolerance,
-                  progress=progress, command_line=command_line, shard=shard,
-                  attribution=attribution, sequence_effects=sequence_effects,
-                  explorer_examples=explorer_examples)
+    run = partial(_run, options=options, progress=progress and shard.is_main,
+                  command_line=command_line, shard=shard)
+    return _on_target(target_or_model, data, tokenizer, options, shard, hf_options, run)
+
+
+def intervene(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
+              data: Any = None, *, tokenizer: Any = None, options: AuditOptions | None = None,
+              quick: bool = False, limit: int | None = None,
+              sites: Sequence[str] | None = None, heads: Sequence[int] | None = None,
+              device: str | torch.device | None = None,
+              dtype: str | torch.dtype | None = None, max_memory: int | str | None = None,
+              progress: bool = True, process_group: Any = None,
+              attribution: AttributionOptions | AttributionSettings | None = None,
+              sequence_effects: bool = False, **hf_options: Any) -> InterventionSuite:
+    """The intervention and attribution suite alone, as ``attnaudit intervene`` runs it:
+    the same target, settings and process group arguments as :func:`audit` (those of the
+    validity audit and the report, the tolerances and ``explorer_examples``, do not apply).
+
+    Returns:
+        The :class:`~attnaudit.auditing.intervention_suite.InterventionSuite`: ``tables``
+        (its ``write_csv(folder)`` writes them) and ``metadata``.
+
+    Raises:
+        OptionError: a bad setting, or ``options.mode`` checks (which runs no suite).
+    """
+    options = AuditOptions.from_settings(
+        {"quick": quick, "limit": limit, "sites": sites, "heads": heads, "device": device,
+         "dtype": dtype, "max_memory": max_memory, "attribution": attribution,
+         "sequence_effects": sequence_effects}, options)
+    if options.checks_only or not options.interventions:
+        raise OptionError("intervene runs the intervention suite: give a mode of quick or "
+                          "full, with interventions (audit runs the checks alone)")
+    shard = current_shard(process_group)
+    progress = progress and shard.is_main
+    return _on_target(target_or_model, data, tokenizer, options, shard, hf_options,
+                      lambda target: _suite(target, options, progress, shard))
+
+
+def attribution_options(settings: AttributionOptions | AttributionSettings | None
+                        ) -> AttributionOptions | None:
+    """What the suite takes: the flags' :class:`AttributionSettings` as options (the
+    variant's reduction, baseline and detached methods); options or None as they are."""
+    if not isinstance(settings, AttributionSettings):
+        return settings
+    return attribution_of(settings)
+
+
+def attribution_of(settings: AttributionSettings) -> AttributionOptions:
+    """The flags' attribution settings as the options the attribution methods take."""
+    return AttributionOptions.variant(settings.attribution_variant, output=settings.attribute,
+                                      target_side=settings.target_side,
+                                      methods=settings.methods)
+
+
+def _on_target(target_or_model: Seq2SeqTarget | nn.Module | str | Path, data: Any,
+               tokenizer: Any, options: AuditOptions, shard: Shard,
+               hf_options: dict[str, Any], run: Callable[[Seq2SeqTarget], _T]) -> _T:
+    """``run`` on the target: a ready one placed on the options' device and dtype for the
+    call (and restored), or one :func:`attnaudit.from_hf` makes of a model and data."""
+    device = shard.device(options.device)
+    loading = {**options.loading.given(), **hf_options}
     if isinstance(target_or_model, Seq2SeqTarget):
-        if data is not None or tokenizer is not None or hf_options:
+        if data is not None or tokenizer is not None or loading:
             raise TargetError("data, tokenizer and from_hf options go with a model or a "
                               "model folder, not with a Seq2SeqTarget")
-        with placed(target_or_model, device, dtype) as target:
+        with placed(target_or_model, device, options.dtype) as target:
             return run(target)
     if data is None:
         raise TargetError("auditing a model needs data=: source strings, a TSV path, or a "
                           "pandas column")
-    target = from_hf(target_or_model, data, tokenizer=tokenizer, device=device, dtype=dtype,
-                     **hf_options)
+    target = from_hf(target_or_model, data, tokenizer=tokenizer, device=device,
+                     dtype=options.dtype, **loading)
     return run(target)
 
 
-def _run(target: Seq2SeqTarget, *, quick: bool, limit: int | None, interventions: bool,
-         checks_only: bool, max_memory: int | str | None, max_masked_mass: float,
-         row_sum_tolerance: float | None, progress: bool,
-         command_line: Sequence[str] | str | None, shard: Shard,
-         attribution: AttributionOptions | None, sequence_effects: bool,
-         explorer_examples: int) -> Audit:
+def _run(target: Seq2SeqTarget, *, options: AuditOptions, progress: bool,
+         command_line: Sequence[str] | str | None, shard: Shard) -> Audit:
     started = time.perf_counter()
     target = checked_target(target)  # its data's errors name the target, from here on
+    limit, checks_only = options.limit, options.checks_only
     texts = [text for batch in target.iter_batches(limit) for text in batch.texts]
-    suite_runs = interventions and not checks_only
+    suite_runs = options.interventions and not checks_only
+    attribution = attribution_options(options.attribution)
     if suite_runs and attribution is not None:
         attribution.check(target)  # asked for explicitly: an error now, not a skipped suite
     with display(len(texts), 1 + suite_runs, enabled=progress, name=f"audit {target.name}"):
         validity = run_validity_audit(target, limit=limit, progress=progress,
                                       keep_example=not checks_only, regions=not checks_only,
                                       timing=not checks_only, checks_only=checks_only,
-                                      max_masked_mass=max_masked_mass,
-                                      row_sum_tolerance=row_sum_tolerance, shard=shard,
-                                      keep_examples=explorer_examples,
-                                      max_memory=max_memory)
+                                      max_masked_mass=options.tolerances.max_masked_mass,
+                                      row_sum_tolerance=options.tolerances.row_sum_tolerance,
+                                      shard=shard, keep_examples=options.explorer_examples,
+                                      max_memory=options.max_memory)
         if suite_runs:
-            suite, reason = _run_suite(target, quick, limit, progress, max_memory, shard,
-                                       attribution, sequence_effects)
+            suite, reason = _run_suite(target, options, progress, shard)
         else:
             suite = None
             reason = ("the audit ran the gate's checks only" if checks_only else
@@ -160,10 +227,7 @@ def _run(target: Seq2SeqTarget, *, quick: bool, limit: int | None, interventions
     manifest = build_manifest(target.model, target_name=target.name, texts=texts,
                               sites=list(validity.sites["site"]), seeds=seeds,
                               command_line=command_line,
-                              options={"quick": quick, "limit": limit,
-                                       "explorer_examples": explorer_examples,
-                                       **({"sequence_effects": True} if sequence_effects
-                                          else {})},
+                              options=_manifest_options(options),
                               hash_model=not checks_only)
     manifest["thresholds"] = {"max_masked_mass": validity.max_masked_mass,
                               "row_sum_tolerance": validity.row_sum_tolerance}
@@ -194,14 +258,32 @@ def section_tables(suite: InterventionSuite | None) -> dict[str, pd.DataFrame]:
     return {name: suite.tables[name] for name in CONTRIBUTION_TABLES if name in suite.tables}
 
 
-def _run_suite(target: Seq2SeqTarget, quick: bool, limit: int | None, progress: bool,
-               max_memory: int | str | None, shard: Shard,
-               attribution: AttributionOptions | None, sequence_effects: bool
+def _manifest_options(options: AuditOptions) -> dict[str, Any]:
+    """The settings the manifest records: always the mode's ``quick``, ``limit`` and
+    ``explorer_examples``; the edits only when given."""
+    edits = options.edits
+    given: dict[str, Any] = {"sequence_effects": True} if edits.sequence_effects else {}
+    given |= {name: list(value) for name, value in (("sites", edits.sites),
+                                                     ("heads", edits.heads))
+              if value is not None}
+    return {"quick": options.quick, "limit": options.limit,
+            "explorer_examples": options.explorer_examples, **given}
+
+
+def _suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: Shard
+           ) -> InterventionSuite:
+    """The intervention suite of ``options`` (its public entry point, run_suite)."""
+    edits = options.edits
+    return run_suite(target, quick=options.quick, limit=options.limit, progress=progress,
+                     sites=edits.sites, heads=edits.heads, max_memory=options.max_memory,
+                     shard=shard, attribution=attribution_options(options.attribution),
+                     sequence_effects=edits.sequence_effects)
+
+
+def _run_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: Shard
                ) -> tuple[InterventionSuite | None, str | None]:
     try:
-        return run_suite(target, quick=quick, limit=limit, progress=progress,
-                         max_memory=max_memory, shard=shard, attribution=attribution,
-                         sequence_effects=sequence_effects), None
+        return _suite(target, options, progress, shard), None
     except AttnauditError as exc:
         if progress:
             print(f"audit {target.name}: interventions not recorded: {exc}", file=sys.stderr)

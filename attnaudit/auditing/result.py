@@ -28,7 +28,7 @@ from matplotlib.figure import Figure as MplFigure
 from attnaudit.analysis.degenerate import DegenerateCounter
 from attnaudit.auditing.intervention_suite import InterventionSuite
 from attnaudit.checklist import Checklist
-from attnaudit.errors import AuditError
+from attnaudit.errors import AuditError, OptionError
 from attnaudit.report import summary_html, write_report
 from attnaudit.report.capture_view import examples_page
 from attnaudit.report.contributions import contribution_figures
@@ -127,9 +127,9 @@ class Audit:
         for name, given in (("max_masked_mass", max_masked_mass),
                             ("row_sum_tolerance", row_sum_tolerance)):
             if given is not None and given != thresholds[name]:
-                raise ValueError(f"rows were counted at {name}={thresholds[name]}; run "
-                                 f"attnaudit.audit(..., {name}={given:g}) for another "
-                                 "tolerance")
+                raise OptionError(f"rows were counted at {name}={thresholds[name]}; run "
+                                  f"attnaudit.audit(..., {name}={given:g}) for another "
+                                  "tolerance")
         sites = self.tables["sites"]
         if self.validity is not None:
             findings = self.validity.findings() + input_findings(self.validity.degenerate)

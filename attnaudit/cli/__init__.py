@@ -2,8 +2,10 @@
 
 The only part of attnaudit that parses arguments or prints for the command line; the work
 lives in the library (:func:`attnaudit.audit` and the views of its result).
-``app`` builds the parser and runs a command, ``commands`` holds the subcommands,
-``loading`` turns arguments into a target, ``display`` prints the intervention suite.
+``parser`` builds the parser (torch-free: ``--help``, ``--version`` and usage errors answer
+without importing the library), ``app`` runs a command, ``commands`` and ``align`` hold the
+subcommands, ``settings`` turns arguments into :class:`attnaudit.options.AuditOptions`,
+``loading`` into a target, ``display`` prints the intervention suite.
 This module itself imports no more than the standard library until a command runs, so that
 an install without the extras the commands need is told which to add (:mod:`.extras`).
 """
@@ -14,20 +16,24 @@ import sys
 
 from attnaudit.cli.exits import USAGE_ERROR
 from attnaudit.cli.extras import missing_extra
+from attnaudit.cli.parser import build_parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. A user error prints one line, ``attnaudit CMD: error: ...``, and
-    exits 2 (``--debug``: the traceback too); Ctrl-C and SIGTERM print one line and exit
-    130, after every output folder has been cleaned up. Under ``torchrun`` the command runs
-    on every rank (:mod:`attnaudit.runtime.distributed`): rank 0 prints and writes, every rank
-    prints its error and exits with the same status. Without the packages of
-    ``attnaudit[all]`` it prints one line naming that extra and exits 2.
+    exits 2; an unexpected exception, a bug in attnaudit, prints ``attnaudit CMD: this is
+    a bug in attnaudit: ...`` and exits 4 (``--debug``: the traceback too, for either);
+    Ctrl-C and SIGTERM print one line and exit 130, after every output folder has been
+    cleaned up. Under ``torchrun`` the command runs on every rank
+    (:mod:`attnaudit.runtime.distributed`): rank 0 prints and writes, every rank prints its
+    error and exits with the same status. Without the packages of ``attnaudit[all]`` it
+    prints one line naming that extra and exits 2.
 
     A process that ``torchrun`` started for the command line (``argv`` None) leaves with
     :func:`os._exit` once its process group is destroyed and its output flushed: gloo's
     threads can otherwise abort it (exit -6) while the interpreter tears its objects down,
     after the audit is complete."""
+    args = build_parser().parse_args(argv)  # --help, --version, usage errors: no torch
     try:
         from attnaudit.cli.app import run
     except ModuleNotFoundError as exc:
@@ -36,4 +42,4 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"attnaudit: error: {message}", file=sys.stderr)
         return USAGE_ERROR
-    return run(argv)
+    return run(args, from_command_line=argv is None)

@@ -4,57 +4,20 @@ their AER against a gold file (docs/alignments.md)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 import pandas as pd
 
 from attnaudit.alignments.aer import count_links
-from attnaudit.alignments.maps import COMBINED, MEASURES, WEIGHTS
 from attnaudit.alignments.pharaoh import read_alignments, write_alignments
 from attnaudit.alignments.run import aer_table, align
-from attnaudit.alignments.units import CONVENTIONS, UNITS
+from attnaudit.alignments.units import CONVENTIONS
 from attnaudit.attribution.options import AttributionOptions
-from attnaudit.cli.loading import load_cli_target, memory_option, name_list
+from attnaudit.cli.loading import load_cli_target, memory_option
+from attnaudit.cli.parser import ALIGNMENTS_FILE, ALL
 from attnaudit.errors import AlignmentError
-
-ALL = "all"
-
-
-def add_align_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``attnaudit align`` beyond the target's."""
-    parser.add_argument("--measure", type=name_list(MEASURES, "measures"), default=(WEIGHTS,),
-                        metavar="M[,M...]",
-                        help=f"what to align from, among {', '.join(MEASURES)} (default "
-                             f"{WEIGHTS}); several need --gold")
-    parser.add_argument("--layer", type=_layer, default=COMBINED, metavar="N|mean|all",
-                        help="the measure's layer (0-based), mean: the mean over its layers "
-                             "(default), all: each layer and the mean (needs --gold)")
-    parser.add_argument("--convention", choices=[*CONVENTIONS, ALL], default="emit",
-                        help="output token j is read at the step that emits it (emit, "
-                             "default) or where it is the decoder input (input); all: both "
-                             "(needs --gold)")
-    parser.add_argument("--units", choices=UNITS, default="words",
-                        help="words: subwords merged into words (default); tokens: every "
-                             "eligible source token and output token")
-    parser.add_argument("--out", metavar="FILE",
-                        help="write the Pharaoh alignments (i-j: source word i, target word "
-                             "j) to FILE (default: stdout, unless --gold)")
-    parser.add_argument("--gold", metavar="FILE",
-                        help="gold alignments, one Pharaoh line per example (i-j sure, i-pj "
-                             "possible): print AER, precision and recall")
-    parser.add_argument("--attribution-variant", choices=["attnaudit", "inseq"],
-                        default="attnaudit",
-                        help="variant of the gradient measures (see attnaudit intervene)")
-
-
-def _layer(text: str) -> int | str:
-    if text in (COMBINED, ALL):
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a layer index, {COMBINED} or {ALL}, got "
-                                         f"{text!r}") from None
 
 
 def align_command(args: argparse.Namespace) -> int:
@@ -82,7 +45,8 @@ def align_command(args: argparse.Namespace) -> int:
                   convention=conventions[0], limit=args.limit, attribution=options,
                   max_memory=max_memory)
     if args.out is not None:
-        print(f"attnaudit align: wrote {write_alignments(args.out, links)}", file=sys.stderr)
+        path = alignments_path(args.out)
+        print(f"attnaudit align: wrote {write_alignments(path, links)}", file=sys.stderr)
     elif gold is None:
         sys.stdout.write("".join(a.to_line() + "\n" for a in links))
     if gold is not None:
@@ -94,6 +58,20 @@ def align_command(args: argparse.Namespace) -> int:
               f"{_fmt(counts.recall)}  ({counts.sentences} sentences, {counts.predicted} links, "
               f"{counts.sure} sure gold links)")
     return 0
+
+
+def alignments_path(out: str) -> Path:
+    """``--out``: a folder (one that exists, or a path ending in a separator, created)
+    takes :data:`ALIGNMENTS_FILE`, as every other ``--out`` is a folder; else the file."""
+    path = Path(out)
+    if path.is_dir() or out.endswith((os.sep, "/")):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise AlignmentError(f"--out {out}: cannot create the folder: "
+                                 f"{exc.strerror or exc}") from exc
+        return path / ALIGNMENTS_FILE
+    return path
 
 
 def _fmt(value: float | None) -> str:

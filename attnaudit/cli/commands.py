@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
-from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
-from attnaudit.auditing.orchestration import audit
+from attnaudit.auditing.intervention_suite import InterventionSuite
+from attnaudit.auditing.orchestration import audit, intervene
 from attnaudit.cli.display import print_suite
 from attnaudit.cli.exits import INCOMPLETE
-from attnaudit.cli.loading import attribution_option, load_cli_target, memory_option, quiet
+from attnaudit.cli.loading import check_contrast, load_cli_target, quiet
+from attnaudit.cli.settings import audit_options
 from attnaudit.errors import GateError
-from attnaudit.report.explorer import DEFAULT_EXAMPLES
+from attnaudit.options import DEFAULT_EXPLORER_EXAMPLES, AuditMode
 from attnaudit.report.manifest import library_versions
 from attnaudit.runtime.distributed import Shard, current_shard
 from attnaudit.runtime.output_folder import OutputFolder, check_output_file
@@ -34,17 +34,14 @@ def demo_command(args: argparse.Namespace) -> int:
 
 def check_command(args: argparse.Namespace) -> int:
     """``attnaudit check``: the gate's checks only; 0 healthy, 1 failing (see the README)."""
-    _check_options(args)
-    max_memory = memory_option(args)
+    options = audit_options(args, AuditMode.CHECKS)  # bad values fail before any work
     if args.junit is not None:
         check_output_file(args.junit, "JUnit XML")  # before the audit, not after it
     started = time.perf_counter()
     if not quiet(args):
         print("attnaudit check: loading the target", file=sys.stderr, flush=True)
     target = load_cli_target(args)
-    result = audit(target, checks_only=True, limit=args.limit, progress=not quiet(args),
-                   max_masked_mass=args.max_masked_mass, max_memory=max_memory,
-                   row_sum_tolerance=args.row_sum_tolerance).gate()
+    result = audit(target, options=options, progress=not quiet(args)).gate()
     shard = current_shard()
     with shard.together("writing the JUnit XML"):
         if args.junit and shard.is_main:
@@ -59,24 +56,15 @@ def check_command(args: argparse.Namespace) -> int:
     return result.status
 
 
-def _check_options(args: argparse.Namespace) -> None:
-    for option, value in (("--max-masked-mass", args.max_masked_mass),
-                          ("--row-sum-tolerance", args.row_sum_tolerance)):
-        if value is not None and (not math.isfinite(value) or value < 0):
-            raise GateError(f"{option} must be a finite number >= 0, got {value}")
-
-
 def report_command(args: argparse.Namespace) -> int:
     """``attnaudit report``: the whole audit, written to ``--out``; prints the page's path.
     Exits :data:`INCOMPLETE` when the intervention suite could not run (the page says why)."""
-    max_memory = memory_option(args)
+    options = audit_options(args)
+    check_contrast(args)
     OutputFolder.check(args.out, force=args.force)  # before the target loads
     target = load_cli_target(args)
-    result = audit(target, quick=args.quick, limit=args.limit, progress=not quiet(args),
-                   max_memory=max_memory, command_line=report_command_line(args),
-                   attribution=attribution_option(args),
-                   sequence_effects=args.sequence_effects,
-                   explorer_examples=args.explorer_examples)
+    result = audit(target, options=options, progress=not quiet(args),
+                   command_line=report_command_line(args))
     shard = current_shard()
     with shard.together("writing the report"):
         if shard.is_main:  # rank 0 alone writes; the others wait for it to finish
@@ -102,8 +90,11 @@ def report_command_line(args: argparse.Namespace) -> list[str]:
                         ("--max-memory", args.max_memory), ("--contrast", args.contrast)):
         if value is not None:
             words += [flag, str(value)]
-    if args.explorer_examples != DEFAULT_EXAMPLES:
+    if args.explorer_examples != DEFAULT_EXPLORER_EXAMPLES:
         words += ["--explorer-examples", str(args.explorer_examples)]
+    for flag, values in (("--site", args.sites), ("--head", args.heads)):
+        for value in values or ():
+            words += [flag, str(value)]
     if args.attribute != "prob":
         words += ["--attribute", args.attribute]
     if args.attribution_variant != "attnaudit":
@@ -119,15 +110,13 @@ def report_command_line(args: argparse.Namespace) -> list[str]:
 
 def intervene_command(args: argparse.Namespace) -> int:
     """``attnaudit intervene``: run the suite, print its summaries, write CSVs to --out."""
-    max_memory = memory_option(args)
+    options = audit_options(args)
+    check_contrast(args)
     folder = None if args.out is None else OutputFolder.check(args.out, force=args.force)
     shard = current_shard()
     args.device = shard.device(args.device)  # cuda:LOCAL_RANK under torchrun with nccl
     target = load_cli_target(args)
-    suite = run_suite(target, quick=args.quick, limit=args.limit, progress=not quiet(args),
-                      sites=args.site, heads=args.head, max_memory=max_memory, shard=shard,
-                      attribution=attribution_option(args),
-                      sequence_effects=args.sequence_effects)
+    suite = intervene(target, options=options, progress=not quiet(args))
     print_suite(suite)
     with shard.together("writing the tables"):
         if folder is not None and shard.is_main:

@@ -5,20 +5,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 
 from attnaudit.attribution.options import AttributionOptions
+from attnaudit.auditing.orchestration import attribution_of
 from attnaudit.capturing.blocks import parse_memory
 from attnaudit.errors import InterventionError, TargetError
+from attnaudit.options import AttributionSettings, Loading
 from attnaudit.targets.contract import Seq2SeqTarget
 from attnaudit.targets.datafile import read_rows
 from attnaudit.targets.hf.loading import from_hf
 from attnaudit.targets.loading import load_target
 from attnaudit.targets.placement import place
 
-HF_ONLY = ("batch_size", "max_new_tokens", "max_source_tokens", "decoding", "num_beams",
-           "seed")
+HF_ONLY = tuple(f.name for f in fields(Loading))
 
 
 def load_cli_target(args: argparse.Namespace) -> Seq2SeqTarget:
@@ -30,13 +31,10 @@ def load_cli_target(args: argparse.Namespace) -> Seq2SeqTarget:
             raise TargetError("give either TARGET or --hf DIR, not both")
         if args.data is None:
             raise TargetError("--hf DIR needs --data FILE.tsv (source[<TAB>target] lines)")
-        given = {name: getattr(args, name) for name in HF_ONLY
-                 if getattr(args, name) is not None and name != "num_beams"}
-        if args.num_beams is not None:
-            given["generation"] = {"num_beams": args.num_beams}
+        loading = Loading(**{name: getattr(args, name) for name in HF_ONLY})
         contrast = read_contrast(args)
         return from_hf(args.hf, args.data, device=args.device, dtype=args.dtype,
-                       contrast=contrast, **given)
+                       contrast=contrast, **loading.given())
     if args.data is not None:
         raise TargetError("--data goes with --hf DIR")
     if getattr(args, "contrast", None) is not None:
@@ -95,26 +93,18 @@ def read_contrast(args: argparse.Namespace) -> list[str] | None:
     return lines
 
 
-def attribution_option(args: argparse.Namespace) -> AttributionOptions:
-    """``--attribute``, ``--attribution-variant``, ``--target-side`` and ``--methods`` as
-    options."""
+def check_contrast(args: argparse.Namespace) -> None:
+    """A contrast ``--attribute`` needs contrast outputs: ``--contrast`` or a third column
+    in ``--data`` (checked before the target loads)."""
     if (args.attribute.startswith("contrast") and args.contrast is None and args.hf is not None
             and args.data is not None and read_rows(args.data).contrasts is None):
         raise TargetError(f"--attribute {args.attribute} needs --contrast FILE or a third "
                           f"column (contrast) in {args.data}")
-    return AttributionOptions.variant(args.attribution_variant, output=args.attribute,
-                                      target_side=args.target_side, methods=args.methods)
 
 
-def name_list(allowed: tuple[str, ...], what: str) -> Callable[[str], tuple[str, ...]]:
-    """An argparse type for ``--option a,b``: distinct names among ``allowed`` (``what``
-    names them in the message)."""
-    def parse(text: str) -> tuple[str, ...]:
-        names = tuple(m.strip() for m in text.split(",") if m.strip())
-        unknown = [m for m in names if m not in allowed]
-        if unknown or not names or len(set(names)) != len(names):
-            raise argparse.ArgumentTypeError(f"give distinct {what} among "
-                                             f"{', '.join(allowed)}, got {text!r}")
-        return names
-    return parse
-
+def attribution_option(args: argparse.Namespace) -> AttributionOptions:
+    """``--attribute``, ``--attribution-variant``, ``--target-side`` and ``--methods`` as
+    options (what the audit makes of the same settings)."""
+    check_contrast(args)
+    return attribution_of(AttributionSettings(args.attribute, args.attribution_variant,
+                                              args.target_side, args.methods))

@@ -22,6 +22,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure as MplFigure
 
+from attnaudit.errors import ReportError
+
 if TYPE_CHECKING:  # matplotlib.typing is new in matplotlib 3.8
     from matplotlib.typing import RcKeyType
 
@@ -88,7 +90,7 @@ def attention_heatmap(name: str, weights: np.ndarray, source_tokens: Sequence[st
     visible (:func:`visible_token`); the figure grows with the sequence (:func:`heatmap_size`)."""
     weights = np.asarray(weights, dtype=float)
     if weights.ndim != 2:
-        raise ValueError(f"attention_heatmap needs (queries, keys) weights, got {weights.shape}")
+        raise ReportError(f"attention_heatmap needs (queries, keys) weights, got {weights.shape}")
     q, k = weights.shape
     cut_q, cut_k = min(q, MAX_HEATMAP_QUERIES), min(k, MAX_HEATMAP_KEYS)
     if cut_k < k:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnaudit.errors import ReportError
+
 SHOWN_ROWS = 25
 _UNSAFE = re.compile(r"[^a-z0-9_]+")
 
@@ -22,7 +24,7 @@ def csv_name(name: str) -> str:
     """A file-system safe CSV name for a table name (``"perm by bin"`` -> ``perm_by_bin.csv``)."""
     stem = _UNSAFE.sub("_", name.lower()).strip("_")
     if not stem:
-        raise ValueError(f"table name {name!r} has no usable characters")
+        raise ReportError(f"table name {name!r} has no usable characters")
     return f"{stem}.csv"
 
 
@@ -70,7 +72,7 @@ def write_csvs(tables: Mapping[str, pd.DataFrame], out_dir: Path) -> dict[str, P
     for name, frame in tables.items():
         file = csv_name(name)
         if file in seen:
-            raise ValueError(f"tables {seen[file]!r} and {name!r} would both be written to {file}")
+            raise ReportError(f"tables {seen[file]!r} and {name!r} would both be written to {file}")
         seen[file] = name
         path = out_dir / file
         frame.to_csv(path, index=False)

@@ -24,6 +24,7 @@ from attnaudit.analysis import (
 )
 from attnaudit.analysis.numerics import row_sum_tolerance
 from attnaudit.analysis.scores import ScoreAnalyser
+from attnaudit.errors import AnalysisError
 from attnaudit.record import AttentionRecord
 from attnaudit.validity.rules import declared_rows
 
@@ -129,8 +130,8 @@ def row_groups(site: str, selected: torch.Tensor | None, batch: int, queries: in
         yield torch.arange(batch), 0, queries
         return
     if tuple(selected.shape) != (batch, queries):
-        raise ValueError(f"site {site!r}: row selection of shape {tuple(selected.shape)} "
-                         f"does not match (batch, queries) = ({batch}, {queries})")
+        raise AnalysisError(f"site {site!r}: row selection of shape {tuple(selected.shape)} "
+                            f"does not match (batch, queries) = ({batch}, {queries})")
     if not selected.any():  # also an output with no step: (B, 0)
         return
     patterns, which = torch.unique(selected.cpu(), dim=0, return_inverse=True)

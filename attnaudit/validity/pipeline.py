@@ -33,6 +33,7 @@ from attnaudit.analysis.merging import merge_analyser
 from attnaudit.analysis.words import source_words
 from attnaudit.capturing.blocks import DEFAULT_MAX_MEMORY, parse_memory
 from attnaudit.errors import TargetError
+from attnaudit.options import positive_count
 from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
 from attnaudit.runtime.measurement import PERFORMANCE_COLUMNS, capture_bytes
 from attnaudit.runtime.progress import advance, display, phase
@@ -130,15 +131,11 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
 
     Raises:
         TargetError: the target's callables fail or return the wrong shapes, or there is
-            no data. Capture errors (no attention found...) propagate.
+            no data; OptionError (a TargetError): ``limit`` or ``keep_examples`` is not a
+            whole number >= 1. Capture errors (no attention found...) propagate.
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                              or limit < 1):
-        raise ValueError(f"limit must be a positive number of examples, got {limit!r}")
-    if isinstance(keep_examples, bool) or not isinstance(keep_examples, int) \
-            or keep_examples < 1:
-        raise ValueError(f"keep_examples must be a positive number of examples, got "
-                         f"{keep_examples!r}")
+    positive_count("limit", limit)
+    positive_count("keep_examples", keep_examples, optional=False)
     target = checked_target(target)
     state = _AuditState(ValidityAnalysers(max_masked_mass, row_sum_tolerance,
                                           checks_only=checks_only),

@@ -13,6 +13,7 @@ import pandas as pd
 from attnaudit.analysis.cached_decoding import NOT_COMPARED, CachedDecoding
 from attnaudit.analysis.degenerate import DegenerateCounter
 from attnaudit.analysis.example_maps import ExampleMaps
+from attnaudit.errors import OptionError
 from attnaudit.validity.analysers import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SUM_TOLERANCE
 from attnaudit.validity.findings import Finding, describe_tolerance, site_findings
 
@@ -79,9 +80,9 @@ class ValidityAudit:
                                   ("row_sum_tolerance", row_sum_tolerance,
                                    self.row_sum_tolerance)):
             if given is not None and given != used:
-                raise ValueError(f"rows were counted at {name}={describe_tolerance(used)}; "
-                                 f"run run_validity_audit(..., {name}={given:g}) for another "
-                                 "tolerance")
+                raise OptionError(f"rows were counted at {name}={describe_tolerance(used)}; "
+                                  f"run run_validity_audit(..., {name}={given:g}) for another "
+                                  "tolerance")
         return site_findings(self.site_summary, self.sites, self.max_masked_mass,
                              dict(zip(self.sites["site"], self.sites["row_sum_tolerance"],
                                       strict=True)))

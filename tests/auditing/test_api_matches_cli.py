@@ -70,3 +70,41 @@ def test_a_saved_report_loads_back_table_for_table(name, cli_reports, api_audits
 def test_the_audit_leaves_the_model_unchanged(name, api_audits):
     _, model, before = api_audits(name)
     assert_unchanged(model, before)
+
+
+def test_python_intervene_writes_the_intervene_commands_tables(tmp_path):
+    """``attnaudit.intervene`` is ``attnaudit intervene``: the same edited heads and the
+    same CSV bytes, table for table."""
+    from attnaudit.cli import main
+    from attnaudit.targets.loading import load_target
+
+    cli = tmp_path / "cli"
+    assert main(["--quiet", "intervene", "--limit", "2", "--quick", "--head", "0",
+                 "--out", str(cli)]) == 0
+    suite = attnaudit.intervene(load_target(None), limit=2, quick=True, heads=[0],
+                                progress=False)
+    assert suite.metadata["edited_heads"] == [0]
+    api = tmp_path / "api"
+    written = {p.name for p in suite.write_csv(api)}
+    assert written == {p.name for p in cli.iterdir()} - {"manifest.json"}
+    for name in written:
+        assert (api / name).read_bytes() == (cli / name).read_bytes(), name
+    manifest = json.loads((cli / "manifest.json").read_text())
+    assert manifest["metadata"]["edited_heads"] == [0]
+    with pytest.raises(attnaudit.TargetError, match="intervene runs the intervention suite"):
+        attnaudit.intervene(load_target(None), options=attnaudit.AuditOptions(mode="checks"))
+
+
+def test_the_edited_sites_and_heads_of_an_audit_are_recorded():
+    from attnaudit.options import AuditOptions, Edits
+    from attnaudit.targets.loading import load_target
+
+    target = load_target(None)
+    given = attnaudit.audit(target, limit=1, interventions=False, progress=False,
+                            heads=[1, 0], sites=["attend:cross"])
+    assert given.manifest["options"] == {"quick": False, "limit": 1, "explorer_examples": 5,
+                                         "sites": ["attend:cross"], "heads": [1, 0]}
+    same = attnaudit.audit(target, options=AuditOptions(
+        limit=1, interventions=False, edits=Edits(sites=("attend:cross",), heads=(1, 0))),
+        progress=False)
+    assert same.manifest["options"] == given.manifest["options"]

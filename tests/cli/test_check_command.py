@@ -161,3 +161,15 @@ def test_max_masked_mass_option_sets_the_line(toy_file, capsys):
     assert "healthy" in capsys.readouterr().out
     assert attnaudit.cli.main(["check", spec, "--max-masked-mass", repr(worst * 0.999)]) == 1
     assert "masked_mass: 1 of" in capsys.readouterr().out
+
+
+def test_the_loading_flags_make_the_target_and_are_not_given_to_it_again(capsys):
+    """--batch-size, --num-beams ... go to from_hf; the audit of the target it returns does
+    not see them again (an audit of a ready target refuses from_hf options)."""
+    pytest.importorskip("transformers")
+    code = attnaudit.cli.main(["--quiet", "check", "--hf", "examples/date_transformer/model",
+                               "--data", "examples/date_transformer/audit.tsv", "--limit",
+                               "3", "--batch-size", "2", "--num-beams", "1", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert json.loads(captured.out)["examples"] == 3
