@@ -20,7 +20,17 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr_
     from attnaudit.alignments.run import align
     from attnaudit.auditing.orchestration import audit, intervene
     from attnaudit.auditing.result import Audit
-    from attnaudit.capturing import Capture, Edit, beam_path, beam_records, capture, tap
+    from attnaudit.capturing import (
+        Capture,
+        Edit,
+        ModelFacts,
+        beam_path,
+        beam_records,
+        capture,
+        register_model_facts,
+        tap,
+        unregister_model_facts,
+    )
     from attnaudit.errors import (
         AttnauditError,
         CaptureError,
@@ -30,9 +40,17 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr_
         TargetError,
     )
     from attnaudit.options import AuditMode, AuditOptions
-    from attnaudit.record import AttentionCall, AttentionRecord, Site
+    from attnaudit.record import AttentionCall, AttentionRecord, Family, Role, Site
     from attnaudit.report.capture_view import show
-    from attnaudit.targets import Batch, Expectation, Seq2SeqTarget, from_hf, load_target
+    from attnaudit.targets import (
+        AuditTarget,
+        Batch,
+        DecoderOnlyTarget,
+        Expectation,
+        Seq2SeqTarget,
+        from_hf,
+        load_target,
+    )
 
 __version__ = "0.1.0"
 
@@ -44,6 +62,8 @@ _WHERE = {
     "AttentionCall": "attnaudit.record",
     "AttentionRecord": "attnaudit.record",
     "Site": "attnaudit.record",
+    "Family": "attnaudit.record",
+    "Role": "attnaudit.record",
     "AttnauditError": "attnaudit.errors",
     "CaptureError": "attnaudit.errors",
     "EditError": "attnaudit.errors",
@@ -58,9 +78,14 @@ _WHERE = {
     "beam_records": "attnaudit.capturing",
     "capture": "attnaudit.capturing",
     "tap": "attnaudit.capturing",
+    "ModelFacts": "attnaudit.capturing",
+    "register_model_facts": "attnaudit.capturing",
+    "unregister_model_facts": "attnaudit.capturing",
     "Batch": "attnaudit.targets",
     "Expectation": "attnaudit.targets",
     "Seq2SeqTarget": "attnaudit.targets",
+    "AuditTarget": "attnaudit.targets",
+    "DecoderOnlyTarget": "attnaudit.targets",
     "from_hf": "attnaudit.targets",
     "load_target": "attnaudit.targets",
     "align": "attnaudit.alignments.run",
@@ -77,13 +102,18 @@ __all__ = [
     "Audit",
     "AuditMode",
     "AuditOptions",
+    "AuditTarget",
     "Batch",
     "Capture",
     "CaptureError",
+    "DecoderOnlyTarget",
     "Edit",
     "EditError",
     "Expectation",
+    "Family",
+    "ModelFacts",
     "NoAttentionFound",
+    "Role",
     "Seq2SeqTarget",
     "Site",
     "SiteNotFound",
@@ -96,8 +126,10 @@ __all__ = [
     "from_hf",
     "intervene",
     "load_target",
+    "register_model_facts",
     "show",
     "tap",
+    "unregister_model_facts",
 ]
 
 

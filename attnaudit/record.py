@@ -167,7 +167,7 @@ class AttentionRecord:
     @property
     def weights(self) -> torch.Tensor:
         """``(batch, heads, queries, keys)``; keys beyond a call's own key count are 0."""
-        return self._stack("weights", lambda c: c.weights, 0.0)  # type: ignore[return-value]
+        return self._stack("weights", lambda c: c.weights, 0.0)
 
     @property
     def scores(self) -> torch.Tensor | None:
@@ -220,12 +220,17 @@ class AttentionRecord:
             )
 
     def _stack(self, key: str, get: Callable[[AttentionCall], torch.Tensor | None],
-               fill: float) -> torch.Tensor | None:
+               fill: float) -> torch.Tensor:
         cached = self._stacked.get(key)
-        if cached is not None and cached[0] == len(self.calls):
+        if cached is not None and cached[0] == len(self.calls) and cached[1] is not None:
             return cached[1]
         self._check_stackable()
-        parts = [get(c) for c in self.calls]
+        parts: list[torch.Tensor] = []
+        for call in self.calls:
+            part = get(call)
+            if part is None:  # the properties stack a tensor only when every call has one
+                raise ValueError(f"site {self.name!r}: a call recorded no {key}")
+            parts.append(part)
         n_keys = max(p.shape[-1] for p in parts)
         parts = [pad_keys(p, n_keys, fill) for p in parts]
         stacked = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)

@@ -10,18 +10,21 @@ import attnaudit
 
 # Each public name and the module that defines it.
 PUBLIC = {
-    "attnaudit.record": ("AttentionCall", "AttentionRecord", "Site"),
+    "attnaudit.record": ("AttentionCall", "AttentionRecord", "Family", "Role", "Site"),
     "attnaudit.errors": ("AttnauditError", "CaptureError", "EditError", "NoAttentionFound",
                          "SiteNotFound", "TargetError"),
     "attnaudit.capturing.recorder": ("Capture", "Edit", "capture"),
     "attnaudit.capturing.tap": ("tap",),
     "attnaudit.capturing.beams": ("beam_path", "beam_records"),
+    "attnaudit.capturing.model_facts": ("ModelFacts", "register_model_facts",
+                                        "unregister_model_facts"),
     "attnaudit.options": ("AuditMode", "AuditOptions"),
     "attnaudit.auditing.orchestration": ("audit", "intervene"),
     "attnaudit.alignments.run": ("align",),
     "attnaudit.auditing.result": ("Audit",),
     "attnaudit.report.capture_view": ("show",),
-    "attnaudit.targets.contract": ("Batch", "Expectation", "Seq2SeqTarget"),
+    "attnaudit.targets.contract": ("AuditTarget", "Batch", "DecoderOnlyTarget", "Expectation",
+                                   "Seq2SeqTarget"),
     "attnaudit.targets.hf.loading": ("from_hf",),
     "attnaudit.targets.loading": ("load_target",),
 }

@@ -131,14 +131,17 @@ class Audit:
                                   f"attnaudit.audit(..., {name}={given:g}) for another "
                                   "tolerance")
         sites = self.tables["sites"]
+        max_masked = thresholds["max_masked_mass"]
+        if max_masked is None:
+            raise AuditError("this audit recorded no masked-mass tolerance (written by an "
+                             "older attnaudit); re-run the audit")
         if self.validity is not None:
             findings = self.validity.findings() + input_findings(self.validity.degenerate)
         elif "row_sum_tolerance" not in sites.columns:
             raise AuditError("this report's sites table has no per-site row-sum tolerance "
                              "(written by an older attnaudit); re-run the audit")
         else:
-            findings = site_findings(self.tables["site_summary"], sites,
-                                     thresholds["max_masked_mass"],
+            findings = site_findings(self.tables["site_summary"], sites, max_masked,
                                      dict(zip(sites["site"], sites["row_sum_tolerance"],
                                               strict=True)))
             recorded = self.manifest.get("input_rows")
@@ -146,8 +149,7 @@ class Audit:
                 findings += input_findings(DegenerateCounter(recorded["rows"],
                                                              recorded["degenerate"]))
         return GateResult(self.target, int(self.manifest["data"]["examples"]), sites,
-                          findings, thresholds["max_masked_mass"],
-                          thresholds["row_sum_tolerance"])
+                          findings, max_masked, thresholds["row_sum_tolerance"])
 
     def figure_names(self) -> list[str]:
         """The names :meth:`figure` accepts: the report's figures for this audit."""

@@ -35,6 +35,7 @@ def align_command(args: argparse.Namespace) -> int:
     options = AttributionOptions.variant(args.attribution_variant)
     target = load_cli_target(args)
     if several:
+        assert gold is not None  # several settings without --gold were refused above
         table = aer_table(target, gold, args.measure, units=args.units, conventions=conventions,
                           layer=None if args.layer == ALL else args.layer, limit=args.limit,
                           attribution=options, max_memory=max_memory)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from attnaudit.analysis.degenerate import describe_counts
@@ -15,7 +17,7 @@ SUITE_TABLES = ("summary", "permutation_bins", "zeroing_flips", "cumulative_summ
 
 def print_suite(suite: InterventionSuite) -> None:
     """The summary tables, with the Jain & Wallace reference values beside ours."""
-    meta = suite.metadata
+    meta: dict[str, Any] = dict(suite.metadata)
     print(f"target {meta['target']}: {meta['examples']} examples, {meta['rows']} rows; "
           f"edited sites {meta['sites']}, heads {meta['edited_heads']}; seed {meta['seed']}")
     print(f"variant: {meta['protocol']}; attention = {meta['attention']}")

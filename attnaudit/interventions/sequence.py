@@ -105,7 +105,7 @@ def _zeroing_jobs(ref: Reference, rows: RowIndex) -> list[_Job]:
     keep = other >= 0
     rows, top, other = rows.select(keep), top[keep], other[keep]
     eligible = ref.eligible[rows.example, rows.step]
-    jobs = []
+    jobs: list[_Job] = []
     for protocol, keys in (("zero_top", top), ("zero_random", other)):
         remove = torch.zeros_like(eligible)
         remove[torch.arange(len(rows)), keys] = True

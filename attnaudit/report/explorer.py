@@ -114,12 +114,17 @@ def _view(example: ExampleMaps, name: str, role: str, sites: list[str]) -> View:
     measures = {n: _stack([m.weights if n == WEIGHTS else m.measures.get(n) for m in maps],
                           first.weights.shape) for n in names}
     title = role_title(example.family, role)
-    known = all(m.eligible is not None for m in maps)
     return View(name, role, title, QUERY_AXES.get(role, STEP_AXIS), sites,
                 list(first.query_labels), list(first.key_labels), measures,
-                np.stack([m.eligible for m in maps]) if known else None,
-                np.stack([m.row_sum for m in maps]) if known else None,
-                np.stack([m.masked_mass for m in maps]) if known else None)
+                _stack_known([m.eligible for m in maps]),
+                _stack_known([m.row_sum for m in maps]),
+                _stack_known([m.masked_mass for m in maps]))
+
+
+def _stack_known(arrays: list[np.ndarray | None]) -> np.ndarray | None:
+    """The layers' arrays stacked on a new first axis; None when a layer's is not known."""
+    known = [a for a in arrays if a is not None]
+    return np.stack(known) if len(known) == len(arrays) else None
 
 
 def _stack(arrays: list[np.ndarray | None], shape: tuple[int, ...]) -> np.ndarray:
@@ -201,14 +206,14 @@ def _view_payload(view: View, encoding: str, max_masked_mass: float | None,
         "shape": list(weights.shape),
         "measures": {n: encode(a, encoding) for n, a in view.measures.items()},
         "ineligible": None, "masked_cells": [], "failing_rows": []}
-    if view.eligible is None:
-        return out
+    if view.eligible is None or view.row_sum is None or view.masked_mass is None:
+        return out  # the three are known together or not at all
     out["ineligible"] = _bits(~view.eligible)
     masked = np.argwhere(~view.eligible & (weights > 0))
     out["masked_cells"] = masked.tolist()
     tolerance = np.array([row_sum_tolerance.get(s, np.inf) for s in view.sites])[:, None, None]
     sum_bad = ~(np.abs(view.row_sum - 1.0) <= tolerance)  # NaN sums fail too
-    mass_bad = (view.masked_mass > max_masked_mass if max_masked_mass is not None
+    mass_bad = (np.greater(view.masked_mass, max_masked_mass) if max_masked_mass is not None
                 else np.zeros_like(sum_bad))
     for layer, head, query in np.argwhere(sum_bad | mass_bad):
         out["failing_rows"].append({

@@ -36,7 +36,7 @@ from attnaudit.record import AttentionRecord, Role, Site
 from attnaudit.targets.contract import Batch
 
 # The sites table's ``eligibility`` entry per role; any other role gets CAPTURED_RULE.
-DECLARED_RULES = {
+DECLARED_RULES: dict[str, str] = {  # by role (a Role is its string)
     Role.CROSS: "declared: real source tokens",
     Role.ENCODER_SELF: "declared: real source tokens",
     Role.DECODER_SELF: "declared: causal",

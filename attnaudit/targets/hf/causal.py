@@ -53,7 +53,6 @@ from functools import cached_property
 from typing import Any
 
 import torch
-from torch import nn
 
 from attnaudit.capturing.views import prompt_views
 from attnaudit.errors import TargetError
@@ -104,7 +103,7 @@ class CausalLM:
     how continuations are decoded. limit: prompt tokens kept (the last ones), or None.
     """
 
-    model: nn.Module
+    model: Any  # a transformers PreTrainedModel: generate(), get_input_embeddings(), config
     tokenizer: Any
     decoding: Decoding
     limit: int | None = None
@@ -116,6 +115,15 @@ class CausalLM:
         if isinstance(eos, list | tuple):
             return eos[0] if eos else None
         return eos
+
+    @property
+    def end_id(self) -> int:
+        """:attr:`eos_id`, which a causal target cannot be built without."""
+        if self.eos_id is None:
+            raise TargetError(f"{type(self.model).__name__}: a causal LM target needs an "
+                              "end-of-sequence id (tokenizer.eos_token_id or "
+                              "config.eos_token_id)")
+        return self.eos_id
 
     @cached_property
     def own(self) -> OwnInput:
@@ -163,7 +171,7 @@ class CausalLM:
         marks one), right-padded with the end-of-sequence id."""
         rows = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
         width = max([1, *(len(row) for row in rows)])
-        out = torch.full((len(rows), width), self.eos_id, dtype=torch.long)
+        out = torch.full((len(rows), width), self.end_id, dtype=torch.long)
         for at, row in enumerate(rows):
             out[at, : len(row)] = torch.tensor(row, dtype=torch.long)
         return out
@@ -192,7 +200,7 @@ class CausalLM:
 
     def _finished(self, emitted: torch.Tensor) -> torch.Tensor:
         """``emitted`` (B, T) as the model is given it (:meth:`OwnInput.finished`)."""
-        return self.own.finished(emitted, self.eos_id)
+        return self.own.finished(emitted, self.end_id)
 
     def _inputs(self, ids: torch.Tensor, prefix: torch.Tensor) -> dict[str, torch.Tensor]:
         """The forward's input for prompt ``ids`` (B, P) + ``prefix`` (B, T-1): ids for a

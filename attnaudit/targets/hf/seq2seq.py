@@ -43,7 +43,7 @@ class Seq2SeqLM:
     first ones), or None.
     """
 
-    model: nn.Module
+    model: Any  # a transformers PreTrainedModel: get_encoder(), generate(), config
     tokenizer: Any
     decoding: Decoding
     limit: int | None = None
@@ -102,6 +102,9 @@ class Seq2SeqLM:
 
     def _decoder_inputs(self, emitted: torch.Tensor) -> torch.Tensor:
         """(B, T): the start token, then ``emitted[:, :-1]``."""
+        if self.start_id is None:
+            raise TargetError(f"{type(self.model).__name__}: its config names no "
+                              "decoder_start_token_id, so teacher forcing has no first input")
         return torch.cat([torch.full_like(emitted[:, :1], self.start_id), emitted[:, :-1]],
                          dim=1)
 
@@ -177,7 +180,7 @@ class Seq2SeqLM:
             unk_id=self.tokenizer.unk_token_id, decoding=self.decoding)
 
 
-def _source_embedding(model: nn.Module) -> nn.Module:
+def _source_embedding(model: Any) -> nn.Module:
     """The module embedding the source: the encoder's own input embedding where it says
     which (FSMT's encoder only has ``embed_tokens``), else the model's."""
     encoder = model.get_encoder()
@@ -188,7 +191,7 @@ def _source_embedding(model: nn.Module) -> nn.Module:
         return embed if isinstance(embed, nn.Module) else model.get_input_embeddings()
 
 
-def _decoder_embedding(model: nn.Module) -> nn.Module | None:
+def _decoder_embedding(model: Any) -> nn.Module | None:
     """The module embedding the decoder's input tokens (FSMT's decoder only has
     ``embed_tokens``), or None when the decoder names none."""
     decoder = model.get_decoder()
