@@ -145,10 +145,18 @@ def block_of(site: SiteTrace, projection: Projection) -> Block | str:
     if before and before[-1].output is not None and before[-1].output.shape == call.inputs.shape \
             and _relative(before[-1].output, call.inputs.float()) <= 1e-6:
         candidates["pre"] = before[-1].inputs
+    # the residual is added to the attention's output, so it has its shape; a hybrid layer
+    # whose attention reads more than the stream (Zamba: the hidden state beside the input
+    # embeddings) has no such input
+    candidates = {k: v for k, v in candidates.items() if v is not None and v.shape == out.shape}
+    if not candidates:
+        return (f"the attention in {site.layer} reads an input of shape "
+                f"{tuple(call.inputs.shape)}, not its output's {tuple(out.shape)}, so no "
+                "residual stream runs through it for the block to decompose")
     z = nxt.inputs.float()
     if _relative(z, out) <= 1e-6 and nxt.output is not None:
         # the norm takes the attention's own output: y = x + N(attention)
-        residual = candidates.get("pre", call.inputs).float()
+        residual = candidates["pre" if "pre" in candidates else "post"].float()
         scale, gamma, beta, centred, _ = _linearised(nxt)
         return Block("sandwich", residual, residual + nxt.output.float(), scale, gamma, beta,
                      centred)
