@@ -150,18 +150,20 @@ def _need(result: Contributions, names: Sequence[str], have: Mapping[str, object
 
 
 def _check_square(traced: Trace, names: Sequence[str]) -> None:
-    """Refuse self-attention sites whose keys are not the sequence's positions, one per query
-    (keys beyond the queries: memory slots, or a layer attending over more than the pass
-    holds), which no chain of per-layer blocks over the positions can compose."""
+    """Refuse self-attention sites whose query rows and keys are not the sequence's positions,
+    one row per key (a site run several times in one pass stacks its rows, as HRM's
+    recurrent modules do; memory slots add keys), which no chain of per-layer blocks over
+    the positions composes."""
     positions = int(traced.query_mask[Role.SELF].shape[1]) if Role.SELF in traced.query_mask \
         else None
-    odd = [f"{n} ({tuple(traced.sites[n].weights.shape[-2:])})" for n in names
+    odd = [f"{n} ({traced.sites[n].weights.shape[-2]} query rows, "
+           f"{traced.sites[n].weights.shape[-1]} keys)" for n in names
            if traced.sites[n].weights.shape[-1] != traced.sites[n].weights.shape[-2]
            or (positions is not None and traced.sites[n].weights.shape[-1] != positions)]
     if odd:
         raise ContributionError(
             "composition needs every self-attention site to map the sequence's positions "
-            f"onto themselves (queries x keys of one size); these do not: {', '.join(odd)}")
+            f"onto themselves, one query row per key; these do not: {'; '.join(odd)}")
 
 
 def composed(result: Contributions, blocks: Callable[[str], torch.Tensor]) -> Composed:

@@ -95,6 +95,47 @@ def test_suite_on_the_date_bart_against_eager_attention_and_direct_maps():
     assert table.loc["value_norm", "top_differs_from_weights"] == pytest.approx(np.mean(differ))
 
 
+def _eager_bart_value_zeroing(batch, emitted) -> torch.Tensor:
+    """(B, T, S) the date BART's value zeroing from Hugging Face's own eager forward: per
+    decoder layer l and source key j, the cosine distance of layer l's output when the
+    cross-attention's value of key j is set to 0 (its ``v_proj`` output row, bias
+    included), averaged over the layers."""
+    from attnaudit_examples.date_transformer.model import MODEL_DIR
+
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
+        MODEL_DIR, attn_implementation="eager").eval()
+    start = torch.full_like(emitted[:, :1], model.config.decoder_start_token_id)
+    inputs = {"input_ids": batch.source_ids, "attention_mask": batch.source_mask.long(),
+              "decoder_input_ids": torch.cat([start, emitted[:, :-1]], 1)}
+    layers = model.model.decoder.layers
+
+    def layer_output(layer, key=None) -> torch.Tensor:
+        seen: list[torch.Tensor] = []
+        handles = [layer.register_forward_hook(
+            lambda m, a, out: seen.append(out[0] if isinstance(out, tuple) else out))]
+        if key is not None:
+            def zero(m, a, out):
+                out = out.clone()
+                out[:, key] = 0.0
+                return out
+            handles.append(layer.encoder_attn.v_proj.register_forward_hook(zero))
+        try:
+            with torch.no_grad():
+                model(**inputs)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return seen[0].double()
+
+    per_layer = []
+    for layer in layers:
+        plain = layer_output(layer)
+        per_layer.append(torch.stack([
+            1 - torch.nn.functional.cosine_similarity(layer_output(layer, j), plain, dim=-1)
+            for j in range(batch.source_ids.shape[1])], -1))
+    return torch.stack(per_layer).mean(0)
+
+
 def test_a_full_audit_compares_value_zeroing_too():
     from attnaudit.auditing.contribution_suite import add_contribution_parts
     from attnaudit.interventions.reference_run import reference
@@ -109,13 +150,13 @@ def test_a_full_audit_compares_value_zeroing_too():
     measures = parts["contribution_measures"][0]
     assert list(measures["measure"]) == ["value_norm", "alti", "rollout", "value_zeroing"]
     rows = parts["top_keys"][0]
-    zeroed = measure_maps(target, batch, ref.emitted, ("value_zeroing",))["value_zeroing"]
-    zeroed = zeroed.mean(1)
+    zeroed = _eager_bart_value_zeroing(batch, ref.emitted)
     keys = target.explain_keys(batch)
     for row in rows.itertuples(index=False):
         eligible = keys[row.example].nonzero().squeeze(1)
-        expected = int(eligible[zeroed[row.example, row.step, eligible].argmax()])
-        assert row.top_value_zeroing == expected
+        values = zeroed[row.example, row.step, eligible]
+        # the top key, or one the reference puts within rounding of it (a tie)
+        assert values[eligible.tolist().index(row.top_value_zeroing)] >= values.max() - 1e-6
 
 
 def _hand_value_zeroing(model, batch, emitted) -> torch.Tensor:

@@ -79,3 +79,20 @@ def test_a_hybrid_layer_whose_attention_reads_more_than_the_stream_says_why(arch
     assert all(torch.isfinite(m).all() for m in maps.values())
     with pytest.raises(ContributionError, match=r"alti cannot be computed for .*reads an input"):
         measure_maps(target, batch, emitted, ["alti"])
+
+
+def test_self_attention_run_several_times_per_pass_is_not_composed_and_says_why(tmp_path):
+    # HRM runs each attention module several times in one pass (its recurrent modules), so
+    # a site's rows stack the runs: rollout cannot compose them, the weights are still read
+    from attnaudit.contributions import measure_maps_or_reasons
+    from tests.helpers.tiny_causal import tiny_causal_checkpoint
+
+    folder, tokenizer = tiny_causal_checkpoint("hrm_text", tmp_path)
+    target = from_hf(folder, SOURCES, tokenizer=tokenizer, max_new_tokens=NEW_TOKENS)
+    batch = next(target.iter_batches())
+    emitted = target.greedy(batch)
+    maps, reasons = measure_maps_or_reasons(target, batch, emitted, ("weights", "rollout"))
+    assert set(maps) == {"weights"} and set(reasons) == {"rollout"}
+    positions = batch.source_ids.shape[1] + emitted.shape[1] - 1
+    assert reasons["rollout"].startswith("composition needs every self-attention site")
+    assert f"query rows, {positions} keys)" in reasons["rollout"]
