@@ -49,6 +49,11 @@ ROW_SUM_GATE = "tests/validity/test_row_sum_gate.py"
 REPORT = "tests/report/test_report_date.py"
 ALIGNMENT = "tests/examples/test_alignment_audit.py::test_date_numbers_match_a_hand_written_decoder"
 TORCHRUN = "tests/runtime/test_torchrun.py::test_two_ranks_write_the_single_process_report"
+CONTRIBUTION_SUITE = "tests/auditing/test_contribution_suite.py"
+SINK_PADDING = ("tests/contributions/test_rollout_zeroing_sinks.py::test_the_sink_table_leaves_"
+                "padded_query_rows_and_keys_out_as_a_per_example_count")
+LSTM_CONTRIBUTIONS = (CONTRIBUTION_SUITE + "::test_the_date_lstm_computes_value_zeroing_and_says_"
+                      "why_not_for_the_rest")
 
 
 @dataclass(frozen=True)
@@ -256,6 +261,48 @@ MUTATIONS = (
              "the declared source rule", "attnaudit/testing.py",
              "wrong_axis = keys_before_queries(record.site.layout)", "wrong_axis = False",
              ("tests/validity/test_testing_helper.py",)),
+    Mutation("suite_reads_first_layer", "the suite reads composed measures (ALTI, rollout) "
+             "after the first layer, not the last", "attnaudit/auditing/contribution_suite.py",
+             "return {m: (found.mean(1) if m in PER_LAYER else found[:, -1])[..., :n_keys]",
+             "return {m: (found.mean(1) if m in PER_LAYER else found[:, 0])[..., :n_keys]",
+             (CONTRIBUTION_SUITE + "::test_the_suite_reads_rollout_after_the_last_layer_as_an_"
+              "eager_numpy_rollout",)),
+    Mutation("zeroing_first_example", "value zeroing re-runs the first example for every "
+             "example of the batch", "attnaudit/contributions/zeroing.py",
+             "copies = batch.select([b]).repeat(count)",
+             "copies = batch.select([0]).repeat(count)", (LSTM_CONTRIBUTIONS,)),
+    Mutation("one_measure_fails_all", "one measure that cannot be computed marks every measure "
+             "not computed", "attnaudit/auditing/contribution_suite.py",
+             '[{"measure": m, "reading": READINGS[m], "status": "computed" if m in found else',
+             '[{"measure": m, "reading": READINGS[m], "status": "computed" if not reasons else',
+             (LSTM_CONTRIBUTIONS,)),
+    Mutation("alti_residual_shape_unchecked", "ALTI takes an attention input of another width "
+             "than its output as the residual (Zamba)", "attnaudit/contributions/alti.py",
+             "candidates = {k: v for k, v in candidates.items() if v is not None and v.shape == "
+             "out.shape}", "candidates = {k: v for k, v in candidates.items() if v is not None}",
+             ("tests/contributions/test_architectures.py::test_a_hybrid_layer_whose_attention_"
+              "reads_more_than_the_stream_says_why",)),
+    Mutation("rollout_stacked_rows", "rollout composes a site whose rows stack several runs",
+             "attnaudit/contributions/measures.py", "        _check_square(traced, names)",
+             "        pass", ("tests/contributions/test_architectures.py::test_self_attention_"
+                              "run_several_times_per_pass_is_not_composed_and_says_why",)),
+    Mutation("sink_padded_rows_over", "the sink table counts padded query rows over the "
+             "share", "attnaudit/contributions/sinks.py",
+             "over = ((at_top[..., 0] > SINK_SHARE) & (rows[:, None] > 0)).sum(-1).float()",
+             "over = (at_top[..., 0] > SINK_SHARE).sum(-1).float()", (SINK_PADDING,)),
+    Mutation("sink_padded_keys_norm", "the sink table's mean value norm over padded keys too",
+             "attnaudit/contributions/sinks.py",
+             "mean = (norms * eligible).sum(-1) / eligible.sum(-1).clamp_min(1)",
+             "mean = norms.mean(-1)", (SINK_PADDING,)),
+    Mutation("sink_padded_rows_mass", "the sink table's mass averaged over padded query rows",
+             "attnaudit/contributions/sinks.py",
+             "rows = keys.query_mask.to(weights.device).float()  # (B, Q)",
+             "rows = torch.ones_like(keys.query_mask, device=weights.device).float()",
+             (SINK_PADDING,)),
+    Mutation("meta_mha_compares_data", "MHA on the meta device: keys compared by data",
+             "attnaudit/capturing/mha.py", "    if query.is_meta or key.is_meta:",
+             "    if False:", ("tests/capturing/test_unusable_models.py::test_meta_model_with_"
+                               "separate_keys_is_captured_shape_only",)),
 )
 
 

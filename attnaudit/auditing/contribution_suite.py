@@ -17,8 +17,10 @@ the mean rank agreement with leave-one-out.
 A target with ``gold_alignments`` also gets ``alignment_aer``: the alignment error rate of
 every measure's map (token units, both step conventions; :mod:`attnaudit.alignments`).
 
-A target the measures cannot be computed for (additive attention without values, no output
-projection) gets ``contribution_measures`` rows saying why, and no contribution numbers.
+Each measure is computed on its own: one a target cannot give (additive attention without
+values, no output projection, a hybrid layer whose attention is not a residual block) gets
+its ``contribution_measures`` row saying why, in words and per site, and no numbers; the
+other measures and the rest of the report are written as usual.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from attnaudit.alignments.extract import links_from_maps
 from attnaudit.alignments.pharaoh import parse_line
 from attnaudit.alignments.units import CONVENTIONS, batch_units
 from attnaudit.attribution.agreement import ATTENTION, LOO, agreement, summarise_agreement
-from attnaudit.contributions import contributions, measure_maps, sink_table
+from attnaudit.contributions import contributions, measure_maps_or_reasons, sink_table
 from attnaudit.errors import AttnauditError
 from attnaudit.interventions.reference_run import Reference
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
@@ -60,15 +62,16 @@ def _add(parts: _Parts, name: str, frame: pd.DataFrame) -> None:
 
 def contribution_importances(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                              measures: tuple[str, ...] = CONTRIBUTION_MEASURES
-                             ) -> tuple[dict[str, torch.Tensor], str | None]:
-    """Measure -> (B, T, n) key-level map (module docstring), or ({}, why not)."""
+                             ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Measure -> (B, T, n) key-level map (module docstring) of the measures that could be
+    computed, and measure -> why not (in words) of the others."""
     try:
-        maps = measure_maps(target, batch, emitted, measures)
-    except AttnauditError as exc:
-        return {}, str(exc)
+        maps, reasons = measure_maps_or_reasons(target, batch, emitted, measures)
+    except AttnauditError as exc:  # no measure can be read: the same reason for each
+        return {}, dict.fromkeys(measures, str(exc))
     n_keys = batch.source_ids.shape[1]  # a decoder-only model's maps go on to the prefix
     return {m: (found.mean(1) if m in PER_LAYER else found[:, -1])[..., :n_keys].float().cpu()
-            for m, found in maps.items()}, None
+            for m, found in maps.items()}, reasons
 
 
 def top_keys(importances: Mapping[str, torch.Tensor], keys: torch.Tensor,
@@ -146,10 +149,10 @@ def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
     zeroing: compare value zeroing too.
     """
     measures = CONTRIBUTION_MEASURES + ((ZEROING,) if zeroing else ())
-    found, reason = contribution_importances(target, batch, ref.emitted, measures)
+    found, reasons = contribution_importances(target, batch, ref.emitted, measures)
     _add(parts, "contribution_measures", pd.DataFrame(
-        [{"measure": m, "reading": READINGS[m], "status": "computed" if found else
-          "not applicable", "reason": reason or ""} for m in measures]))
+        [{"measure": m, "reading": READINGS[m], "status": "computed" if m in found else
+          "not applicable", "reason": reasons.get(m, "")} for m in measures]))
     every = {**importances, **found}
     keys = target.explain_keys(batch)
     rows = top_keys(every, keys, ref.steps)

@@ -57,7 +57,8 @@ def _pre_hook(cap: ActiveCapture):
 
 def _kind(module: nn.MultiheadAttention, query: Any, key: Any) -> str:
     """``self`` when the keys are the queries' own data — the same tensor, a separately
-    permuted copy of it, or a cache whose last positions are the queries — else ``cross``."""
+    permuted copy of it, or a cache whose last positions are the queries — else ``cross``.
+    On the meta device (shapes, no data) only the same tensor is ``self``."""
     if query is key:
         return "self"
     if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
@@ -66,6 +67,8 @@ def _kind(module: nn.MultiheadAttention, query: Any, key: Any) -> str:
     n = query.shape[seq]
     if key.shape[:seq] != query.shape[:seq] or key.shape[seq + 1:] != query.shape[seq + 1:] \
             or key.shape[seq] < n:
+        return "cross"
+    if query.is_meta or key.is_meta:  # shapes only, no data to compare: not the same tensor
         return "cross"
     return "self" if torch.equal(key.narrow(seq, key.shape[seq] - n, n), query) else "cross"
 

@@ -17,9 +17,10 @@ from attnaudit.contributions.measures import (
     alti_plus,
     contributions,
     measure_maps,
+    measure_maps_or_reasons,
     rollout,
 )
 from attnaudit.contributions.sinks import sink_table
 
 __all__ = ["ALL_MEASURES", "MEASURES", "Composed", "Contributions", "alti_plus",
-           "contributions", "measure_maps", "rollout", "sink_table"]
+           "contributions", "measure_maps", "measure_maps_or_reasons", "rollout", "sink_table"]

@@ -141,21 +141,27 @@ def block_of(site: SiteTrace, projection: Projection) -> Block | str:
     if out.shape != nxt.inputs.shape:
         return (f"the attention's output {tuple(out.shape)} is not the shape of the next "
                 f"norm's input {tuple(nxt.inputs.shape)} in {site.layer}")
-    candidates = {"post": call.inputs}
+    candidates: dict[str, torch.Tensor | None] = {"post": call.inputs}
     before = [n for n in norms if n.order < call.order]
     if before and before[-1].output is not None and before[-1].output.shape == call.inputs.shape \
             and _relative(before[-1].output, call.inputs.float()) <= 1e-6:
-        pre_input = before[-1].inputs
-        assert pre_input is not None  # a norm call seen with its output but no tensor input
-        candidates["pre"] = pre_input
+        candidates["pre"] = before[-1].inputs
+    # the residual is added to the attention's output, so it has its shape; a hybrid layer
+    # whose attention reads more than the stream (Zamba: the hidden state beside the input
+    # embeddings) has no such input
+    shaped = {k: v for k, v in candidates.items() if v is not None and v.shape == out.shape}
+    if not shaped:
+        return (f"the attention in {site.layer} reads an input of shape "
+                f"{tuple(call.inputs.shape)}, not its output's {tuple(out.shape)}, so no "
+                "residual stream runs through it for the block to decompose")
     z = nxt.inputs.float()
     if _relative(z, out) <= 1e-6 and nxt.output is not None:
         # the norm takes the attention's own output: y = x + N(attention)
-        residual = candidates.get("pre", call.inputs).float()
+        residual = shaped["pre" if "pre" in shaped else "post"].float()
         scale, gamma, beta, centred, _ = _linearised(nxt.module, z, nxt.output.float())
         return Block("sandwich", residual, residual + nxt.output.float(), scale, gamma, beta,
                      centred)
-    placement, residual = min(candidates.items(),
+    placement, residual = min(shaped.items(),
                               key=lambda item: _relative(item[1].float() + out, z))
     residual = residual.float()
     if placement == "pre":

@@ -136,11 +136,34 @@ def sites_by_role(traced: Trace, role: Role) -> list[str]:
 
 
 def _need(result: Contributions, names: Sequence[str], have: Mapping[str, object],
-          measure: str) -> None:
-    missing = {n: result.reasons.get(n, "not computed") for n in names if n not in have}
-    if missing:
-        raise ContributionError(f"{measure} cannot be computed for "
-                                f"{result.trace.target.name}: {missing}")
+          what: str) -> None:
+    """Raise a ContributionError saying, in words, which sites lack ``what`` and why (sites
+    that share a reason named together)."""
+    by_reason: dict[str, list[str]] = {}
+    for name in names:
+        if name not in have:
+            by_reason.setdefault(result.reasons.get(name, "not computed"), []).append(name)
+    if by_reason:
+        raise ContributionError("; ".join(
+            f"no {what} at {', '.join(sites)}, because {why}"
+            for why, sites in by_reason.items()))
+
+
+def _check_square(traced: Trace, names: Sequence[str]) -> None:
+    """Refuse self-attention sites whose query rows and keys are not the sequence's positions,
+    one row per key (a site run several times in one pass stacks its rows, as HRM's
+    recurrent modules do; memory slots add keys), which no chain of per-layer blocks over
+    the positions composes."""
+    positions = int(traced.query_mask[Role.SELF].shape[1]) if Role.SELF in traced.query_mask \
+        else None
+    odd = [f"{n} ({traced.sites[n].weights.shape[-2]} query rows, "
+           f"{traced.sites[n].weights.shape[-1]} keys)" for n in names
+           if traced.sites[n].weights.shape[-1] != traced.sites[n].weights.shape[-2]
+           or (positions is not None and traced.sites[n].weights.shape[-1] != positions)]
+    if odd:
+        raise ContributionError(
+            "composition needs every self-attention site to map the sequence's positions "
+            f"onto themselves, one query row per key; these do not: {'; '.join(odd)}")
 
 
 def composed(result: Contributions, blocks: Callable[[str], torch.Tensor]) -> Composed:
@@ -150,6 +173,7 @@ def composed(result: Contributions, blocks: Callable[[str], torch.Tensor]) -> Co
     steps = int(traced.emitted.shape[1])
     if traced.causal:
         names = sites_by_role(traced, Role.SELF)
+        _check_square(traced, names)
         full = compose([blocks(n) for n in names])
         rows = [r[:, traced.prompt - 1 : traced.prompt - 1 + steps] for r in full]
         stacked = torch.stack(rows, dim=1)
@@ -162,8 +186,8 @@ def composed(result: Contributions, blocks: Callable[[str], torch.Tensor]) -> Co
             traced.sites[s].layer != traced.sites[c].layer for s, c in zip(selfs, crosses,
                                                                            strict=False)):
         raise ContributionError(
-            f"{traced.target.name}: composition needs encoder self-attention and, in every "
-            f"decoder layer, one self- and one cross-attention site; found {list(traced.sites)}")
+            "composition needs encoder self-attention and, in every decoder layer, one self- "
+            f"and one cross-attention site; found {', '.join(traced.sites)}")
     layers = compose_decoder([blocks(n) for n in selfs], [blocks(n) for n in crosses],
                              encoder[-1])
     stacked = torch.stack(layers, dim=1)
@@ -174,7 +198,7 @@ def composed(result: Contributions, blocks: Callable[[str], torch.Tensor]) -> Co
 
 def alti_plus(result: Contributions) -> Composed:
     """ALTI composed across layers (ALTI+ for an encoder-decoder)."""
-    _need(result, list(result.trace.sites), result.blocks, "ALTI")
+    _need(result, list(result.trace.sites), result.blocks, "ALTI decomposition")
     return composed(result, lambda name: result.blocks[name].contributions)
 
 
@@ -196,7 +220,7 @@ def _steps(traced: Trace, per_site: torch.Tensor) -> torch.Tensor:
         return per_site[:, traced.prompt - 1 : traced.prompt - 1 + steps]
     if per_site.shape[1] != steps:
         raise ContributionError(
-            f"{traced.target.name}: a cross-attention site has {per_site.shape[1]} query rows "
+            f"a cross-attention site has {per_site.shape[1]} query rows "
             f"for {steps} steps (e.g. ProphetNet's n-gram streams), so its rows are not one "
             "per step; per-step maps are not defined for it")
     return per_site
@@ -240,39 +264,64 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
     block). ALTI's exactness checks are in :func:`contributions`' result; a site whose
     decomposition does not re-sum to its real output is warned about, by name.
     """
+    maps, reasons = measure_maps_or_reasons(target, batch, emitted, measures,
+                                            projections=projections)
+    if reasons:
+        raise ContributionError("; ".join(f"{m} cannot be computed for {target.name}: {why}"
+                                          for m, why in reasons.items()))
+    return maps
+
+
+def measure_maps_or_reasons(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
+                            measures: Sequence[str] = MEASURES, *,
+                            projections: Mapping[str, nn.Module] | None = None
+                            ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """:func:`measure_maps`, measure by measure from one traced pass: the maps of the measures
+    that could be computed, and for each one that could not, why, in words (which sites
+    lack what). Raises :class:`~attnaudit.errors.ContributionError` only where no measure
+    can be read at all (unknown measures, the pass cannot be traced, no reading site)."""
     unknown = [m for m in measures if m not in ALL_MEASURES]
     if unknown:
         raise ContributionError(f"unknown measures {unknown}; known: {list(ALL_MEASURES)}")
     result = contributions(target, batch, emitted, projections=projections,
                            alti=bool({"alti", "alti_layer"} & set(measures)))
     traced = result.trace
-    failing = [c.site for c in result.checks if c.status != "pass"]
-    if failing and result.blocks:
-        warnings.warn(f"attnaudit: ALTI's decomposition does not re-sum to the real output at "
-                      f"{failing} (contributions(...).checks says why); their maps are "
-                      "approximate", stacklevel=2)
     reading = _reading_sites(traced)
     if not reading:
         raise ContributionError(
-            f"{target.name}: no {traced.reading_role}-attention site reads "
-            f"the source (sites found: {list(traced.sites)}), so there is no per-step map")
+            f"{target.name}: no {traced.reading_role}-attention site reads the source "
+            f"(sites found: {', '.join(traced.sites) or 'none'}), so there is no per-step map")
     maps: dict[str, torch.Tensor] = {}
+    reasons: dict[str, str] = {}
     for measure in measures:
-        if measure == "weights":
-            per = [_steps(traced, traced.sites[n].weights.mean(1)) for n in reading]
-        elif measure == "value_norm":
-            _need(result, reading, result.value_norms, "value_norm")
-            per = [_steps(traced, result.value_norms[n].summed) for n in reading]
-        elif measure == "alti_layer":
-            _need(result, reading, result.blocks, "alti_layer")
-            keys = traced.key_ids[traced.reading_role].shape[1]
-            per = [_steps(traced, result.blocks[n].contributions[..., :keys]) for n in reading]
-        elif measure in ("alti", "rollout"):
-            done = alti_plus(result) if measure == "alti" else rollout(result)
-            both = torch.cat([done.source, done.prefix], -1) if traced.causal else done.source
-            per = list(both.unbind(1))
-        else:
-            zeroed = value_zeroing(traced, reading)
-            per = [_steps(traced, zeroed[n]) for n in reading]
-        maps[measure] = torch.stack(per, dim=1).float()
-    return maps
+        try:
+            maps[measure] = torch.stack(_per_layer(result, measure, reading), dim=1).float()
+        except ContributionError as exc:  # this measure only: the others are still read
+            reasons[measure] = str(exc)
+    failing = [c.site for c in result.checks if c.status != "pass" and c.site in result.blocks]
+    if failing and {"alti", "alti_layer"} & set(maps):
+        warnings.warn(f"attnaudit: ALTI's decomposition does not re-sum to the real output at "
+                      f"{failing} (contributions(...).checks says why); their maps are "
+                      "approximate", stacklevel=3)
+    return maps, reasons
+
+
+def _per_layer(result: Contributions, measure: str, reading: list[str]) -> list[torch.Tensor]:
+    """One measure's (B, T, S) map per layer (:func:`measure_maps`), or ContributionError
+    saying why it cannot be computed."""
+    traced = result.trace
+    if measure == "weights":
+        return [_steps(traced, traced.sites[n].weights.mean(1)) for n in reading]
+    if measure == "value_norm":
+        _need(result, reading, result.value_norms, "value norms")
+        return [_steps(traced, result.value_norms[n].summed) for n in reading]
+    if measure == "alti_layer":
+        _need(result, reading, result.blocks, "ALTI decomposition")
+        keys = traced.key_ids[traced.reading_role].shape[1]
+        return [_steps(traced, result.blocks[n].contributions[..., :keys]) for n in reading]
+    if measure in ("alti", "rollout"):
+        done = alti_plus(result) if measure == "alti" else rollout(result)
+        both = torch.cat([done.source, done.prefix], -1) if traced.causal else done.source
+        return list(both.unbind(1))
+    zeroed = value_zeroing(traced, reading)
+    return [_steps(traced, zeroed[n]) for n in reading]

@@ -94,9 +94,8 @@ def output_projection(site: SiteTrace, declared: nn.Module | None = None
         call = site.linears[best]
         matrix, bias = affine_map(call.module, d_in)
         return Projection(best, matrix.reshape(heads, width, -1), bias, call.output)
-    tried = list(errors)
     return (f"no module in {site.layer} reads the heads' weighted values "
-            f"(shape {tuple(read.shape)}; compared: {tried or 'none of that shape'}); "
+            f"(shape {tuple(read.shape)}; compared: {', '.join(errors) or 'none of that shape'}); "
             "declare it with projections={site: module}")
 
 

@@ -112,14 +112,14 @@ def _keys_of(result: Contributions, name: str) -> SiteKeys:
         norms, norm_of = site.values.norm(dim=-1), "v_j"
     else:
         norms, norm_of = None, "unavailable"
-    batch, _, queries, keys = site.weights.shape
+    rows, _, queries, keys = site.weights.shape
     query_mask = traced.query_mask[site.role]
-    if tuple(query_mask.shape) != (batch, queries):  # queries not the role's: every row
-        query_mask = torch.ones(batch, queries, dtype=torch.bool, device=site.weights.device)
-    if tuple(key_mask.shape) != (batch, keys) or len(labels[0]) != keys:
-        key_mask = torch.ones(batch, keys, dtype=torch.bool, device=site.weights.device)
-        special = torch.zeros(batch, keys, dtype=torch.bool, device=site.weights.device)
-        labels = [[str(k) for k in range(keys)] for _ in range(batch)]
+    if tuple(query_mask.shape) != (rows, queries):  # queries not the role's: every row
+        query_mask = torch.ones(rows, queries, dtype=torch.bool, device=site.weights.device)
+    if tuple(key_mask.shape) != (rows, keys) or len(labels[0]) != keys:
+        key_mask = torch.ones(rows, keys, dtype=torch.bool, device=site.weights.device)
+        special = torch.zeros(rows, keys, dtype=torch.bool, device=site.weights.device)
+        labels = [[str(k) for k in range(keys)] for _ in range(rows)]
     return SiteKeys(name, site.role, site.weights, norms, norm_of, query_mask, key_mask,
                     special, labels)
 

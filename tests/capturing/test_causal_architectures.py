@@ -24,7 +24,10 @@ position ids, masks and cache, nothing from attnaudit. Then, per architecture:
 - **gate**: ``audit(..., checks_only=True).gate()`` is healthy (``attnaudit check`` exits 0);
 - **interventions**: the reference run says how edited items run (one cached step, or the
   prefix re-run and why: never silently), and the uniform intervention on every counted row
-  gives the same output change on that path as on the prefix re-run within 1e-5.
+  gives the same output change on that path as on the prefix re-run within 1e-5;
+- **contributions**: the quick report's contribution suite runs on the batch without an
+  exception, and each of its measures is either computed (finite maps) or says why not, in
+  words (a hybrid layer whose attention is no residual block: ALTI names the site).
 
 Architectures whose attention is not captured as it is yet are marked xfail with the class
 of break (:data:`XFAIL`); only those that cannot be audited this way are skipped, with the
@@ -42,6 +45,7 @@ import pytest
 import torch
 
 import attnaudit
+from attnaudit.auditing.contribution_suite import CONTRIBUTION_MEASURES, add_contribution_parts
 from attnaudit.interventions.ablation import uniform_test
 from attnaudit.interventions.reference_run import reference
 
@@ -110,7 +114,7 @@ XFAIL: dict[str, str] = {
 OUTCOMES: dict[str, str] = {}  # arch -> "covered" / "skipped: ..." / "xfail: ..."
 _PASSED: dict[str, set[str]] = {}
 _RAN: set[str] = set()
-TESTS = {"parity", "capture", "gate", "interventions"}
+TESTS = {"parity", "capture", "gate", "interventions", "contributions"}
 
 
 @dataclass
@@ -121,6 +125,7 @@ class Built:
     truth: Any  # the eager model's generate() output (sequences, attentions, logits)
     prompt: int  # P, the padded prompt length
     own: OwnPass | None  # set where the model's one pass is not its generate() steps
+    ref: Any = None  # the batch's reference run, once the interventions test made it
 
 
 def skip(arch: str, reason: str) -> None:
@@ -321,7 +326,7 @@ def test_gate_is_healthy(built: Built) -> None:
 
 def test_interventions_on_the_cached_step_or_the_rerun(built: Built) -> None:
     target, batch = built.target, built.batch
-    ref = reference(target, batch)
+    ref = built.ref = reference(target, batch)
     # which path ran is said, never silent: a cached step, or the re-run and why
     assert (ref.states is None) == (ref.cache_note is not None), ref.cache_note
     rows = ref.rows()
@@ -337,6 +342,34 @@ def test_interventions_on_the_cached_step_or_the_rerun(built: Built) -> None:
     _passed(built.arch, "interventions")
 
 
+def test_contribution_suite_computes_or_says_why(built: Built) -> None:
+    target, batch = built.target, built.batch
+    ref = built.ref if built.ref is not None else reference(target, batch)
+    parts: dict[str, list[Any]] = {}
+    # leave-one-out's place is held by a fixed map: the suite's own numbers are checked
+    # elsewhere (tests/auditing/test_contribution_suite.py), here only that it runs
+    stand_in = torch.rand(ref.attention.shape, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        add_contribution_parts(target, batch, ref, {"attention": ref.attention,
+                                                    "loo": stand_in}, parts, zeroing=False)
+    measures = parts["contribution_measures"][0].set_index("measure")
+    assert list(measures.index) == list(CONTRIBUTION_MEASURES)
+    example = parts["contribution_example"][0]
+    for measure, row in measures.iterrows():
+        if row["status"] == "computed":
+            values = example.loc[example["measure"] == measure, "value"]
+            finite = torch.isfinite(torch.tensor(values.to_numpy(dtype=float)))
+            assert len(values) and bool(finite.all()), f"{measure}: {values.tolist()}"
+            continue
+        # a reason in words, naming what is missing: no raw dict or list of the sites
+        assert row["reason"] and not any(c in row["reason"] for c in ("{'", "['")), \
+            row["reason"]
+    OUTCOMES.setdefault(f"{built.arch}/contributions", ", ".join(
+        m for m, r in measures.iterrows() if r["status"] != "computed"))
+    _passed(built.arch, "contributions")
+
+
 def test_summary_covered_architectures() -> None:
     """Runs last (pytest keeps file order): how many architectures were covered."""
     missing = sorted(set(ARCHITECTURES) - _RAN)
@@ -348,6 +381,8 @@ def test_summary_covered_architectures() -> None:
     failed = sorted(set(ARCHITECTURES) - set(covered) - set(skipped) - set(xfailed))
     rerun = sorted(a for a in covered if OUTCOMES.get(f"{a}/path", "").startswith("re-run"))
     one_pass = sorted(a for a in covered if f"{a}/truth" in OUTCOMES)
+    undecomposed = {a: OUTCOMES[f"{a}/contributions"] for a in covered
+                    if OUTCOMES.get(f"{a}/contributions")}
     by_class: dict[str, int] = {}
     for reason in xfailed.values():
         by_class[reason] = by_class.get(reason, 0) + 1
@@ -359,6 +394,7 @@ def test_summary_covered_architectures() -> None:
     lines += [f"  {a}: {o}" for a, o in sorted(skipped.items())]
     lines += [f"  {a}: {OUTCOMES[a + '/path']}" for a in rerun]
     lines += [f"  {a}: against its own one pass: {OUTCOMES[a + '/truth']}" for a in one_pass]
+    lines += [f"  {a}: contributions not computed: {m}" for a, m in sorted(undecomposed.items())]
     print("\n" + "\n".join(lines))
     assert len(covered) >= COVERED_FLOOR, "\n".join(lines)
     assert len(skipped) <= MAX_SKIPPED, "\n".join(lines)

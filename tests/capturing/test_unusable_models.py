@@ -49,6 +49,20 @@ def test_meta_model_is_captured_shape_only():
     assert record.weights.is_meta and tuple(record.weights.shape) == (1, 2, 3, 3)
 
 
+def test_meta_model_with_separate_keys_is_captured_shape_only():
+    # distinct key tensors: whether they are the queries' own data cannot be read on meta,
+    # so only the same tensor counts as self-attention
+    model, x = meta_mha(), torch.empty(2, 3, 8, device="meta")
+    for keys, kind, shape in ((torch.empty(2, 5, 8, device="meta"), "cross", (2, 2, 3, 5)),
+                              (torch.empty(2, 3, 8, device="meta"), "cross", (2, 2, 3, 3)),
+                              (x, "self", (2, 2, 3, 3))):
+        with attnaudit.capture(model) as cap:
+            model(x, keys, keys)
+        [record] = cap.records.values()
+        assert record.weights.is_meta and tuple(record.weights.shape) == shape
+        assert record.kind == kind
+
+
 def test_an_edit_on_a_meta_model_is_a_clear_error():
     model, x = meta_mha(), torch.empty(1, 3, 8, device="meta")
     with pytest.raises(attnaudit.EditError, match="meta device, which holds shapes"), \

@@ -47,3 +47,52 @@ def test_every_site_decomposes_or_says_why(case, tmp_path):
         return
     assert all(c.status == "pass" for c in result.checks), result.checks
     assert {b.placement for b in result.blocks.values()} == {placement}
+
+
+@pytest.mark.parametrize("arch", ["zamba", "zamba2"])
+def test_a_hybrid_layer_whose_attention_reads_more_than_the_stream_says_why(arch, tmp_path):
+    # Zamba's shared attention block reads the hidden state concatenated with the input
+    # embeddings (2d wide) and adds a d-wide output: no residual of its input's shape, so
+    # ALTI cannot decompose it; the other measures are still read from the same pass
+    import torch
+
+    from attnaudit.contributions import measure_maps, measure_maps_or_reasons
+    from attnaudit.errors import ContributionError
+    from tests.helpers.tiny_causal import tiny_causal_checkpoint
+
+    folder, tokenizer = tiny_causal_checkpoint(arch, tmp_path)
+    target = from_hf(folder, SOURCES, tokenizer=tokenizer,
+                     max_new_tokens=NEW_TOKENS)
+    batch = next(target.iter_batches())
+    emitted = target.greedy(batch)
+    result = contributions(target, batch, emitted)
+    d_model = target.model.config.hidden_size
+    hybrid = [n for n in result.trace.sites if n not in result.blocks]
+    assert hybrid and all(".shared_transf" in n for n in hybrid)
+    for name in hybrid:
+        reason = result.reasons[name]
+        assert f"{2 * d_model}), not its output's" in reason and f"{d_model})" in reason
+    maps, reasons = measure_maps_or_reasons(target, batch, emitted,
+                                            ("value_norm", "alti", "rollout"))
+    assert set(maps) == {"value_norm", "rollout"} and set(reasons) == {"alti"}
+    assert all(f"no ALTI decomposition at {name}" in reasons["alti"] for name in hybrid)
+    assert all(torch.isfinite(m).all() for m in maps.values())
+    with pytest.raises(ContributionError, match=r"alti cannot be computed for .*reads an input"):
+        measure_maps(target, batch, emitted, ["alti"])
+
+
+def test_self_attention_run_several_times_per_pass_is_not_composed_and_says_why(tmp_path):
+    # HRM runs each attention module several times in one pass (its recurrent modules), so
+    # a site's rows stack the runs: rollout cannot compose them, the weights are still read
+    from attnaudit.contributions import measure_maps_or_reasons
+    from tests.helpers.tiny_causal import tiny_causal_checkpoint
+
+    folder, tokenizer = tiny_causal_checkpoint("hrm_text", tmp_path)
+    target = from_hf(folder, SOURCES, tokenizer=tokenizer, max_new_tokens=NEW_TOKENS)
+    batch = next(target.iter_batches())
+    emitted = target.greedy(batch)
+    maps, reasons = measure_maps_or_reasons(target, batch, emitted, ("weights", "rollout"))
+    assert set(maps) == {"weights"} and set(reasons) == {"rollout"}
+    positions = batch.source_ids.shape[1] + emitted.shape[1] - 1
+    assert reasons["rollout"].startswith("composition needs every self-attention site")
+    assert f"query rows, {positions} keys)" in reasons["rollout"]

@@ -11,7 +11,7 @@ import torch
 
 import attnaudit
 from attnaudit.contributions import ALL_MEASURES, contributions, measure_maps, sink_table, zeroing
-from attnaudit.contributions.sinks import SiteKeys, sink_rows
+from attnaudit.contributions.sinks import SINK_SHARE, SiteKeys, sink_rows
 from attnaudit.errors import ContributionError
 from attnaudit.targets.hf.loading import from_hf
 
@@ -213,3 +213,45 @@ def test_emitted_ids_that_do_not_fit_the_batch_are_refused(bart):
             measure_maps(target, batch, wrong)
     with pytest.raises(ContributionError, match="unknown measures"):
         measure_maps(target, batch, emitted, ["attention"])
+
+
+def test_the_sink_table_leaves_padded_query_rows_and_keys_out_as_a_per_example_count():
+    # padded query rows put more than the sink share on every key, real rows much on a
+    # padded key, and padded keys carry large norms: the table must read only real rows and
+    # eligible keys, example by example (reference: plain loops in float64)
+    gen = torch.Generator().manual_seed(3)
+    batch, heads, queries, keys = 3, 2, 6, 7
+    weights = torch.softmax(2 * torch.randn(batch, heads, queries, keys, generator=gen), -1)
+    real_rows = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]],
+                             dtype=torch.bool)
+    eligible = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 0],
+                             [0, 1, 1, 1, 0, 0, 0]], dtype=torch.bool)
+    for b in range(batch):
+        padded = (~eligible[b]).nonzero().squeeze(1)
+        if len(padded):
+            weights[b, :, :, padded[-1]] += 3.0
+    weights = weights / weights.sum(-1, keepdim=True)
+    for b in range(batch):  # padded rows: anything (here over the sink share at every key)
+        weights[b, :, ~real_rows[b]] = 0.9
+    norms = torch.rand(batch, heads, keys, generator=gen) + 0.5
+    norms[~eligible[:, None, :].expand_as(norms)] = 50.0
+    labels = [[f"b{b}k{j}" for j in range(keys)] for b in range(batch)]
+    rows = sink_rows(SiteKeys("toy", "cross", weights, norms, "f_h(x_j)", real_rows, eligible,
+                              torch.zeros(batch, keys, dtype=torch.bool), labels))
+    w, n = weights.double().numpy(), norms.double().numpy()
+    for h, row in enumerate(rows):
+        tops, shares, ratios, over, counted = [], [], [], 0, 0
+        for b in range(batch):
+            real = [q for q in range(queries) if real_rows[b, q]]
+            keep = [j for j in range(keys) if eligible[b, j]]
+            mass = {j: sum(w[b, h, q, j] for q in real) / len(real) for j in keep}
+            top = max(keep, key=lambda j: mass[j])
+            tops.append(top)
+            shares.append(mass[top])
+            ratios.append(n[b, h, top] / (sum(n[b, h, j] for j in keep) / len(keep)))
+            over += sum(w[b, h, q, top] > SINK_SHARE for q in real)
+            counted += len(real)
+        assert row["share"] == pytest.approx(sum(shares) / batch, rel=1e-5)
+        assert row["rows_over"] == pytest.approx(over / counted)
+        assert row["value_norm_ratio"] == pytest.approx(sum(ratios) / batch, rel=1e-5)
+        assert row["position"] == max(set(tops), key=lambda j: (tops.count(j), -tops.index(j)))
