@@ -278,8 +278,8 @@ MUTATIONS = (
              (LSTM_CONTRIBUTIONS,)),
     Mutation("alti_residual_shape_unchecked", "ALTI takes an attention input of another width "
              "than its output as the residual (Zamba)", "attnaudit/contributions/alti.py",
-             "candidates = {k: v for k, v in candidates.items() if v is not None and v.shape == "
-             "out.shape}", "candidates = {k: v for k, v in candidates.items() if v is not None}",
+             "shaped = {k: v for k, v in candidates.items() if v is not None and v.shape == "
+             "out.shape}", "shaped = {k: v for k, v in candidates.items() if v is not None}",
              ("tests/contributions/test_architectures.py::test_a_hybrid_layer_whose_attention_"
               "reads_more_than_the_stream_says_why",)),
     Mutation("rollout_stacked_rows", "rollout composes a site whose rows stack several runs",
