@@ -4,8 +4,9 @@
 :func:`~attnaudit.capturing.capture` with ``values=True`` and forward hooks, and keeps, per
 attention site: the weights, the values (where the mechanism exposes them), the attention
 module's query-side input and output, and the layer norms its layer called before and after
-it. What each site is and which norm belongs to it is read off the tensors, not off module
-names (:mod:`attnaudit.contributions.anatomy`).
+it. Which norm belongs to a site is read off the tensors (the norm whose output is the
+attention's input, or whose input is its output: :func:`attnaudit.contributions.alti.block_of`);
+which modules are norms, by :func:`is_norm`.
 
 The pass: an encoder-decoder target's own ``teacher_forced``; a decoder-only target's
 :attr:`~attnaudit.targets.contract.DecoderOnlyTarget.raw_pass`, the same pass *without*
@@ -149,8 +150,16 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
+# torch's own (nn.RMSNorm is new in torch 2.4)
+NORM_CLASSES = tuple(c for c in (nn.LayerNorm, getattr(nn, "RMSNorm", None)) if c is not None)
+
+
 def is_norm(module: nn.Module) -> bool:
-    """A normalisation layer: LayerNorm, RMSNorm and their model-specific variants."""
+    """A normalisation layer: torch's own (:data:`NORM_CLASSES`), or a class whose name says
+    ``Norm`` with a weight or none: the model-specific variants (``LlamaRMSNorm``,
+    ``T5LayerNorm``...) that transformers writes without subclassing torch's."""
+    if isinstance(module, NORM_CLASSES):
+        return True
     return "Norm" in type(module).__name__ and isinstance(getattr(module, "weight", None),
                                                           torch.Tensor | type(None))
 

@@ -3,8 +3,9 @@ them as their own ``generate()`` runs them.
 
 A causal LM is normally given ids (or embeddings), an attention mask and position ids, and
 its ``generate()`` steps are its one pass cut into positions. :func:`own_input` says where
-a model departs from that; CPM-Ant (``model_type`` ``"cpmant"``) is the one that does. Its
-forward
+a model departs from that, read from the model-facts table
+(:mod:`attnaudit.capturing.model_facts`, where a user registers an entry for their own
+model); the built-in entry is CPM-Ant's (``model_type`` ``"cpmant"``), whose forward
 
 - prepends ``config.prompt_length`` learned prompt positions of its own to every sequence,
   so every attention call runs over that many keys before the sequence's
