@@ -21,6 +21,8 @@ from enum import StrEnum
 
 import torch
 
+from attnaudit.errors import CaptureOptionError
+
 Kind = str  # "self" or "cross": what a site attends over, as capture finds it
 
 
@@ -210,10 +212,10 @@ class AttentionRecord:
 
     def _check_stackable(self) -> None:
         if not self.calls:
-            raise ValueError(f"site {self.name!r} recorded no calls")
+            raise CaptureOptionError(f"site {self.name!r} recorded no calls")
         lead = {tuple(c.weights.shape[:2]) for c in self.calls}
         if len(lead) > 1:
-            raise ValueError(
+            raise CaptureOptionError(
                 f"site {self.name!r} was called with different (batch, heads) {sorted(lead)}; "
                 "stacking along the query axis needs one: read record.calls, or capture "
                 "each pass in its own `with attnaudit.capture(...)` block"
@@ -229,7 +231,7 @@ class AttentionRecord:
         for call in self.calls:
             part = get(call)
             if part is None:  # the properties stack a tensor only when every call has one
-                raise ValueError(f"site {self.name!r}: a call recorded no {key}")
+                raise CaptureOptionError(f"site {self.name!r}: a call recorded no {key}")
             parts.append(part)
         n_keys = max(p.shape[-1] for p in parts)
         parts = [pad_keys(p, n_keys, fill) for p in parts]

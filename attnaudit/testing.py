@@ -20,6 +20,7 @@ from torch import nn
 from attnaudit.analysis.base import keys_before_queries
 from attnaudit.capturing import capture
 from attnaudit.capturing.sites import SiteSelection
+from attnaudit.errors import OptionError
 from attnaudit.validity.analysers import (
     DEFAULT_MAX_MASKED_MASS,
     DEFAULT_ROW_SUM_TOLERANCE,
@@ -65,7 +66,7 @@ def assert_attention_healthy(model: nn.Module, run: Callable[[], Any], *,
     unknown = [name for name in declared
                if not any(name in (site, site.split(":", 1)[0]) for site in cap.records)]
     if unknown:
-        raise ValueError(f"eligible names sites that were not captured: {unknown}; "
+        raise OptionError(f"eligible names sites that were not captured: {unknown}; "
                          f"captured: {list(cap.records)}")
     for name, record in cap.records.items():
         rule = declared.get(name, declared.get(name.split(":", 1)[0]))

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from attnaudit.analysis.example_maps import ExampleMaps
+from attnaudit.errors import ExplorerError
 from attnaudit.record import Role
 from attnaudit.report.figures import visible_token
 from attnaudit.targets.contract import role_title
@@ -135,7 +136,7 @@ def _stack(arrays: list[np.ndarray | None], shape: tuple[int, ...]) -> np.ndarra
     for layer, array in enumerate(arrays):
         if array is not None:
             if array.ndim != 3 or array.shape[1:] != shape[1:]:
-                raise ValueError(f"a measure of shape {array.shape} does not fit maps of "
+                raise ExplorerError(f"a measure of shape {array.shape} does not fit maps of "
                                  f"shape {shape} (heads or 1, queries, keys)")
             out[layer] = array
     return out

@@ -65,6 +65,7 @@ import torch
 from torch import nn
 
 from attnaudit.capturing.sites import SiteSelection
+from attnaudit.errors import OptionError
 from attnaudit.record import Family, Role
 from attnaudit.targets.decoding import Decoding
 
@@ -254,7 +255,7 @@ class Seq2SeqTarget:
     def iter_batches(self, limit: int | None = None) -> Iterator[Batch]:
         """The audit data, cut after ``limit`` examples (>= 0) when given."""
         if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0 examples, got {limit}")
+            raise OptionError(f"limit must be >= 0 examples, got {limit}")
         seen = 0
         for batch in self.batches():
             if self.device is not None:
