@@ -268,18 +268,21 @@ def headline(claims: list[Claim]) -> Claim:
     failing = [c.key for c in required if c.status == NOT_SUPPORTED]
     untested = [c.key for c in required if c.status == NOT_TESTED]
     open_ = [c.key for c in required if c.status == INCONCLUSIVE]
+    unmet = "; ".join(part for part in (
+        f"{', '.join(open_)} inconclusive" if open_ else "",
+        f"{', '.join(untested)} not tested (never counted as met)" if untested else "")
+        if part)
     if failing:
-        status, answer = NOT_SUPPORTED, f"Not supported: {', '.join(failing)} not supported."
+        status = NOT_SUPPORTED
+        answer = f"Not supported: {', '.join(failing)} not supported" + (
+            f"; {unmet}." if unmet else ".")
     elif statuses == {SUPPORTED}:
         status, answer = SUPPORTED, ("Supported by every claim tested; claims still hold only "
                                      "for the rows and interventions tested.")
     elif statuses == {NOT_TESTED}:
         status, answer = NOT_TESTED, "Not tested: no criterion ran."
     else:
-        status, answer = INCONCLUSIVE, "Inconclusive: " + "; ".join(
-            part for part in (f"{', '.join(open_)} inconclusive" if open_ else "",
-                              f"{', '.join(untested)} not tested (never counted as met)"
-                              if untested else "") if part) + "."
+        status, answer = INCONCLUSIVE, f"Inconclusive: {unmet}."
     return _claim(HEADLINE, status, answer)
 
 
