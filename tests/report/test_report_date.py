@@ -66,7 +66,7 @@ def test_csvs_parse_and_match_the_page_tables(date_report):
         for shown, row in zip(table.rows, frame.itertuples(index=False), strict=False):
             for cell, value in zip(shown, row, strict=True):
                 assert _same(cell, value), (table.csv, cell, value)
-    listed = {t.csv for t in page.tables} | {"verdicts.csv", "checklist.csv",
+    listed = {t.csv for t in page.tables} | {"verdicts.csv", "claims.csv", "checklist.csv",
                                               "misconceptions.csv", "attention_maps.csv"}
     assert {p.name for p in date_report.glob("*.csv")} == listed
 
