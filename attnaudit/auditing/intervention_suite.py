@@ -65,7 +65,7 @@ _ATTENTION_NOTE = "mean over the edited sites and heads (max_attention, top key,
 # How the summary's and the explanation tables' *_low/*_high columns were computed.
 BOOTSTRAP_NOTE = {"unit": "example", "resamples": BOOTSTRAP_RESAMPLES,
                   "level": BOOTSTRAP_LEVEL, "seed": BOOTSTRAP_SEED,
-                  "interval": "percentile (attnaudit.analysis.bootstrap)"}
+                  "interval": "percentile bootstrap (attnaudit.analysis.bootstrap)"}
 SUMMARY_COLUMNS = ["metric", "value", "n", "variant", "value_low", "value_high"]
 
 

@@ -265,24 +265,23 @@ def headline(claims: list[Claim]) -> Claim:
     """The headline claim from the :data:`REQUIRED` ones (module docstring)."""
     required = [c for c in claims if c.key in REQUIRED]
     statuses = {c.status for c in required}
-    failing = [c.key for c in required if c.status == NOT_SUPPORTED]
-    untested = [c.key for c in required if c.status == NOT_TESTED]
-    open_ = [c.key for c in required if c.status == INCONCLUSIVE]
+    def named(status: str) -> str:
+        return "; ".join(f'"{c.question}"' for c in required if c.status == status)
+
+    failing, untested, open_ = named(NOT_SUPPORTED), named(NOT_TESTED), named(INCONCLUSIVE)
     unmet = "; ".join(part for part in (
-        f"{', '.join(open_)} inconclusive" if open_ else "",
-        f"{', '.join(untested)} not tested (never counted as met)" if untested else "")
-        if part)
+        f"inconclusive: {open_}" if open_ else "",
+        f"not tested (never counted as met): {untested}" if untested else "") if part)
     if failing:
         status = NOT_SUPPORTED
-        answer = f"Not supported: {', '.join(failing)} not supported" + (
-            f"; {unmet}." if unmet else ".")
+        answer = f"Not supported: {failing}" + (f". Also {unmet}." if unmet else ".")
     elif statuses == {SUPPORTED}:
         status, answer = SUPPORTED, ("Supported by every claim tested; claims still hold only "
                                      "for the rows and interventions tested.")
     elif statuses == {NOT_TESTED}:
         status, answer = NOT_TESTED, "Not tested: no criterion ran."
     else:
-        status, answer = INCONCLUSIVE, f"Inconclusive: {unmet}."
+        status, answer = INCONCLUSIVE, f"Inconclusive — {unmet}."
     return _claim(HEADLINE, status, answer)
 
 

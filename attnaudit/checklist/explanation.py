@@ -90,6 +90,10 @@ def _suite_settings(metadata: Mapping[str, Any]) -> list[str]:
                      f"{' (--quick)' if metadata.get('quick') else ''}.")
     if "protocols" in metadata:
         lines.append(f"Protocols run: {', '.join(metadata['protocols'])}.")
+    if "bootstrap" in metadata:
+        boot = metadata["bootstrap"]
+        lines.append(f"Intervals: {boot['level']:.0%} {boot['interval']}, resampling "
+                     f"{boot['unit']}s: {boot['resamples']} resamples, seed {boot['seed']}.")
     for method, variant in metadata.get("attribution_variants", {}).items():
         lines.append(f"Attribution {method}: {variant}.")
     if "degenerate_rows" in metadata:
