@@ -160,9 +160,10 @@ def _measure_intervals(table: pd.DataFrame) -> dict[str, Interval]:
     for row in table.to_dict("records"):
         low = float(row.get(f"{FAITHFULNESS}_low", float("nan")))
         high = float(row.get(f"{FAITHFULNESS}_high", float("nan")))
-        out[str(row["measure"])] = Interval(float(row[FAITHFULNESS]), low, high,
-                                            int(row.get("examples", 0)),
-                                            int(row.get("rows", 0)))
+        counts = [float(row.get(name, 0)) for name in ("examples", "rows")]
+        examples, rows = (int(c) if np.isfinite(c) else 0 for c in counts)
+        out[str(row["measure"])] = Interval(float(row[FAITHFULNESS]), low, high, examples,
+                                            rows)
     return out
 
 
