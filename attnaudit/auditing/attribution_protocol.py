@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from attnaudit.analysis.bootstrap import bootstrap_interval
 from attnaudit.analysis.words import word_importance_table
 from attnaudit.attribution.agreement import agreement, summarise_agreement
 from attnaudit.attribution.loo import leave_one_out
@@ -35,6 +36,20 @@ from attnaudit.interventions.registry import register_protocol
 
 ATTRIBUTION = "attribution"
 IMPORTANCES = "importances"  # the ctx.shared key of the batch's importance maps
+
+
+def tau_intervals(summary: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """``summary`` (one row per pair) with ``kendall_tau_mean_low``/``_high``: the bootstrap
+    interval over examples of the pair's mean Kendall tau over its defined ``rows``."""
+    low, high = [], []
+    for pair in summary.itertuples(index=False):
+        part = rows[(rows["method_a"] == pair.method_a) & (rows["method_b"] == pair.method_b)
+                    & (rows["excluded"] == "")]
+        found = bootstrap_interval(part["kendall_tau"].to_numpy(dtype=float),
+                                   part["example"].to_numpy())
+        low.append(found.low)
+        high.append(found.high)
+    return summary.assign(kendall_tau_mean_low=low, kendall_tau_mean_high=high)
 
 
 @register_protocol
@@ -92,7 +107,8 @@ class Attribution(InterventionProtocol):
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
                  ) -> dict[str, pd.DataFrame]:
         out = dict(parts)
-        out["agreement_summary"] = summarise_agreement(out["agreement"])
+        out["agreement_summary"] = tau_intervals(summarise_agreement(out["agreement"]),
+                                                 out["agreement"])
         out.update(contribution_tables({**tables, **out}))
         return out
 

@@ -35,6 +35,7 @@ from attnaudit.alignments.aer import AlignmentCounts, count_links
 from attnaudit.alignments.extract import links_from_maps
 from attnaudit.alignments.pharaoh import parse_line
 from attnaudit.alignments.units import CONVENTIONS, batch_units
+from attnaudit.analysis.bootstrap import bootstrap_interval
 from attnaudit.attribution.agreement import ATTENTION, LOO, agreement, summarise_agreement
 from attnaudit.contributions import contributions, measure_maps_or_reasons, sink_table
 from attnaudit.errors import AttnauditError
@@ -52,6 +53,7 @@ EXAMPLE_COLUMNS = ["measure", "step", "target_token", "key", "source_token", "va
 AER_COLUMNS = ["measure", "convention", "aer", "precision", "recall", "links", "sure",
                "sentences"]
 SUMMARY_COLUMNS = ["measure", "reading", "rows", "top_differs_from_weights",
+                   "top_differs_from_weights_low", "top_differs_from_weights_high",
                    "top_is_loo_top", "kendall_tau_vs_loo", "top_k_overlap_vs_loo"]
 _Parts = dict[str, list[pd.DataFrame]]
 
@@ -198,7 +200,8 @@ def contribution_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.Data
             "reading": READINGS.get(name, "mean over the cross-attention sites and heads"
                                     if name == ATTENTION else "gradient attribution"),
             "rows": len(rows),
-            "top_differs_from_weights": float((rows[column] != rows[f"top_{ATTENTION}"]).mean()),
+            **bootstrap_interval((rows[column] != rows[f"top_{ATTENTION}"]).to_numpy(),
+                                 rows["example"].to_numpy()).columns("top_differs_from_weights"),
             "top_is_loo_top": float((decided[column] == decided[f"top_{LOO}"]).mean())
             if len(decided) else float("nan"),
             "kendall_tau_vs_loo": float(vs_loo["kendall_tau_mean"].iloc[0])

@@ -25,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 
+from attnaudit.analysis.bootstrap import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 from attnaudit.analysis.degenerate import degenerate_table, describe_counts, reason_counts
 from attnaudit.attribution.options import METHODS, AttributionOptions
 from attnaudit.auditing import attribution_protocol  # noqa: F401  (registers the protocol)
@@ -37,6 +38,7 @@ from attnaudit.interventions.protocol import (
     BatchContext,
     InterventionProtocol,
     SuiteSettings,
+    SummaryRow,
     subset_rows,
 )
 from attnaudit.interventions.reference_run import Reference, reference
@@ -60,6 +62,11 @@ _Plan = list[tuple[InterventionProtocol, set[int] | None]]
 _PROTOCOL_NOTE = ("teacher-forced decoded output; one target step edited at a time; all listed "
                   "sites edited together; special and padding keys in place")
 _ATTENTION_NOTE = "mean over the edited sites and heads (max_attention, top key, orders)"
+# How the summary's and the explanation tables' *_low/*_high columns were computed.
+BOOTSTRAP_NOTE = {"unit": "example", "resamples": BOOTSTRAP_RESAMPLES,
+                  "level": BOOTSTRAP_LEVEL, "seed": BOOTSTRAP_SEED,
+                  "interval": "percentile bootstrap (attnaudit.analysis.bootstrap)"}
+SUMMARY_COLUMNS = ["metric", "value", "n", "variant", "value_low", "value_high"]
 
 
 @dataclass
@@ -154,8 +161,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     parts, (ref_facts, facts) = _gathered(shard, local, shared)
     _check_rows_to_intervene_on(parts, n_examples)
     tables = _assemble(parts, plan)
-    tables["summary"] = pd.DataFrame([row for p, _ in plan for row in p.summary(tables)],
-                                     columns=["metric", "value", "n", "variant"])
+    tables["summary"] = summary_table([row for p, _ in plan for row in p.summary(tables)])
     metadata: dict[str, object] = {
         "target": target.name,
         "examples": n_examples,
@@ -172,11 +178,19 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         "degenerate_rows": reason_counts(tables["degenerate"]),
         "decoding": describe_decoding(target.decoding),
         "protocols": [p.name for p, _ in plan],
+        "bootstrap": BOOTSTRAP_NOTE,
     }
     for protocol in protocols:
         metadata.update(protocol.metadata(settings, chosen[protocol.name],
                                           facts.get(protocol.name, {})))
     return InterventionSuite(tables, metadata, protocols)
+
+
+def summary_table(rows: Sequence[SummaryRow]) -> pd.DataFrame:
+    """The ``summary`` table (SUMMARY_COLUMNS); a row without an interval gets NaN bounds."""
+    nan = float("nan")
+    return pd.DataFrame([(*row, nan, nan) if len(row) == 4 else row for row in rows],
+                        columns=SUMMARY_COLUMNS)
 
 
 def _agree_on_data(shard: Shard, batches: Sequence[Batch]) -> None:

@@ -23,6 +23,7 @@ from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
 from attnaudit.auditing.result import Audit
 from attnaudit.checklist import build_checklist
 from attnaudit.checklist.contributions import CONTRIBUTION_TABLES
+from attnaudit.checklist.explanation import claims_record
 from attnaudit.errors import AttnauditError, OptionError, TargetError
 from attnaudit.options import DEFAULT_EXPLORER_EXAMPLES, AttributionSettings, AuditOptions
 from attnaudit.report.manifest import build_manifest
@@ -238,8 +239,10 @@ def _run(target: Seq2SeqTarget, *, options: AuditOptions, progress: bool,
     manifest["input_rows"] = {"rows": validity.degenerate.rows,
                               "degenerate": dict(validity.degenerate.counts)}
     manifest["interventions"] = (
-        {"ran": True, "edited_items": suite.metadata["edited_items"]} if suite is not None
+        {"ran": True, "edited_items": suite.metadata["edited_items"],
+         "bootstrap": suite.metadata["bootstrap"]} if suite is not None
         else {"ran": False, "reason": reason})
+    manifest["explanation"] = claims_record(checklist.verdicts[1])
     result = Audit(target=target.name, description=target.description,
                    tables={**checklist.all_tables(), **section_tables(suite)},
                    manifest=manifest, validity=validity,

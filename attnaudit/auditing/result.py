@@ -28,6 +28,7 @@ from matplotlib.figure import Figure as MplFigure
 from attnaudit.analysis.degenerate import DegenerateCounter
 from attnaudit.auditing.intervention_suite import InterventionSuite
 from attnaudit.checklist import Checklist
+from attnaudit.checklist.items import CLAIM_COLUMNS
 from attnaudit.errors import AuditError, OptionError
 from attnaudit.report import summary_html, write_report
 from attnaudit.report.capture_view import examples_page
@@ -69,10 +70,19 @@ class Audit:
 
     @property
     def verdicts(self) -> dict[str, str]:
-        """Verdict key (``validity``, ``explanation``) -> status."""
+        """Verdict key (``validity``, ``explanation``) -> status; the explanation's is its
+        headline claim's (supported, not supported, inconclusive, not tested)."""
         frame = self.tables.get("verdicts")
         return {} if frame is None else dict(zip(frame["verdict"], frame["status"],
                                                  strict=True))
+
+    @property
+    def claims(self) -> pd.DataFrame:
+        """The explanation verdict's claims (claim, question, status, answer, estimate,
+        estimate_low, estimate_high, threshold, examples; docs/metrics.md, "Explanation
+        status"); empty for an audit written before them."""
+        frame = self.tables.get("claims")
+        return pd.DataFrame(columns=CLAIM_COLUMNS) if frame is None else frame
 
     @property
     def statuses(self) -> dict[str, str]:

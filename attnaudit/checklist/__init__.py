@@ -9,19 +9,18 @@ claims. Plain data and functions only; the report renders it. ``items`` holds th
 misconceptions and result types; ``retrieval`` the items on the retrieval computation and
 the verdict on its validity; ``performance`` the performance item; ``evidence_tables`` the
 tables read off the model and the metrics; ``explanation`` the intervention item and the
-verdict on explanatory claims; ``build`` :func:`build_checklist`, which puts them
+verdict on explanatory claims, ``claims`` the claims that verdict answers with their
+thresholds; ``build`` :func:`build_checklist`, which puts them
 together. This module only re-exports.
 """
 
 
 from attnaudit.checklist.build import build_checklist
+from attnaudit.checklist.claims import ADVERSARIAL_DIFFERENT, explanation_claims
 from attnaudit.checklist.evidence_tables import parameter_table, site_metric_table
-from attnaudit.checklist.explanation import (
-    ADVERSARIAL_DIFFERENT,
-    agreement_summary,
-    explanation_status,
-)
+from attnaudit.checklist.explanation import agreement_summary, explanation_status
 from attnaudit.checklist.items import (
+    CLAIM_STATUSES,
     FAIL,
     ITEM_BY_KEY,
     ITEM_KEYS,
@@ -33,6 +32,7 @@ from attnaudit.checklist.items import (
     WARN,
     Checklist,
     ChecklistItem,
+    Claim,
     Evidence,
     ItemResult,
     Misconception,
@@ -43,6 +43,7 @@ from attnaudit.checklist.items import (
 
 __all__ = [
     "ADVERSARIAL_DIFFERENT",
+    "CLAIM_STATUSES",
     "FAIL",
     "ITEMS",
     "ITEM_BY_KEY",
@@ -54,6 +55,7 @@ __all__ = [
     "WARN",
     "Checklist",
     "ChecklistItem",
+    "Claim",
     "Evidence",
     "ItemResult",
     "Misconception",
@@ -61,6 +63,7 @@ __all__ = [
     "Verdict",
     "agreement_summary",
     "build_checklist",
+    "explanation_claims",
     "explanation_status",
     "parameter_table",
     "site_metric_table",

@@ -21,6 +21,7 @@ from attnaudit.checklist.items import (
     PASS,
     Checklist,
     MisconceptionNote,
+    Verdict,
     missing_item,
     worst,
 )
@@ -64,14 +65,17 @@ def build_checklist(model: nn.Module, audit: ValidityAudit | None, suite: SuiteT
     items.append(missing_item(ITEM_BY_KEY["interventions"], no_suite) if suite is None
                  else interventions_item(suite))
     validity = validity_verdict(findings, no_audit if audit is None else None)
-    verdicts = [validity, explanation_verdict(items[-1], suite, validity)]
-    return Checklist(items, verdicts, _misconception_notes(model, audit, findings, suite))
+    explanation = explanation_verdict(items[-1], suite, validity)
+    return Checklist(items, [validity, explanation],
+                     _misconception_notes(model, audit, findings, suite, explanation))
 
 
 def _misconception_notes(model: nn.Module, audit: ValidityAudit | None,
-                         findings: Sequence[Finding], suite: SuiteTables | None
-                         ) -> list[MisconceptionNote]:
-    """The misconceptions something measured here bears on, with what was measured."""
+                         findings: Sequence[Finding], suite: SuiteTables | None,
+                         explanation: Verdict) -> list[MisconceptionNote]:
+    """The misconceptions something measured here bears on, with what was measured; the
+    note on "attention weights are causal explanations" opens with the explanation
+    verdict, so that the two say the same."""
     notes: dict[str, str] = {}
     by_check: dict[str, list[Finding]] = {}
     for f in findings:
@@ -125,6 +129,8 @@ def _misconception_notes(model: nn.Module, audit: ValidityAudit | None,
         if separate:
             notes["keys_are_values"] = separate
     if suite is not None:
+        notes["causal_explanation"] = (f"Explanation verdict: {explanation.status} — "
+                                       f"{explanation.answer}")
         for line, key in intervention_lines(dict(suite.tables), suite.protocols):
             if key:
                 notes[key] = f"{notes[key]} {line}" if key in notes else line

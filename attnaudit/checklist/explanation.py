@@ -2,43 +2,32 @@
 
 The item's sentences come from the protocols the suite ran
 (:class:`~attnaudit.interventions.protocol.InterventionProtocol`, each reading its own tables
-by name); the status from the per-row table ``rows`` and the ``adversarial`` table, with the
-thresholds below (docs/metrics.md, "Explanation status").
+by name); the status and the verdict from the claims of :mod:`attnaudit.checklist.claims`
+(docs/metrics.md, "Explanation status").
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import pandas as pd
 
+from attnaudit.checklist.claims import explanation_claims, item_status
 from attnaudit.checklist.contributions import CONTRIBUTION_TABLES, contribution_lines
 from attnaudit.checklist.items import (
     FAIL,
     ITEM_BY_KEY,
-    NOT_RECORDED,
-    PASS,
-    WARN,
+    NOT_SUPPORTED,
+    NOT_TESTED,
+    Claim,
     Evidence,
     ItemResult,
     Verdict,
 )
-from attnaudit.interventions.permutation import SMALL_TVD
-from attnaudit.interventions.protocol import ROWS, InterventionProtocol, rate, table_with
+from attnaudit.interventions.protocol import InterventionProtocol, table_with
 from attnaudit.interventions.registry import registered_protocols
-
-# docs/metrics.md, "Explanation status": pass needs fewer than this share of rows whose
-# median permutation TVD is below SMALL_TVD ...
-SENSITIVE_BELOW = 0.5
-# ... fail needs at least this share of them, and uniform weights flipping the argmax in
-# fewer than FEW_FLIPS of the rows.
-INSENSITIVE_FROM = 0.9
-FEW_FLIPS = 0.05
-# Mean eps-max JSD (of at most ln 2) from which the adversarial search counts as having
-# found very different weights with the same output: the weights are then not the only
-# allocation the output supports, so they cannot pass as its explanation.
-ADVERSARIAL_DIFFERENT = 0.1
 
 
 class SuiteTables(Protocol):
@@ -75,6 +64,11 @@ def interventions_item(suite: SuiteTables) -> ItemResult:
         measured=["Teacher-forced on the model's own decoded output; each intervention edits "
                   "the attention inside the forward pass and compares the per-step output "
                   "distribution with the unedited one (TVD, JSD, argmax flips).",
+                  "Status: the explanation verdict's headline claim (supported: pass, "
+                  "inconclusive: warn, not supported: fail, not tested: not recorded), each "
+                  "claim read from its number's 95 % bootstrap interval over examples "
+                  "against a threshold (docs/metrics.md, \"Explanation status\"); a "
+                  "criterion that did not run is not tested and never counts as met.",
                   *_suite_settings(suite.metadata)],
         observations=observations,
         evidence=evidence,
@@ -96,6 +90,10 @@ def _suite_settings(metadata: Mapping[str, Any]) -> list[str]:
                      f"{' (--quick)' if metadata.get('quick') else ''}.")
     if "protocols" in metadata:
         lines.append(f"Protocols run: {', '.join(metadata['protocols'])}.")
+    if "bootstrap" in metadata:
+        boot = metadata["bootstrap"]
+        lines.append(f"Intervals: {boot['level']:.0%} {boot['interval']}, resampling "
+                     f"{boot['unit']}s: {boot['resamples']} resamples, seed {boot['seed']}.")
     for method, variant in metadata.get("attribution_variants", {}).items():
         lines.append(f"Attribution {method}: {variant}.")
     if "degenerate_rows" in metadata:
@@ -129,56 +127,48 @@ def intervention_lines(tables: Mapping[str, pd.DataFrame],
 
 
 def explanation_status(tables: Mapping[str, pd.DataFrame]) -> str:
-    """pass: outputs depend on which keys the weights select (fewer than
-    ``SENSITIVE_BELOW`` of the rows keep a median permutation TVD below ``SMALL_TVD``,
-    zeroing the top key flips more often than a random one) and, when the adversarial search
-    ran, it found no very different weights (mean eps-max JSD below
-    ``ADVERSARIAL_DIFFERENT``) that keep the output; fail: at least ``INSENSITIVE_FROM`` of
-    the rows are that insensitive and uniform weights flip fewer than ``FEW_FLIPS`` of them;
-    warn: in between or no permutation result in ``rows``; not recorded: no table."""
-    if not tables:
-        return NOT_RECORDED
-    rows = table_with(tables, ROWS, "perm_median_tvd")
-    if rows is None:
-        return WARN
-    insensitive = float((rows["perm_median_tvd"] < SMALL_TVD).mean())
-    top_matters = "zero_top_flip" not in rows or (
-        rate(rows["zero_top_flip"]) > rate(rows["zero_random_flip"]))
-    uniform_flips = rate(rows["uniform_flip"]) if "uniform_flip" in rows else 1.0
-    adversarial = table_with(tables, "adversarial", "eps_max_jsd")
-    unique = adversarial is None or (
-        float(adversarial["eps_max_jsd"].mean()) < ADVERSARIAL_DIFFERENT)
-    if insensitive < SENSITIVE_BELOW and top_matters and unique:
-        return PASS
-    if insensitive >= INSENSITIVE_FROM and uniform_flips < FEW_FLIPS:
-        return FAIL
-    return WARN
+    """The intervention item's status: the headline claim's
+    (:func:`attnaudit.checklist.claims.headline`) as a checklist status — supported: pass,
+    inconclusive: warn, not supported: fail, not tested: not recorded."""
+    return item_status(explanation_claims(tables)[0].status)
+
+
+def _claim_line(claim: Claim) -> str:
+    return f"{claim.question} — {claim.status}: {claim.answer}"
 
 
 def explanation_verdict(item: ItemResult, suite: SuiteTables | None, validity: Verdict
                         ) -> Verdict:
-    """The verdict on explanatory claims: from the intervention item, unless the attention
-    fails validity, where no intervention on its weights can support such a claim."""
+    """The verdict on explanatory claims: the headline claim's status (supported, not
+    supported, inconclusive, not tested) with every claim as a reason, unless the attention
+    fails validity, where no intervention on its weights can support such a claim (not
+    supported)."""
     question = "Support for explanatory claims"
     if validity.status == FAIL:
-        return Verdict("explanation", question, FAIL,
+        return Verdict("explanation", question, NOT_SUPPORTED,
                        "Not meaningful: the attention fails the validity checks, so its "
                        "weights are not a valid weighted retrieval and no intervention on "
                        "them can support a claim that they explain an output.",
                        [f"Validity: {validity.answer}", *validity.reasons[:5],
                         *item.observations])
     if suite is None:
-        return Verdict("explanation", question, NOT_RECORDED,
-                       "Not recorded: no intervention results, so the weights support no "
+        return Verdict("explanation", question, NOT_TESTED,
+                       "Not tested: no intervention results, so the weights support no "
                        "claim that selected positions explain an output.", item.not_recorded)
-    answers = {
-        PASS: "Interventions on the weights change the outputs in the way an explanation "
-              "needs; claims still hold only for the rows and interventions tested.",
-        WARN: "Limited: the interventions give mixed support; read the weights as a record "
-              "of the retrieval, not as an explanation of the output.",
-        FAIL: "Not supported: the outputs barely depend on which positions the weights "
-              "select.",
-        NOT_RECORDED: "Not recorded: the suite produced no usable table.",
-    }
-    return Verdict("explanation", question, item.status, answers[item.status],
-                   item.observations)
+    claims = explanation_claims(dict(suite.tables))
+    top = claims[0]  # the HEADLINE claim
+    return Verdict("explanation", question, top.status, f"{top.question}: {top.answer}",
+                   [_claim_line(c) for c in claims[1:]], claims)
+
+
+def claims_record(verdict: Verdict) -> dict[str, Any]:
+    """The explanation verdict for the manifest: its status and each claim's status, number
+    and interval (None where NaN: JSON has no NaN)."""
+    def number(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    return {"status": verdict.status,
+            "claims": {c.key: {"status": c.status, "estimate": number(c.estimate),
+                               "low": number(c.low), "high": number(c.high),
+                               "threshold": number(c.threshold), "examples": c.examples}
+                       for c in verdict.claims}}

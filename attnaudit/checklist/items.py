@@ -14,6 +14,11 @@ import pandas as pd
 PASS, WARN, FAIL, NOT_RECORDED = "pass", "warn", "fail", "not recorded"
 STATUSES = (PASS, WARN, FAIL, NOT_RECORDED)
 _SEVERITY = {NOT_RECORDED: -1, PASS: 0, WARN: 1, FAIL: 2}
+# What a claim of the explanation verdict can be (attnaudit.checklist.claims): its interval
+# on the claimed side of the threshold, on the other side, straddling it, or never measured.
+SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTED = ("supported", "not supported",
+                                                      "inconclusive", "not tested")
+CLAIM_STATUSES = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTED)
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,27 @@ class ItemResult:
         return self.item.title
 
 
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the explanation verdict: its answer (one of CLAIM_STATUSES) and the
+    number it was read from with its bootstrap interval (NaN where it has none) and the
+    threshold it was held against (NaN for none); examples: what the interval is over."""
+
+    key: str
+    question: str
+    status: str
+    answer: str
+    estimate: float
+    low: float
+    high: float
+    threshold: float
+    examples: int
+
+
+CLAIM_COLUMNS = ["claim", "question", "status", "answer", "estimate", "estimate_low",
+                 "estimate_high", "threshold", "examples"]
+
+
 @dataclass
 class Verdict:
     key: str
@@ -131,6 +157,7 @@ class Verdict:
     status: str
     answer: str
     reasons: list[str]
+    claims: list[Claim] = field(default_factory=list)
 
 
 @dataclass
@@ -168,15 +195,20 @@ class Checklist:
                               "summary": r.summary} for r in self.items])
 
     def summary_tables(self) -> dict[str, pd.DataFrame]:
-        """``verdicts`` (verdict, question, status, answer), ``checklist`` (one row per
-        item) and ``misconceptions`` (misconception, correction, evidence)."""
+        """``verdicts`` (verdict, question, status, answer), ``claims`` (the explanation
+        verdict's claims, :data:`CLAIM_COLUMNS`), ``checklist`` (one row per item) and
+        ``misconceptions`` (misconception, correction, evidence)."""
         verdicts = pd.DataFrame([{"verdict": v.key, "question": v.question,
                                   "status": v.status, "answer": v.answer}
                                  for v in self.verdicts])
         notes = pd.DataFrame([{"misconception": n.claim, "correction": n.correction,
                                "evidence": n.evidence} for n in self.misconceptions],
                              columns=["misconception", "correction", "evidence"])
-        return {"verdicts": verdicts, "checklist": self.summary_frame(),
+        claims = pd.DataFrame([[c.key, c.question, c.status, c.answer, c.estimate, c.low,
+                                c.high, c.threshold, c.examples]
+                               for v in self.verdicts for c in v.claims],
+                              columns=CLAIM_COLUMNS)
+        return {"verdicts": verdicts, "claims": claims, "checklist": self.summary_frame(),
                 "misconceptions": notes}
 
     def all_tables(self) -> dict[str, pd.DataFrame]:

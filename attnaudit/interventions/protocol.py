@@ -21,13 +21,15 @@ reading attribution maps) names it in :attr:`~InterventionProtocol.after` and re
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import pandas as pd
 import torch
 
+from attnaudit.analysis.bootstrap import bootstrap_interval
 from attnaudit.interventions.reference_run import Reference, RowIndex
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
@@ -41,8 +43,9 @@ ROWS = "rows"  # the per-row table: EVERY_ROW protocols' columns joined on ROW_K
 ROW_KEYS = ["example", "step", "n_valid", "max_attention"]
 # table -> the columns a protocol writes into it (ROWS: besides ROW_KEYS)
 Columns = Mapping[str, tuple[str, ...]]
-# One row of the ``summary`` table: metric, value, n (rows counted), variant.
-SummaryRow = tuple[str, float, int, str]
+# One row of the ``summary`` table: metric, value, n (rows counted), variant, and, where the
+# number has one, its bootstrap interval over examples (value_low, value_high; NaN without).
+SummaryRow = tuple[str, float, int, str] | tuple[str, float, int, str, float, float]
 # One checklist sentence and the misconception key it speaks to ("" for none).
 ChecklistLine = tuple[str, str]
 
@@ -183,11 +186,26 @@ def example_mean(rows: pd.DataFrame, column: str) -> float:
     return float(rows.dropna(subset=[column]).groupby("example")[column].mean().mean())
 
 
+def interval_row(metric: str, values: Any, examples: Any, variant: str, *,
+                 statistic: Callable[[np.ndarray], float] | None = None,
+                 rows: int | None = None) -> SummaryRow:
+    """A summary row whose value carries its bootstrap interval over examples
+    (:func:`attnaudit.analysis.bootstrap.bootstrap_interval`; ``values`` one per row,
+    ``examples`` their example ids or None for one example a value); rows: the n to report
+    (default: the finite values)."""
+    found = bootstrap_interval(np.asarray(values, dtype=np.float64),
+                               None if examples is None else np.asarray(examples),
+                               statistic=statistic)
+    return (metric, found.estimate, found.rows if rows is None else rows, variant,
+            found.low, found.high)
+
+
 def tvd_and_flip(rows: pd.DataFrame, prefix: str) -> list[SummaryRow]:
     """``{prefix}_tvd`` (example mean) and ``{prefix}_flip`` (rate) over the rows that have
-    them."""
+    them, with their intervals over examples."""
     part = rows.dropna(subset=[f"{prefix}_tvd"])
-    return [(f"{prefix}_tvd", example_mean(part, f"{prefix}_tvd"), len(part),
-             "mean over steps, then over examples"),
-            (f"{prefix}_flip", part[f"{prefix}_flip"].astype(bool).mean(), len(part),
-             "token flip rate")]
+    means = part.groupby("example")[f"{prefix}_tvd"].mean()  # one number per example
+    return [interval_row(f"{prefix}_tvd", means.to_numpy(), None,
+                         "mean over steps, then over examples", rows=len(part)),
+            interval_row(f"{prefix}_flip", part[f"{prefix}_flip"].astype(bool), part["example"],
+                         "token flip rate")]

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import pandas as pd
 
 from attnaudit.interventions.ablation import (
@@ -40,6 +41,7 @@ from attnaudit.interventions.protocol import (
     InterventionProtocol,
     SuiteSettings,
     SummaryRow,
+    interval_row,
     rate,
     seeded_examples,
     table_with,
@@ -71,12 +73,15 @@ class Permutation(InterventionProtocol):
 
     def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
         rows = tables[ROWS]
-        return [("perm_median_tvd", rows["perm_median_tvd"].median(), len(rows),
-                 "median over rows of the per-row median over permutations"),
-                ("perm_small_tvd_share", (rows["perm_median_tvd"] < SMALL_TVD).mean(),
-                 len(rows), f"share of rows with perm_median_tvd < {SMALL_TVD}"),
-                ("perm_flip_rate", rows["perm_flip_rate"].mean(), len(rows),
-                 "token flip rate over rows and permutations")]
+        tvd, examples = rows["perm_median_tvd"], rows["example"]
+        return [interval_row("perm_median_tvd", tvd, examples,
+                             "median over rows of the per-row median over permutations",
+                             statistic=np.median, rows=len(rows)),
+                interval_row("perm_small_tvd_share", (tvd < SMALL_TVD).where(tvd.notna()),
+                             examples, f"share of rows with perm_median_tvd < {SMALL_TVD}",
+                             rows=len(rows)),
+                interval_row("perm_flip_rate", rows["perm_flip_rate"], examples,
+                             "token flip rate over rows and permutations", rows=len(rows))]
 
     def checklist_lines(self, tables: Mapping[str, pd.DataFrame]) -> list[ChecklistLine]:
         perm = table_with(tables, ROWS, "perm_median_tvd")
@@ -264,10 +269,13 @@ class SequenceEffects(InterventionProtocol):
             part = table[table["protocol"] == protocol]
             if part.empty:
                 continue
-            out.append((f"seq_{protocol}_exact_match", part["exact_match"].astype(bool).mean(),
-                        len(part), f"share of outputs unchanged, {held}"))
-            out.append((f"seq_{protocol}_edit_distance", part["edit_distance"].mean(), len(part),
-                        f"mean token edit distance to the unedited output, {held}"))
+            out.append(interval_row(f"seq_{protocol}_exact_match",
+                                    part["exact_match"].astype(bool), part["example"],
+                                    f"share of outputs unchanged, {held}", rows=len(part)))
+            out.append(interval_row(f"seq_{protocol}_edit_distance", part["edit_distance"],
+                                    part["example"],
+                                    f"mean token edit distance to the unedited output, {held}",
+                                    rows=len(part)))
         return out
 
     def checklist_lines(self, tables: Mapping[str, pd.DataFrame]) -> list[ChecklistLine]:
@@ -314,8 +322,9 @@ class AdversarialSearch(InterventionProtocol):
         if "adversarial" not in tables:
             return []
         adv = tables["adversarial"]
-        return [("eps_max_jsd", adv["eps_max_jsd"].mean(), len(adv),
-                 f"mean over rows of the adversarial subset, eps = {EPS_SEQ2SEQ}")]
+        return [interval_row("eps_max_jsd", adv["eps_max_jsd"], adv["example"],
+                             f"mean over rows of the adversarial subset, eps = {EPS_SEQ2SEQ}",
+                             rows=len(adv))]
 
     def checklist_lines(self, tables: Mapping[str, pd.DataFrame]) -> list[ChecklistLine]:
         adversarial = table_with(tables, "adversarial", "eps_max_jsd")

@@ -36,7 +36,7 @@ from attnaudit.report.explorer import (
     site_tolerances,
 )
 from attnaudit.report.explorer_page import explorer_block
-from attnaudit.report.html import render_summary, write_html
+from attnaudit.report.html import interval_text, render_summary, write_html
 from attnaudit.report.item_figures import item_figures
 from attnaudit.report.manifest import write_manifest
 from attnaudit.report.tables import csv_name, table_schema, view, write_csvs
@@ -44,7 +44,7 @@ from attnaudit.runtime.output_folder import OutputFolder
 
 __all__ = ["summary_html", "write_report"]
 
-SUMMARY_TABLES = ("verdicts", "checklist", "misconceptions")
+SUMMARY_TABLES = ("verdicts", "claims", "checklist", "misconceptions")
 
 
 def write_report(out_dir: str | Path, *, checklist: Checklist,
@@ -122,11 +122,16 @@ def summary_html(tables: Mapping[str, pd.DataFrame], manifest: Mapping[str, Any]
         frame = tables.get(name)
         return [] if frame is None else frame.to_dict("records")
 
-    summary = tables.get("summary")
+    summary, nan = tables.get("summary"), float("nan")
     numbers = []
     if summary is not None:
         values = dict(zip(summary["metric"], summary["value"], strict=True))
-        numbers = [(label, f"{values[key]:.3g}") for key, label in KEY_NUMBERS.items()
+        low = dict(zip(summary["metric"], summary.get("value_low", summary["value"] * nan),
+                       strict=True))
+        high = dict(zip(summary["metric"], summary.get("value_high", summary["value"] * nan),
+                        strict=True))
+        numbers = [(label, interval_text(values[key], low[key], high[key]))
+                   for key, label in KEY_NUMBERS.items()
                    if key in values and pd.notna(values[key])]
     data = manifest.get("data", {})
     return render_summary({
@@ -134,6 +139,9 @@ def summary_html(tables: Mapping[str, pd.DataFrame], manifest: Mapping[str, Any]
         "examples": data.get("examples"),
         "sites": manifest.get("sites", []),
         "verdicts": records("verdicts"),
+        "claims": [(c["question"], c["status"],
+                    interval_text(c["estimate"], c["estimate_low"], c["estimate_high"]))
+                   for c in records("claims")],
         "items": records("checklist"),
         "numbers": numbers,
     })

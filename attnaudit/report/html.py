@@ -6,11 +6,14 @@ are user-provided and render as text. Only the template itself produces markup.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jinja2
+
+from attnaudit.checklist.items import Claim
 
 TEMPLATE = "report.html.j2"
 SUMMARY_TEMPLATE = "summary.html.j2"
@@ -21,11 +24,32 @@ def status_class(status: str) -> str:
     return status.replace(" ", "-")
 
 
+def claim_number(claim: Claim) -> str:
+    """A claim's number with its interval ("0.42 [0.38, 0.47]"), "no interval" without one,
+    "—" for a claim read from no single number (the headline, a not tested one)."""
+    return interval_text(claim.estimate, claim.low, claim.high)
+
+
+def interval_text(estimate: float, low: float, high: float) -> str:
+    """See :func:`claim_number`."""
+    if not math.isfinite(estimate):
+        return "—"
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return f"{estimate:.3g} (no interval)"
+    return f"{estimate:.3g} [{low:.3g}, {high:.3g}]"
+
+
+def claim_threshold(threshold: float) -> str:
+    return "—" if not math.isfinite(threshold) else f"{threshold:.3g}"
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("attnaudit.report", "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)
     env.filters["status_class"] = status_class
+    env.filters["claim_number"] = claim_number
+    env.filters["claim_threshold"] = claim_threshold
     return env
 
 

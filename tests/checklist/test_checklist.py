@@ -16,6 +16,7 @@ from attnaudit.checklist import (
     parameter_table,
     worst,
 )
+from attnaudit.checklist.items import NOT_SUPPORTED, NOT_TESTED
 
 
 def test_worst_orders_statuses():
@@ -32,26 +33,15 @@ def _perm(tvds, max_attention=0.9):
                          "perm_median_tvd": tvds})
 
 
-def test_explanation_status_from_intervention_tables():
+def test_explanation_status_reads_the_suite_tables_by_name():
+    # the headline claim as a checklist status (tests/checklist/test_claims.py has the cases)
     assert explanation_status({}) == NOT_RECORDED
-    assert explanation_status({"other": pd.DataFrame({"x": [1]})}) == WARN
+    assert explanation_status({"other": pd.DataFrame({"x": [1]})}) == NOT_RECORDED
     insensitive = _perm([0.0, 0.01, 0.02, 0.0])
     no_flips = insensitive.assign(uniform_tvd=0.0, uniform_flip=False)
     assert explanation_status({"rows": no_flips}) == FAIL
     # tables are read by name: the same columns under another name are not the suite's rows
-    assert explanation_status({"p": no_flips}) == WARN
-    sensitive = _perm([0.3, 0.5, 0.2, 0.01])
-    top_matters = sensitive.assign(zero_top_flip=[True, True, False, True],
-                                   zero_random_flip=[False, False, False, True])
-    assert explanation_status({"rows": top_matters}) == PASS
-    top_no_better = top_matters.assign(zero_random_flip=[True, True, False, True])
-    assert explanation_status({"rows": top_no_better}) == WARN
-    same_output_other_weights = pd.DataFrame({"eps_max_jsd": [0.5, 0.6]})
-    assert explanation_status({"rows": top_matters,
-                               "adversarial": same_output_other_weights}) == WARN
-    no_alternative_found = pd.DataFrame({"eps_max_jsd": [0.0, 0.05]})
-    assert explanation_status({"rows": top_matters,
-                               "adversarial": no_alternative_found}) == PASS
+    assert explanation_status({"p": no_flips}) == NOT_RECORDED
 
 
 def test_parameter_table_reports_tied_tensors():
@@ -98,8 +88,10 @@ def test_intervention_tables_become_observations_and_figures():
                                 audit_reason="not run in this test")
     item = checklist.item("interventions")
     # 3 of 4 rows change by TVD >= 0.05 and the top key flips 100 % vs 50 %, but the
-    # adversarial search found very different weights with the same output (mean 0.3).
-    assert item.status == WARN
+    # adversarial search found very different weights with the same output (0.2 and 0.4,
+    # both above ADVERSARIAL_DIFFERENT = 0.1): that claim is not supported, so neither is
+    # the headline (the old rule called this warn).
+    assert item.status == FAIL
     text = " ".join(item.observations)
     for expected in ("25% of 4 rows", "flips in 50% of 4 rows", "top-weighted key flips the "
                      "argmax in 100% of rows; zeroing a random other eligible key in 50%",
@@ -110,7 +102,11 @@ def test_intervention_tables_become_observations_and_figures():
         assert expected in text, expected
     assert [n for n in checklist.tables()] == list(tables)
     assert checklist.verdicts[0].status == NOT_RECORDED
-    assert checklist.verdicts[1].status == WARN
+    assert checklist.verdicts[1].status == NOT_SUPPORTED
+    claims = {c.key: c.status for c in checklist.verdicts[1].claims}
+    assert claims["unique_allocation"] == NOT_SUPPORTED
+    assert claims["above_random"] == NOT_TESTED  # no faithfulness table
+    assert checklist.summary_tables()["claims"]["claim"].tolist() == list(claims)
     assert all(r.status == NOT_RECORDED for r in checklist.items[:-1])
     names = [f.name for f in item_figures(checklist.all_tables(), None, None)["interventions"]]
     assert names == ["permutation_tvd", "agreement"]

@@ -17,6 +17,7 @@ import torch
 
 import attnaudit
 from attnaudit.checklist import FAIL
+from attnaudit.checklist.items import NOT_SUPPORTED
 from attnaudit.targets.loading import load_target
 from attnaudit_examples.date.model import DateAttentionModel
 from attnaudit_examples.date.target import make_target as date_target
@@ -53,7 +54,8 @@ def test_leaky_date_model_fails_validity_and_says_so(leaky_date_audit):
     audit = leaky_date_audit
     assert audit.verdicts["validity"] == FAIL
     verdicts = audit.tables["verdicts"].set_index("verdict")
-    assert verdicts.loc["explanation", "status"] == FAIL
+    # the explanation verdict is a claim status: no claim holds on invalid weights
+    assert verdicts.loc["explanation", "status"] == NOT_SUPPORTED
     assert verdicts.loc["explanation", "answer"].startswith("Not meaningful")
     assert "fails the validity checks" in verdicts.loc["explanation", "answer"]
     independent = _evidence(audit, "Attention weights are independent")

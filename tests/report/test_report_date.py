@@ -66,7 +66,7 @@ def test_csvs_parse_and_match_the_page_tables(date_report):
         for shown, row in zip(table.rows, frame.itertuples(index=False), strict=False):
             for cell, value in zip(shown, row, strict=True):
                 assert _same(cell, value), (table.csv, cell, value)
-    listed = {t.csv for t in page.tables} | {"verdicts.csv", "checklist.csv",
+    listed = {t.csv for t in page.tables} | {"verdicts.csv", "claims.csv", "checklist.csv",
                                               "misconceptions.csv", "attention_maps.csv"}
     assert {p.name for p in date_report.glob("*.csv")} == listed
 
@@ -116,8 +116,11 @@ def test_manifest_fields_and_hashes(date_report):
 # but performance, which judges wall times (checked below against the report's own timings).
 QUICK_STATUSES = {"qkv": "pass", "scoring": "pass", "eligibility": "pass", "masks": "pass",
                   "positions": "not recorded", "distributions": "pass",
-                  "interventions": "pass"}
-QUICK_VERDICTS = {"verdict-validity": "pass", "verdict-explanation": "pass"}
+                  "interventions": "warn"}
+# --quick runs no adversarial search: the explanation verdict cannot be supported (under the
+# old rule the skipped criterion counted as met and this was "pass"); the permutation share
+# 0.485 [0.44, 0.53] straddles 0.5, so the headline is inconclusive (warn for the item).
+QUICK_VERDICTS = {"verdict-validity": "pass", "verdict-explanation": "inconclusive"}
 
 
 def test_checklist_statuses_and_verdicts_are_pinned(date_report):
