@@ -66,6 +66,8 @@ def test_tables_do_not_depend_on_the_example_batch_size(runs):
     one_batch, one_each = runs[N_EXAMPLES], runs[1]
     assert one_batch.tables.keys() == one_each.tables.keys()
     for name in one_batch.tables:
+        if name == "sinks":  # of the first batch by definition (docs/reports.md)
+            continue
         # floats may differ in the last bits: padding to another width changes sum orders
         pd.testing.assert_frame_equal(canonical(one_batch.tables[name]),
                                       canonical(one_each.tables[name]),
