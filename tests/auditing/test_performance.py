@@ -90,7 +90,7 @@ def test_cpu_memory_is_not_presented_as_a_measurement(tmp_path):
 
 
 def _performance(overheads: list[float]) -> SimpleNamespace:
-    """A hand-built audit whose batches have these median capture overheads."""
+    """A hand-built audit whose batches have these smallest per-round capture overheads."""
     rows = []
     for batch, overhead in enumerate(overheads):
         plain = 0.1
@@ -101,6 +101,7 @@ def _performance(overheads: list[float]) -> SimpleNamespace:
         for name, value in (("greedy_s", 0.2), ("plain_s", plain),
                             ("captured_s", plain * overhead), ("capture_overhead", overhead)):
             row.update({name: value, f"{name}_min": value * 0.9, f"{name}_max": value * 1.2})
+        row["capture_overhead_min"] = overhead  # the judged statistic, exactly
         rows.append(row)
     sites = pd.DataFrame({"site": ["attend"], "scores_materialised_by_capture": [False]})
     return SimpleNamespace(performance=pd.DataFrame(rows, columns=PERFORMANCE_COLUMNS),
@@ -108,18 +109,17 @@ def _performance(overheads: list[float]) -> SimpleNamespace:
 
 
 @pytest.mark.parametrize(("overheads", "status"), [
-    ([1.1, 1.3, 9.0], "pass"),  # median over batches: 1.3
+    ([1.1, 1.3, 9.0], "pass"),  # the smallest over batches: 1.1
     ([CAPTURE_OVERHEAD_PASS], "pass"),
-    ([CAPTURE_OVERHEAD_PASS * 1.01], "warn"),
+    ([CAPTURE_OVERHEAD_PASS * 1.01, 4.0], "warn"),
     ([CAPTURE_OVERHEAD_FAIL], "warn"),
-    ([1.0, CAPTURE_OVERHEAD_FAIL * 1.01, 8.0], "fail"),
+    ([CAPTURE_OVERHEAD_FAIL * 1.01, 8.0], "fail"),
 ])
 def test_status_follows_the_stated_thresholds(overheads, status):
     item = performance_item(_performance(overheads))
     assert item.status == status
-    expected = sorted(overheads)[len(overheads) // 2]
     [line] = [line for line in item.observations if line.startswith("Capture overhead")]
-    assert f"{expected:.3g}x, the median over {len(overheads)} batch(es): {status}" in line
+    assert f"at least {min(overheads):.3g}x over {len(overheads)} batch(es): {status}" in line
     assert f"{status} (pass at most {CAPTURE_OVERHEAD_PASS:g}x, fail above " \
         f"{CAPTURE_OVERHEAD_FAIL:g}x). Spread with the machine's load" in line
     totals = item.evidence[1].frame.iloc[0]
@@ -157,22 +157,24 @@ def _rounds(plain: list[list[float]], captured: list[list[float]]) -> SimpleName
 
 
 def test_one_slow_round_does_not_change_the_judgement():
-    """A round slowed by load (its run with capture, or its run without) leaves the status
-    and the judged overhead as they were; the median of per-round ratios, which the item
-    judged by before, moves from pass to warn on the same timings."""
+    """A round whose run with capture was slowed by load leaves the judged overhead and the
+    status exactly as they were; one whose run without capture was slowed can only lower it
+    (towards pass). The median of per-round ratios, which the item judged by before, moves
+    from pass to warn on the same timings."""
     plain = [[0.10, 0.10, 0.10], [0.20, 0.20, 0.20]]
-    captured = [[0.15, 0.19, 0.21], [0.30, 0.38, 0.42]]  # fastest ratio 1.5, median 1.9
+    captured = [[0.15, 0.19, 0.21], [0.30, 0.38, 0.42]]  # ratios 1.5, 1.9, 2.1
     calm = performance_item(_rounds(plain, captured))
-    slowed_captured = [[0.15, 0.90, 0.21], [0.30, 1.80, 0.42]]
-    slowed_plain = [[0.10, 0.10, 0.60], [0.20, 0.20, 1.20]]
-    for p, c in ((plain, slowed_captured), (slowed_plain, captured)):
-        loaded = performance_item(_rounds(p, c))
-        assert loaded.status == calm.status == "pass"
-        totals = loaded.evidence[1].frame.iloc[0]
-        assert totals["capture_overhead_fastest"] == pytest.approx(1.5)
-    assert _rounds(plain, slowed_captured).performance["capture_overhead"].median() == \
+    slowed = [[0.15, 0.90, 0.21], [0.30, 1.80, 0.42]]
+    loaded = performance_item(_rounds(plain, slowed))
+    assert loaded.status == calm.status == "pass"
+    assert loaded.evidence[1].frame["capture_overhead_min"][0] == pytest.approx(1.5)
+    assert _rounds(plain, slowed).performance["capture_overhead"].median() == \
         pytest.approx(2.1)  # over CAPTURE_OVERHEAD_PASS: the old statistic flips
     assert overhead_status(2.1) == "warn"
     [line] = [line for line in calm.observations if line.startswith("Capture overhead")]
-    assert "1.5x, the median over 2 batch(es): pass" in line
-    assert "per-round ratios median 1.9x, from 1.5x to 2.1x" in line
+    assert "at least 1.5x over 2 batch(es): pass" in line
+    assert "median 1.9x, largest 2.1x" in line
+    # a model over the threshold in every round warns, with or without one slowed round
+    costly = [[0.25, 0.29, 0.31], [0.50, 0.58, 0.62]]  # ratios 2.5, 2.9, 3.1
+    for c in (costly, [[0.25, 0.90, 0.31], [0.50, 1.80, 0.62]]):
+        assert performance_item(_rounds(plain, c)).status == "warn"

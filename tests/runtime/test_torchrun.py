@@ -96,10 +96,9 @@ def test_two_ranks_write_the_single_process_report(factory, tmp_path):
     for table in SUMMARIES:
         assert_frames_close(read(tmp_path / "single", table), read(out, table), 1e-9, table)
     for table in tables - TIMED - PER_ROW - SUMMARIES:  # analyser summaries, checklist...
+        # the checklist's performance status too: it is judged from the smallest per-round
+        # capture overhead, which load moves only towards pass
         assert_frames_close(read(tmp_path / "single", table), read(out, table), 1e-6, table)
-    # the performance item too: it is judged from the fastest runs, which load leaves alone
-    assert read(out, "checklist")[["item", "status"]].equals(
-        read(tmp_path / "single", "checklist")[["item", "status"]])
     batches = ["batch", "examples", "source_tokens", "target_tokens"]
     assert read(out, "performance")[batches].equals(read(tmp_path / "single", "performance")[
         batches])
