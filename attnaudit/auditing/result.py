@@ -17,7 +17,7 @@ run) and the checklist. The views only present what is there:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from attnaudit.validity.gate import GateResult
 from attnaudit.validity.result import ValidityAudit
 
 
-@dataclass
+@dataclass(repr=False)
 class Audit:
     """One audit of one target.
 
@@ -61,12 +61,19 @@ class Audit:
 
     target: str
     description: str
-    tables: dict[str, pd.DataFrame] = field(repr=False)
-    manifest: dict[str, Any] = field(repr=False)
-    validity: ValidityAudit | None = field(default=None, repr=False)
-    suite: InterventionSuite | None = field(default=None, repr=False)
+    tables: dict[str, pd.DataFrame]
+    manifest: dict[str, Any]
+    validity: ValidityAudit | None = None
+    suite: InterventionSuite | None = None
     suite_reason: str | None = None
-    checklist: Checklist | None = field(default=None, repr=False)
+    checklist: Checklist | None = None
+
+    @property
+    def examples(self) -> int | None:
+        """The number of examples audited (after ``limit``); None when the manifest does not
+        record it."""
+        examples = self.manifest.get("data", {}).get("examples")
+        return None if examples is None else int(examples)
 
     @property
     def verdicts(self) -> dict[str, str]:
@@ -185,6 +192,11 @@ class Audit:
                   contribution_figures(self.tables)]
         return {f.name: f for group in groups for f in group}
 
+    def __repr__(self) -> str:
+        """A few lines: the target, examples audited and sites, the verdicts, the checklist's
+        statuses and whether the intervention suite ran (the tables: :attr:`tables`)."""
+        return audit_repr(self)
+
     def _repr_html_(self) -> str:
         summary = summary_html(self.tables, self.manifest)
         if self.validity is None or not self.validity.kept_examples:
@@ -212,3 +224,21 @@ class Audit:
             raise AuditError(f"Audit.{view} needs the audit run in this process (its checklist "
                              "text and example maps); a loaded audit has its tables only")
         return part
+
+
+def audit_repr(audit: Audit) -> str:
+    """``Audit(...)``: one line per part, the checklist items grouped by status."""
+    examples = "?" if audit.examples is None else audit.examples
+    sites = len(audit.manifest.get("sites", []))
+    by_status: dict[str, list[str]] = {}
+    for item, status in audit.statuses.items():
+        by_status.setdefault(status, []).append(item)
+    verdicts = ", ".join(f"{key}={status}" for key, status in audit.verdicts.items())
+    checklist = "; ".join(f"{status}: {', '.join(items)}" for status, items in by_status.items())
+    record = audit.manifest.get("interventions", {})  # a loaded audit's record of its run
+    ran = record.get("ran", audit.suite is not None)
+    suite = "ran" if ran else f"not run ({record.get('reason', audit.suite_reason)})"
+    return "\n".join([f"Audit(target={audit.target!r}, examples={examples}, sites={sites},",
+                      f"  verdicts: {verdicts or 'none'},",
+                      f"  checklist: {checklist or 'none'},",
+                      f"  interventions: {suite})"])

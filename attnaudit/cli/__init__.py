@@ -17,6 +17,7 @@ import sys
 from attnaudit.cli.exits import USAGE_ERROR
 from attnaudit.cli.extras import missing_extra
 from attnaudit.cli.parser import build_parser
+from attnaudit.cli.signals import interrupted, sigterm_as_interrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,12 +35,18 @@ def main(argv: list[str] | None = None) -> int:
     threads can otherwise abort it (exit -6) while the interpreter tears its objects down,
     after the audit is complete."""
     args = build_parser().parse_args(argv)  # --help, --version, usage errors: no torch
-    try:
-        from attnaudit.cli.app import run
-    except ModuleNotFoundError as exc:
-        message = missing_extra(exc, "the attnaudit command")
-        if message is None:
-            raise
-        print(f"attnaudit: error: {message}", file=sys.stderr)
-        return USAGE_ERROR
-    return run(args, from_command_line=argv is None)
+    with sigterm_as_interrupt():  # from before the seconds the libraries take to import
+        try:
+            from attnaudit.cli.app import run
+        except ModuleNotFoundError as exc:
+            message = missing_extra(exc, "the attnaudit command")
+            if message is None:
+                raise
+            print(f"attnaudit: error: {message}", file=sys.stderr)
+            return USAGE_ERROR
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM while importing
+            return interrupted(args.command, exc)
+        try:
+            return run(args, from_command_line=argv is None)
+        except KeyboardInterrupt as exc:  # one arriving while an error is printed
+            return interrupted(args.command, exc)

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
 import traceback
 import warnings
 from collections.abc import Callable
@@ -21,10 +19,11 @@ import torch
 
 from attnaudit.cli.align import align_command
 from attnaudit.cli.commands import check_command, demo_command, intervene_command, report_command
-from attnaudit.cli.exits import INTERNAL_ERROR, INTERRUPTED, USAGE_ERROR
+from attnaudit.cli.exits import INTERNAL_ERROR, USAGE_ERROR
 from attnaudit.cli.extras import missing_extra
 from attnaudit.cli.parser import build_parser as build_parser  # attnaudit.cli.app.build_parser
-from attnaudit.errors import AttnauditError, Terminated
+from attnaudit.cli.signals import interrupted
+from attnaudit.errors import AttnauditError
 from attnaudit.runtime.distributed import launched_by_torchrun, main_rank_output, torchrun_session
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -32,13 +31,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "align": align_command, "report": report_command}
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated
-
-
 def run(args: argparse.Namespace, *, from_command_line: bool) -> int:
     """:func:`attnaudit.cli.main` once the arguments parse and the command's libraries
-    import; ``from_command_line``: the process is the ``attnaudit`` command itself."""
+    import (SIGTERM already raises :class:`~attnaudit.errors.Terminated`, see
+    :mod:`attnaudit.cli.signals`); ``from_command_line``: the process is the ``attnaudit``
+    command itself."""
     status = _run_command(args)
     if from_command_line and launched_by_torchrun():
         sys.stdout.flush()
@@ -49,26 +46,18 @@ def run(args: argparse.Namespace, *, from_command_line: bool) -> int:
 
 def _run_command(args: argparse.Namespace) -> int:
     debug = getattr(args, "debug", False)
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
         with warnings.catch_warnings(), torchrun_session() as shard, main_rank_output(shard):
             warnings.showwarning = _warning_line(args.command)
             return COMMANDS[args.command](args)
     except KeyboardInterrupt as exc:
-        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        print(f"attnaudit {args.command}: {what}; an output folder is replaced only by a "
-              "complete run", file=sys.stderr)
-        return INTERRUPTED
+        return interrupted(args.command, exc)
     except Exception as exc:
         if debug:
             traceback.print_exc()
         line, status = _one_line(exc, f"attnaudit {args.command}", debug)
         print(f"attnaudit {args.command}: {line}", file=sys.stderr)
         return status
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _warning_line(command: str) -> Callable[..., None]:

@@ -243,37 +243,51 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=version("attnaudit"))
     commands = parser.add_subparsers(dest="command", required=True)
 
-    commands.add_parser("demo", parents=[common],
-                        help="capture the bundled date model's attention")
+    demo_help = "capture the bundled date model's attention"
+    commands.add_parser("demo", parents=[common], help=demo_help,
+                        description=f"{demo_help[0].upper()}{demo_help[1:]} (an LSTM "
+                        "normalising English dates) while it decodes 400 validation dates: "
+                        "what capture saw, the masked mass on padding, the seed's "
+                        "year-alignment numbers beside attnaudit's, and one example as a text "
+                        "heatmap. It takes no target and downloads nothing.")
 
-    check = commands.add_parser(
-        "check", parents=[common],
-        help="CI gate: exit 1 on non-finite weights, leaked mask mass, bad row sums")
+    check_help = "CI gate: exit 1 on non-finite weights, leaked mask mass, bad row sums"
+    check = commands.add_parser("check", parents=[common], help=check_help,
+                                description=f"{check_help}; exit 0 when every attention site "
+                                "is healthy.")
     _add_target_arguments(check)
     _add_memory_argument(check)
     _setting(check, "max_masked_mass", type=float, default=DEFAULT_MAX_MASKED_MASS,
+             metavar="MASS",
              help="largest tolerated weight on an ineligible key (default %(default)g)")
     _setting(check, "row_sum_tolerance", type=float, default=DEFAULT_ROW_SUM_TOLERANCE,
+             metavar="TOL",
              help="largest tolerated |row sum - 1| (default: from the weights' dtype and key "
-                  "count, 1e-3 for float32; see the README)")
+                  "count, 1e-3 for float32; see Tolerances in the docs' gate page, "
+                  "docs/gate.md)")
     check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
 
-    intervene = commands.add_parser(
-        "intervene", parents=[common],
-        help="run the intervention and attribution suite and print its tables")
+    intervene_help = "run the intervention and attribution suite and print its tables"
+    intervene = commands.add_parser("intervene", parents=[common], help=intervene_help,
+                                    description=f"{intervene_help.capitalize()} (with --out, "
+                                    "also write them as CSVs).")
     _add_target_arguments(intervene)
     _add_output_arguments(intervene, required=False)
     _add_suite_arguments(intervene)
 
-    align = commands.add_parser(
-        "align", parents=[common],
-        help="word alignments (Pharaoh) from attention or another measure; AER with --gold")
+    align_help = ("word alignments (Pharaoh) from attention or another measure; AER with "
+                  "--gold")
+    align = commands.add_parser("align", parents=[common], help=align_help,
+                                description=align_help[0].upper() + align_help[1:] + ".")
     _add_target_arguments(align)
     _add_memory_argument(align)
     _add_align_arguments(align)
 
-    report = commands.add_parser("report", parents=[common], help="write an HTML/CSV audit report")
+    report_help = "write an HTML/CSV audit report"
+    report = commands.add_parser("report", parents=[common], help=report_help,
+                                 description=f"{report_help.capitalize()} into --out: the "
+                                 "checklist, its evidence tables and the attention explorer.")
     _add_target_arguments(report)
     _add_output_arguments(report, required=True)
     _add_suite_arguments(report)

@@ -6,6 +6,7 @@ into sources, optional references and optional contrast outputs, and cut into ba
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,10 @@ def audit_data(data: Any, contrast: Sequence[str] | None) -> AuditData:
 
 def _read_rows(data: str | Path | Sequence[str]) -> DataRows:
     if isinstance(data, str | Path):
-        return read_rows(data)
+        rows = read_rows(data)
+        if (note := rows.skipped_note(data)) is not None:
+            warnings.warn(f"attnaudit: {note}", stacklevel=2)
+        return rows
     sources = list(data)
     if not sources:
         raise TargetError("the audit data is empty")

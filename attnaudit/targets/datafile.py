@@ -5,12 +5,14 @@ The optional third column is a contrast output per source (contrastive attributi
 what to do about it: a missing file or a folder, an empty file, binary content (a NUL byte),
 bytes that are not UTF-8, a line with more than three tab-separated columns, an empty source
 or contrast, and a file in which some lines give a target (or a contrast) and others do not.
-Blank lines are skipped; line numbers count every line of the file, from 1.
+Blank lines are skipped and counted (:attr:`DataRows.blank_lines`; loading the data warns
+"FILE: 2 examples, 1 blank line skipped (line 2)"); line numbers count every line of the
+file, from 1, and the empty end after a final newline is no line.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnaudit.errors import DataFileError
@@ -19,11 +21,24 @@ from attnaudit.errors import DataFileError
 @dataclass(frozen=True)
 class DataRows:
     """A data file's columns: sources, targets and contrasts (None when no line gives
-    them), one entry per non-blank line."""
+    them), one entry per non-blank line; ``blank_lines``: the numbers of the blank lines
+    skipped."""
 
     sources: list[str]
     targets: list[str] | None
     contrasts: list[str] | None
+    blank_lines: tuple[int, ...] = field(default=())
+
+    def skipped_note(self, path: str | Path) -> str | None:
+        """``"FILE: 2 examples, 1 blank line skipped (line 2)"``, or None when no line was
+        blank."""
+        if not self.blank_lines:
+            return None
+        count, shown = len(self.blank_lines), self.blank_lines[:5]
+        lines = ", ".join(map(str, shown)) + (", ..." if count > len(shown) else "")
+        return (f"{path}: {len(self.sources)} examples, {count} blank "
+                f"line{'s' if count > 1 else ''} skipped (line{'s' if count > 1 else ''} "
+                f"{lines})")
 
 
 def read_rows(path: str | Path) -> DataRows:
@@ -40,11 +55,15 @@ def read_rows(path: str | Path) -> DataRows:
                             "source[<TAB>target] lines")
     raw = path.read_bytes()
     lines = raw.split(b"\n")
+    if lines[-1] == b"":  # the end after a final newline
+        lines.pop()
     columns: list[list[str]] = [[], [], []]
+    blank: list[int] = []
     first_line: dict[int, int] = {}  # number of columns -> the first line that has that many
     for number, line in enumerate(lines, start=1):
         text = _decode(path, number, line.removesuffix(b"\r"))
         if not text.strip():
+            blank.append(number)
             continue
         cells = text.split("\t")
         if len(cells) > 3:
@@ -70,7 +89,7 @@ def read_rows(path: str | Path) -> DataRows:
                             "none")
     width = next(iter(first_line))
     return DataRows(columns[0], columns[1] if width > 1 else None,
-                    columns[2] if width > 2 else None)
+                    columns[2] if width > 2 else None, tuple(blank))
 
 
 def _decode(path: Path, number: int, line: bytes) -> str:

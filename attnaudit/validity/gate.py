@@ -1,6 +1,7 @@
 """The gate: a pass/fail judgement of an audit's validity findings (``attnaudit check``).
 
-Status: 0 (:data:`HEALTHY`) when every site passes; 1 (:data:`UNHEALTHY`) when any site
+Status (:class:`GateStatus`, an :class:`~enum.IntEnum`: the exit code): 0 (:data:`HEALTHY`)
+when every site passes; 1 (:data:`UNHEALTHY`) when any site
 has non-finite weights, masked mass above the masked-mass tolerance, a row-sum error above
 the row-sum tolerance (default: from the weights' dtype and key count, see
 :func:`attnaudit.analysis.numerics.row_sum_tolerance`) or NaN on rows whose keys are all
@@ -14,17 +15,25 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
+from enum import IntEnum
 from typing import Any
 
 import pandas as pd
 
 from attnaudit.validity.findings import GATE_CHECKS, INPUT_SITE, Finding, failing_sites
 
-HEALTHY, UNHEALTHY = 0, 1
+
+class GateStatus(IntEnum):
+    """The gate's status, named; an int, so ``status == 0`` and ``sys.exit(status)`` hold."""
+
+    HEALTHY = 0
+    UNHEALTHY = 1
 
 
+HEALTHY, UNHEALTHY = GateStatus.HEALTHY, GateStatus.UNHEALTHY
 
-@dataclass
+
+@dataclass(repr=False)
 class GateResult:
     """The gate's judgement of one audit.
 
@@ -46,7 +55,7 @@ class GateResult:
     row_sum_tolerance: float | None
 
     @property
-    def status(self) -> int:
+    def status(self) -> GateStatus:
         """:data:`UNHEALTHY` when any finding fails, else :data:`HEALTHY` (the exit code)."""
         return UNHEALTHY if any(f.status == "fail" for f in self.findings) else HEALTHY
 
@@ -62,6 +71,11 @@ class GateResult:
     def summary(self) -> str:
         """The human summary: one line per failing or warning check, then the verdict."""
         return summary_text(self)
+
+    def __repr__(self) -> str:
+        """One screen: status, counts, the first failing sites and the tolerances (the full
+        findings: :meth:`summary`, :meth:`to_dict`)."""
+        return gate_repr(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable result (``--json``): plain JSON types, no NaN."""
@@ -98,6 +112,32 @@ def summary_text(result: GateResult) -> str:
     return "\n".join(lines)
 
 
+REPR_SITES = 8  # failing sites named in the repr; the rest are counted
+
+
+def gate_repr(result: GateResult) -> str:
+    """``GateResult(...)`` on a few lines: the status by name and value, examples, sites
+    passing and failing (the first :data:`REPR_SITES` named), findings per status and the
+    tolerances."""
+    counts = {status: sum(f.status == status for f in result.findings)
+              for status in ("pass", "warn", "fail")}
+    failing = [site for site in result.failing_sites if site != INPUT_SITE]
+    named = ", ".join(failing[:REPR_SITES]) + (f", ... ({len(failing) - REPR_SITES} more)"
+                                               if len(failing) > REPR_SITES else "")
+    sites = len(result.sites)
+    return "\n".join([
+        f"GateResult(target={result.target!r}, status={result.status.name} "
+        f"({int(result.status)}), examples={result.examples},",
+        f"  sites: {sites - len(failing)} of {sites} passing"
+        + (f"; failing: {named}" if failing else "")
+        + ("; every input row is degenerate" if INPUT_SITE in result.failing_sites else "")
+        + ",",
+        f"  findings: {len(result.findings)} ({counts['pass']} pass, {counts['warn']} warn, "
+        f"{counts['fail']} fail),",
+        f"  max_masked_mass={result.max_masked_mass:g}, row_sum_tolerance="
+        f"{_row_sum_tolerances(result)})"])
+
+
 def _row_sum_tolerances(result: GateResult) -> str:
     """The row-sum tolerance as given, or the per-dtype values the rule chose."""
     if result.row_sum_tolerance is not None:
@@ -126,7 +166,7 @@ def check_result(result: GateResult) -> dict[str, Any]:
         "target": result.target,
         "examples": result.examples,
         "healthy": result.healthy,
-        "exit_code": result.status,
+        "exit_code": int(result.status),
         "thresholds": {"max_masked_mass": result.max_masked_mass,
                        "row_sum_tolerance": result.row_sum_tolerance},
         "failing_sites": failing_sites(findings),

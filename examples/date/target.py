@@ -124,7 +124,7 @@ def make_target(limit: int = AUDIT_SOURCES, batch_size: int = 100) -> Seq2SeqTar
         decode_step=decode_step,
         description=(
             "LSTM encoder-decoder with additive (Bahdanau) cross-attention normalising "
-            "free-form English dates to ISO 8601 (examples/date); audit data: the first "
-            f"{limit} unambiguous validation sources."
+            "free-form English dates to ISO 8601 (examples/date); audit data: unambiguous "
+            "validation sources, in order."
         ),
     )

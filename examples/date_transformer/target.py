@@ -35,7 +35,7 @@ def make_target() -> Seq2SeqTarget:
         description=(
             "Hugging Face BART (2 + 2 layers, 4 heads, character tokenizer) normalising "
             "free-form English dates to ISO 8601 (examples/date_transformer); audit data: "
-            f"the first {AUDIT_SOURCES} unambiguous validation sources."
+            "unambiguous validation sources, in order."
         ),
     )
 

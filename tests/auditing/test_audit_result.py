@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
 import torch
@@ -119,3 +121,35 @@ def test_device_and_dtype_are_undone_after_the_audit():
 def test_bad_arguments_are_clear_errors(call, message):
     with pytest.raises(TargetError, match=message):
         call(make_target())
+
+
+def test_a_limited_audit_prints_what_it_audited():
+    """After ``limit=10`` the repr, the notebook summary and the page's header count the 10
+    examples audited, not the 400 of the data, and name the verdicts and statuses."""
+    from attnaudit_examples.date.target import make_target as date_target
+
+    result = attnaudit.audit(date_target(), limit=10, checks_only=True, progress=False)
+    text = repr(result)
+    assert "examples=10," in text and "400" not in text
+    assert "verdicts: validity=pass" in text and len(text.splitlines()) <= 6
+    for status in set(result.statuses.values()):
+        assert f"{status}: " in text
+    assert "400" not in result.description
+    assert ", 10 examples," in result._repr_html_()
+    gate = result.gate()
+    assert gate.status == HEALTHY == 0 and gate.status.name == "HEALTHY"
+    assert repr(gate).startswith("GateResult(target='date', status=HEALTHY (0), examples=10,")
+    assert len(repr(gate).splitlines()) <= 6
+
+
+def test_gate_repr_fits_one_screen_with_many_failing_sites(leaky):
+    result, _ = leaky
+    gate = result.gate()
+    many = dataclasses.replace(gate, findings=[
+        dataclasses.replace(f, site=f"site{i}") for i in range(30) for f in gate.findings
+        if f.status == "fail"])
+    text = repr(many)
+    assert text.startswith("GateResult(target='toy_after_softmax', status=UNHEALTHY (1),")
+    assert "site0, site1," in text and "... (22 more)" in text and "site29" not in text
+    assert len(text.splitlines()) <= 6 and max(map(len, text.splitlines())) < 200
+    assert int(gate.status) == 1 and gate.to_dict()["exit_code"] == 1

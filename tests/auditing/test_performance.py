@@ -14,6 +14,7 @@ import attnaudit
 from attnaudit.checklist.performance import (
     CAPTURE_OVERHEAD_FAIL,
     CAPTURE_OVERHEAD_PASS,
+    overhead_status,
     performance_item,
 )
 from attnaudit.runtime.measurement import (
@@ -22,6 +23,7 @@ from attnaudit.runtime.measurement import (
     PERFORMANCE_COLUMNS,
     TIMING_REPEATS,
     PeakMemory,
+    spread,
 )
 from attnaudit.validity.pipeline import run_validity_audit
 from attnaudit_examples.date.target import make_target as date_target
@@ -88,7 +90,7 @@ def test_cpu_memory_is_not_presented_as_a_measurement(tmp_path):
 
 
 def _performance(overheads: list[float]) -> SimpleNamespace:
-    """A hand-built audit whose batches have these median capture overheads."""
+    """A hand-built audit whose batches have these smallest per-round capture overheads."""
     rows = []
     for batch, overhead in enumerate(overheads):
         plain = 0.1
@@ -99,6 +101,7 @@ def _performance(overheads: list[float]) -> SimpleNamespace:
         for name, value in (("greedy_s", 0.2), ("plain_s", plain),
                             ("captured_s", plain * overhead), ("capture_overhead", overhead)):
             row.update({name: value, f"{name}_min": value * 0.9, f"{name}_max": value * 1.2})
+        row["capture_overhead_min"] = overhead  # the judged statistic, exactly
         rows.append(row)
     sites = pd.DataFrame({"site": ["attend"], "scores_materialised_by_capture": [False]})
     return SimpleNamespace(performance=pd.DataFrame(rows, columns=PERFORMANCE_COLUMNS),
@@ -106,20 +109,19 @@ def _performance(overheads: list[float]) -> SimpleNamespace:
 
 
 @pytest.mark.parametrize(("overheads", "status"), [
-    ([1.1, 1.3, 9.0], "pass"),  # median over batches: 1.3
+    ([1.1, 1.3, 9.0], "pass"),  # the smallest over batches: 1.1
     ([CAPTURE_OVERHEAD_PASS], "pass"),
-    ([CAPTURE_OVERHEAD_PASS * 1.01], "warn"),
+    ([CAPTURE_OVERHEAD_PASS * 1.01, 4.0], "warn"),
     ([CAPTURE_OVERHEAD_FAIL], "warn"),
-    ([1.0, CAPTURE_OVERHEAD_FAIL * 1.01, 8.0], "fail"),
+    ([CAPTURE_OVERHEAD_FAIL * 1.01, 8.0], "fail"),
 ])
 def test_status_follows_the_stated_thresholds(overheads, status):
     item = performance_item(_performance(overheads))
     assert item.status == status
-    expected = sorted(overheads)[len(overheads) // 2]
     [line] = [line for line in item.observations if line.startswith("Capture overhead")]
-    assert f"median {expected:.3g}x over {len(overheads)} batch(es)" in line
-    assert line.endswith(f"{status} (pass at most {CAPTURE_OVERHEAD_PASS:g}x, fail above "
-                         f"{CAPTURE_OVERHEAD_FAIL:g}x).")
+    assert f"at least {min(overheads):.3g}x over {len(overheads)} batch(es): {status}" in line
+    assert f"{status} (pass at most {CAPTURE_OVERHEAD_PASS:g}x, fail above " \
+        f"{CAPTURE_OVERHEAD_FAIL:g}x). Spread with the machine's load" in line
     totals = item.evidence[1].frame.iloc[0]
     assert totals["plain_s"] == pytest.approx(0.1 * len(overheads))
     assert totals["plain_s_max"] == pytest.approx(0.12 * len(overheads))
@@ -136,3 +138,43 @@ def test_peak_memory_is_measured_on_cuda_only():
         block = torch.ones(25_000_000, device="cuda")
         del block
     assert memory.peak_mib == pytest.approx(25_000_000 * 4 / 2**20, rel=0.01)
+
+
+def _rounds(plain: list[list[float]], captured: list[list[float]]) -> SimpleNamespace:
+    """A hand-built audit from per-round times of each batch (seconds, paired by round)."""
+    rows = []
+    for batch, (p, c) in enumerate(zip(plain, captured, strict=True)):
+        row = dict.fromkeys(PERFORMANCE_COLUMNS, math.nan)
+        row.update(batch=batch, examples=10, source_tokens=50, target_tokens=40,
+                   repeats=len(p), greedy_repeats=len(p), capture_mib=0.5,
+                   materialised_sites=0,
+                   **spread("greedy_s", p), **spread("plain_s", p), **spread("captured_s", c),
+                   **spread("capture_overhead", [b / a for a, b in zip(p, c, strict=True)]))
+        rows.append(row)
+    sites = pd.DataFrame({"site": ["attend"], "scores_materialised_by_capture": [False]})
+    return SimpleNamespace(performance=pd.DataFrame(rows, columns=PERFORMANCE_COLUMNS),
+                           sites=sites)
+
+
+def test_one_slow_round_does_not_change_the_judgement():
+    """A round whose run with capture was slowed by load leaves the judged overhead and the
+    status exactly as they were; one whose run without capture was slowed can only lower it
+    (towards pass). The median of per-round ratios, which the item judged by before, moves
+    from pass to warn on the same timings."""
+    plain = [[0.10, 0.10, 0.10], [0.20, 0.20, 0.20]]
+    captured = [[0.15, 0.19, 0.21], [0.30, 0.38, 0.42]]  # ratios 1.5, 1.9, 2.1
+    calm = performance_item(_rounds(plain, captured))
+    slowed = [[0.15, 0.90, 0.21], [0.30, 1.80, 0.42]]
+    loaded = performance_item(_rounds(plain, slowed))
+    assert loaded.status == calm.status == "pass"
+    assert loaded.evidence[1].frame["capture_overhead_min"][0] == pytest.approx(1.5)
+    assert _rounds(plain, slowed).performance["capture_overhead"].median() == \
+        pytest.approx(2.1)  # over CAPTURE_OVERHEAD_PASS: the old statistic flips
+    assert overhead_status(2.1) == "warn"
+    [line] = [line for line in calm.observations if line.startswith("Capture overhead")]
+    assert "at least 1.5x over 2 batch(es): pass" in line
+    assert "median 1.9x, largest 2.1x" in line
+    # a model over the threshold in every round warns, with or without one slowed round
+    costly = [[0.25, 0.29, 0.31], [0.50, 0.58, 0.62]]  # ratios 2.5, 2.9, 3.1
+    for c in (costly, [[0.25, 0.90, 0.31], [0.50, 1.80, 0.62]]):
+        assert performance_item(_rounds(plain, c)).status == "warn"

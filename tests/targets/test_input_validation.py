@@ -57,11 +57,11 @@ def test_good_data_file_reads_sources_and_targets(tmp_path):
     path = tmp_path / "dev.tsv"
     path.write_bytes(b"March 3, 2001\t2001-03-03\r\n\n3/4/99\t1999-03-04\n")
     assert read_rows(path) == DataRows(["March 3, 2001", "3/4/99"],
-                                       ["2001-03-03", "1999-03-04"], None)
+                                       ["2001-03-03", "1999-03-04"], None, (2,))
     path.write_text("only sources\nhere\n")
     assert read_rows(path) == DataRows(["only sources", "here"], None, None)
     path.write_text("a\tA\tB\n\nb\t\tC\n")  # a blank line, an empty target
-    assert read_rows(path) == DataRows(["a", "b"], ["A", ""], ["B", "C"])
+    assert read_rows(path) == DataRows(["a", "b"], ["A", ""], ["B", "C"], (2,))
     with pytest.raises(DataFileError, match="is not a file"):
         read_rows(tmp_path)
 

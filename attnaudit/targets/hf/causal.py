@@ -326,9 +326,9 @@ class CausalLM:
     def prompt_tokens(self, batch: Batch) -> list[list[str]]:
         return self.tokens(batch.source_ids)
 
-    def description(self, origin: str, n_prompts: int) -> str:
+    def description(self, origin: str) -> str:
         return (f"{type(self.model).__name__} (decoder-only) from "
-                f"{origin or 'a loaded model'}: {n_prompts} prompts, continuations by "
+                f"{origin or 'a loaded model'}: continuations of the prompts by "
                 f"{self.decoding.search}{self.decoding.limit_text}; cross-attention is the "
                 "continuation's attention over the prompt, renormalised over the prompt")
 
@@ -356,6 +356,6 @@ class CausalLM:
             sequence=self.sequence, raw_pass=self.raw_pass,
             source_embedding=embedding, source_tokens=self.prompt_tokens,
             target_tokens=self.tokens, eos_id=self.eos_id, special_ids=self.special_ids,
-            description=self.description(origin, len(data.sources)), device=where,
+            description=self.description(origin), device=where,
             truncation=truncation, target_embedding=embedding,
             unk_id=self.tokenizer.unk_token_id, decoding=self.decoding)

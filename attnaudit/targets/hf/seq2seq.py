@@ -171,8 +171,7 @@ class Seq2SeqLM:
             greedy=self.greedy, teacher_forced=self.teacher_forced,
             source_embedding=_source_embedding(self.model), source_tokens=self.source_tokens,
             target_tokens=self.tokens, eos_id=eos, special_ids=self.special_ids,
-            description=(f"{type(self.model).__name__} from {origin or 'a loaded model'} "
-                         f"({len(data.sources)} sources)"),
+            description=f"{type(self.model).__name__} from {origin or 'a loaded model'}",
             encode=self.encode, decode=self.decode, decode_states=self.decode_states,
             decode_step=self.decode_step, cached_decode=self.cached_decode, device=where,
             truncation=truncation,
