@@ -12,7 +12,7 @@ from __future__ import annotations
 # optional-dependencies attribution, report and hf; tests/test_packaging.py holds the two
 # lists together).
 EXTRA_PACKAGES = frozenset({"captum", "scipy", "seaborn", "matplotlib", "jinja2",
-                            "transformers", "tokenizers", "safetensors"})
+                            "transformers", "tokenizers", "safetensors", "accelerate"})
 INSTALL_ALL = "pip install 'attnaudit[all]'"
 
 

@@ -39,6 +39,7 @@ from torch import nn
 
 from attnaudit.contributions.projection import Projection
 from attnaudit.contributions.trace import SiteTrace
+from attnaudit.targets.placement import onloaded
 
 RESUM_TOLERANCE = 1e-4
 HALF_RESUM_TOLERANCE = 2e-2  # fp16 / bf16 models: their own sums are this coarse
@@ -102,11 +103,12 @@ def _linearised(module: nn.Module, z: torch.Tensor, y: torch.Tensor
     """(s (B, Q, 1), gamma, beta, centred, fit error) of a norm call, its input ``z`` and
     output ``y`` (float32 (B, Q, d)): centring (LayerNorm) or not (RMSNorm), and gamma the
     weight or 1 + weight (Gemma's RMSNorm), whichever form reproduces the call's output."""
-    weight = getattr(module, "weight", None)
-    bias = getattr(module, "bias", None)
-    gammas = [torch.ones_like(z[0, 0])] if weight is None else [
-        weight.detach().float(), 1 + weight.detach().float()]
-    beta = torch.zeros_like(z[0, 0]) if bias is None else bias.detach().float()
+    with onloaded(module):
+        weight = getattr(module, "weight", None)
+        bias = getattr(module, "bias", None)
+        gammas = [torch.ones_like(z[0, 0])] if weight is None else [
+            weight.detach().float(), 1 + weight.detach().float()]
+        beta = torch.zeros_like(z[0, 0]) if bias is None else bias.detach().float()
     best, shifted = None, y - beta
     for centred in (True, False):
         moved = _centre(z, centred)

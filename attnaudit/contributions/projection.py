@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from attnaudit.contributions.trace import SiteTrace
+from attnaudit.targets.placement import execution_device
 
 # Relative error within which a module's input is the heads' concatenated read (the closest
 # candidate is taken; a module reading anything else is off by order 1).
@@ -55,8 +56,9 @@ def merged_read(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 
 def affine_map(module: nn.Module, d_in: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(W (d_in, d_out), b (d_out,))`` float32 with ``module(x) = x W + b``."""
-    param = next(module.parameters())
-    probe = torch.cat([torch.zeros(1, d_in), torch.eye(d_in)]).to(param.device, param.dtype)
+    param = next(module.parameters())  # its dtype; an offloaded one's data is not read
+    probe = torch.cat([torch.zeros(1, d_in), torch.eye(d_in)]).to(execution_device(module),
+                                                                  param.dtype)
     with torch.no_grad():
         out = module(probe).float()
     return out[1:] - out[0], out[0]

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnaudit.targets.placement import cpu_state
+
 LIBRARIES = ("torch", "attnaudit", "transformers", "captum", "numpy", "pandas", "scipy",
              "matplotlib", "seaborn", "jinja2")
 
@@ -32,7 +34,7 @@ def state_dict_sha256(model: nn.Module) -> str:
     digest = hashlib.sha256()
     state = model.state_dict()
     for name in sorted(state):
-        tensor = state[name].detach().cpu().contiguous()
+        tensor = cpu_state(model, name, state[name]).contiguous()
         digest.update(name.encode("utf-8"))
         digest.update(f"{tensor.dtype} {tuple(tensor.shape)}".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())

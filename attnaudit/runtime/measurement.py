@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from attnaudit.record import AttentionRecord
+from attnaudit.targets.placement import input_device
 
 # Each timed pass runs at least TIMING_REPEATS times, and more (up to MAX_TIMING_REPEATS)
 # while its runs add up to less than MIN_TIMED_S, so that millisecond passes are not judged
@@ -69,8 +70,7 @@ class PeakMemory:
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
-        param = next(model.parameters(), None)
-        self.device = param.device if param is not None else torch.device("cpu")
+        self.device = input_device(model)
         self.peak_mib = math.nan
         self._base: float | None = None
 

@@ -5,6 +5,12 @@ then restored (:func:`placed`).
 For :func:`placed`: ``nn.Module.to`` replaces each parameter's data and each buffer by a
 moved or cast tensor; holding on to the originals and putting them back restores the model
 exactly (a cast back from bfloat16 would not), with the same parameter objects as before.
+
+A model placed by accelerate (``from_pretrained(..., device_map=...)``, with CPU or disk
+offload) holds offloaded parameters on the meta device and moves them in for each call
+through a hook on each module: its parameters do not say where it computes, so
+:func:`execution_device` reads the hook, and such a model is never moved, cast or copied
+(:func:`is_dispatched`).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+from torch import nn
 
 from attnaudit.errors import TargetError
 from attnaudit.targets.contract import Seq2SeqTarget
@@ -51,6 +58,73 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     raise TargetError(f"unsupported dtype {dtype!r}: use one of {', '.join(DTYPES)}")
 
 
+def is_dispatched(model: nn.Module) -> bool:
+    """Whether accelerate placed ``model`` (a device map, or alignment hooks on modules)."""
+    return getattr(model, "hf_device_map", None) is not None or any(
+        hasattr(module, "_hf_hook") for module in model.modules())
+
+
+def execution_device(module: nn.Module) -> torch.device | None:
+    """Where ``module`` computes: the execution device of accelerate's hook on it (its
+    parameters may be meta, offloaded to CPU or disk), else its first parameter's device;
+    None for a module without parameters or hook."""
+    hook = getattr(module, "_hf_hook", None)
+    for one in getattr(hook, "hooks", (hook,)):  # a SequentialHook holds several
+        where = getattr(one, "execution_device", None)
+        if where is not None:
+            return torch.device("cuda", where) if isinstance(where, int) else torch.device(where)
+    param = next(module.parameters(), None)
+    return None if param is None else param.device
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where ``model``'s input ids go: its input embedding's execution device (the first
+    device of an accelerate placement), else the model's; the CPU for a model with
+    neither parameters nor hooks."""
+    embeddings = getattr(model, "get_input_embeddings", None)
+    for module in (embeddings() if callable(embeddings) else None, model):
+        where = None if module is None else execution_device(module)
+        if where is not None:
+            return where
+    return torch.device("cpu")
+
+
+@contextmanager
+def onloaded(module: nn.Module) -> Iterator[None]:
+    """Within the block, ``module``'s own parameters hold their data on its execution
+    device, also where accelerate offloaded them to CPU or disk (meta outside its calls);
+    a module without an offloading hook is left as it is."""
+    hook = getattr(module, "_hf_hook", None)
+    if hook is None or not getattr(hook, "offload", False):
+        yield
+        return
+    from accelerate.utils import align_module_device  # present: it placed the module
+
+    with align_module_device(module):
+        yield
+
+
+def cpu_state(model: nn.Module, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``model.state_dict()[name]`` (``tensor``) on the CPU, its data read from where
+    accelerate offloaded it when the state dict holds a meta placeholder."""
+    if tensor.device.type == "meta":
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner)
+        with onloaded(module):
+            return getattr(module, attr).detach().cpu()
+    return tensor.detach().cpu()
+
+
+def refuse_dispatched(model: nn.Module) -> None:
+    """A TargetError for moving, casting or copying a model accelerate placed: its
+    offloaded parameters have no data to move, and its hooks would bring the weights back
+    to their own devices."""
+    if is_dispatched(model):
+        raise TargetError("the model was placed by accelerate (device_map): it runs where "
+                          "it was placed; leave device and dtype unset, or load it with "
+                          "the torch_dtype and device_map you want")
+
+
 def place(target: Seq2SeqTarget, device: str | torch.device | None = None,
           dtype: str | torch.dtype | None = None) -> Seq2SeqTarget:
     """``target`` with its model moved to ``device`` and cast to the floating ``dtype`` (in
@@ -58,6 +132,7 @@ def place(target: Seq2SeqTarget, device: str | torch.device | None = None,
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     if device is None and dtype is None:
         return target
+    refuse_dispatched(target.model)
     target.model.to(device=device, dtype=dtype)
     return target.with_options(device=device) if device is not None else target
 
@@ -74,6 +149,7 @@ def placed(target: Seq2SeqTarget, device: str | torch.device | None = None,
         yield target
         return
     model = target.model
+    refuse_dispatched(model)
     params = [(p, p.data, p.grad) for p in model.parameters()]
     buffers = [(module, name, buffer) for module in model.modules()
                for name, buffer in module._buffers.items() if buffer is not None]

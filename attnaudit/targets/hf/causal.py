@@ -62,6 +62,7 @@ from attnaudit.targets.decoding import Decoding, forced_logits
 from attnaudit.targets.hf.cache import cache_argument, cache_before, cache_state
 from attnaudit.targets.hf.own_input import OwnInput, own_input, refuse_padding_ids
 from attnaudit.targets.hf.tokenizer import source_limit, special_token_ids
+from attnaudit.targets.placement import input_device
 
 
 def is_causal_lm(config: Any) -> bool:
@@ -345,7 +346,7 @@ class CausalLM:
                                               reserved=self.decoding.max_new_tokens or 0)
         if self.limit is not None:
             truncation += " (a cut prompt keeps its last tokens)"
-        where = next(self.model.parameters()).device
+        where = input_device(self.model)
         embedding = None if self.reads_ids else self.model.get_input_embeddings()
         return DecoderOnlyTarget(
             name=name or label, model=self.model,

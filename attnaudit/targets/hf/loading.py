@@ -23,7 +23,12 @@ from attnaudit.targets.decoding import resolve_decoding
 from attnaudit.targets.hf.causal import CausalLM, is_causal_lm
 from attnaudit.targets.hf.seq2seq import Seq2SeqLM
 from attnaudit.targets.hf.tokenizer import check_tokenization, check_tokenizer_files
-from attnaudit.targets.placement import resolve_device, resolve_dtype
+from attnaudit.targets.placement import (
+    input_device,
+    refuse_dispatched,
+    resolve_device,
+    resolve_dtype,
+)
 
 
 def from_hf(model_or_dir: nn.Module | str | Path, data: Any, *, tokenizer: Any = None,
@@ -167,11 +172,11 @@ def _loaded_model(model: nn.Module, device: torch.device | None,
     if not hasattr(model, "generate") or not (causal or hasattr(model, "get_encoder")):
         raise TargetError(f"from_hf needs a Hugging Face seq2seq model (generate, "
                           f"get_encoder) or causal LM (generate), got {type(model).__name__}")
-    param = next(model.parameters(), None)
+    where = input_device(model)  # offloaded parameters are on meta: not where it runs
     # "cuda" names whichever GPU the model is on: only a type or an explicit index moves it
-    moves = device is not None and param is not None and (
-        param.device.type != device.type
-        or (device.index is not None and param.device.index != device.index))
+    moves = device is not None and next(model.parameters(), None) is not None and (
+        where.type != device.type
+        or (device.index is not None and where.index != device.index))
     casts = dtype is not None and any(p.is_floating_point() and p.dtype != dtype
                                       for p in model.parameters())
     if model.training:
@@ -180,6 +185,7 @@ def _loaded_model(model: nn.Module, device: torch.device | None,
                       stacklevel=3)
     if not (moves or casts):
         return model
+    refuse_dispatched(model)  # a copy of offloaded weights would copy meta tensors
     return copy.deepcopy(model).to(device=device, dtype=dtype)
 
 

@@ -28,6 +28,7 @@ from attnaudit.targets.data import AuditData
 from attnaudit.targets.decoding import Decoding, forced_logits
 from attnaudit.targets.hf.cache import cache_argument, cache_before, cache_state
 from attnaudit.targets.hf.tokenizer import source_limit, special_token_ids
+from attnaudit.targets.placement import input_device
 
 # decode_states' value: the model's own cache with the rows it holds (hf.cache.cache_state)
 KVStates = dict[str, Any]
@@ -164,7 +165,7 @@ class Seq2SeqLM:
             raise TargetError(f"{label}: config needs decoder_start_token_id, pad and eos ids")
         self.limit, truncation = source_limit(self.tokenizer, self.model.config, data.sources,
                                               max_source_tokens)
-        where = next(self.model.parameters()).device
+        where = input_device(self.model)
         return Seq2SeqTarget(
             name=name or label, model=self.model,
             batches=lambda: data.batches(batch_size, where, self.sources, self.outputs),

@@ -1,0 +1,168 @@
+"""A Llama-3.2-1B-shaped decoder-only model in bfloat16: the model's own work, ``check`` and
+the quick audit, each in a fresh process, with time, peak memory and the ratios.
+
+    python -m benchmarks.llm_scale [--layers 16] [--hidden 2048] [--heads 32] [--kv-heads 8]
+        [--mlp 8192] [--vocab 128256] [--check-tokens 512] [--quick-tokens 96]
+        [--new-tokens 6] [--device cpu|cuda] [--dtype bfloat16]
+
+The model is built from a ``LlamaConfig`` of the given sizes (defaults: Llama-3.2-1B's, tied
+embeddings, 1.24B parameters; seeded random weights, nothing downloaded) and saved with a
+word-level tokenizer of the same vocabulary (built with ``tokenizers``). Two seeded prompts
+of ``--check-tokens`` / ``--quick-tokens`` words decode ``--new-tokens`` greedily. Four
+measurements, each a fresh process that loads the saved folder: the model's own work
+(``generate`` plus one teacher-forced pass over prompt and output) at each prompt length,
+``attnaudit.audit(..., checks_only=True)`` at the check length and ``audit(..., quick=True)``
+at the quick one. Printed per measurement: the timed section's seconds (loading excluded),
+the process's peak RSS, CUDA's peak allocation on a GPU, the load before and after; then
+``check`` and the quick audit as multiples of the model's own work at the same length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import banner, load, parser, python_module, run_child
+
+SIZES = {"layers": 16, "hidden": 2048, "heads": 32, "kv_heads": 8, "mlp": 8192,
+         "vocab": 128256}
+SPECIAL = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0-3
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    p = parser(__spec__.name if __spec__ else "benchmarks.llm_scale", __doc__)
+    for name, default in SIZES.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    p.add_argument("--check-tokens", type=int, default=512)
+    p.add_argument("--quick-tokens", type=int, default=96)
+    p.add_argument("--new-tokens", type=int, default=6)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--child", choices=["model", "check", "quick"], help=argparse.SUPPRESS)
+    p.add_argument("--folder", help=argparse.SUPPRESS)
+    p.add_argument("--prompt-tokens", type=int, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def build(folder: Path, args: argparse.Namespace) -> int:
+    """Save the seeded model and its word-level tokenizer into ``folder``; its parameters."""
+    import torch
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.mlp,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads, tie_word_embeddings=True,
+        max_position_embeddings=max(args.check_tokens, args.quick_tokens) + args.new_tokens + 8,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = LlamaForCausalLM(config).to(getattr(torch, args.dtype)).eval()
+    model.generation_config.do_sample = False
+    model.save_pretrained(folder)
+    words = {w: i for i, w in enumerate(SPECIAL)}
+    words.update({f"w{i}": i for i in range(len(SPECIAL), args.vocab)})
+    tok = Tokenizer(WordLevel(words, unk_token="<unk>"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>",
+                            eos_token="</s>", bos_token="<s>").save_pretrained(folder)
+    return sum(p.numel() for p in model.parameters())
+
+
+def prompts(vocab: int, tokens: int) -> list[str]:
+    """Two seeded prompts of ``tokens`` words (ordinary ids only)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(len(SPECIAL), vocab, (2, tokens), generator=gen)
+    return [" ".join(f"w{int(i)}" for i in row) for row in ids]
+
+
+def child(args: argparse.Namespace) -> None:
+    """One measurement in this process; prints a JSON line with the timed seconds."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import attnaudit
+
+    folder = Path(args.folder)
+    device = torch.device(args.device)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, args.dtype))
+    model = model.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    texts = prompts(args.vocab, args.prompt_tokens)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    if args.child == "model":
+        with torch.no_grad():
+            inputs = tokenizer(texts, return_tensors="pt", padding=True).to(device)
+            out = model.generate(**inputs, max_new_tokens=args.new_tokens, do_sample=False,
+                                 min_new_tokens=args.new_tokens)
+            model(input_ids=out, attention_mask=torch.ones_like(out))
+    else:
+        target = attnaudit.from_hf(model, texts, tokenizer=tokenizer, batch_size=2,
+                                   max_new_tokens=args.new_tokens, decoding="greedy",
+                                   name="llm-scale")
+        attnaudit.audit(target, checks_only=args.child == "check", quick=args.child == "quick",
+                        progress=False)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    print(json.dumps({"seconds": seconds, "device_peak_gib": peak}))
+
+
+def measure(what: str, tokens: int, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    before = os.getloadavg()[0]
+    flags = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SIZES]
+    run = run_child(python_module("benchmarks.llm_scale", "--child", what, "--folder",
+                                  str(folder), "--prompt-tokens", str(tokens),
+                                  "--new-tokens", str(args.new_tokens), "--device",
+                                  args.device, "--dtype", args.dtype, *flags))
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    return {**result, "rss_gib": run.peak_rss_gib, "load": (before, os.getloadavg()[0])}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _arguments(argv)
+    if args.child:
+        child(args)
+        return
+    print(banner())
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "model"
+        params = build(folder, args)
+        print(f"Llama-shaped: {args.layers} layers, hidden {args.hidden}, {args.heads} q / "
+              f"{args.kv_heads} kv heads, MLP {args.mlp}, vocabulary {args.vocab}, "
+              f"{params / 1e6:.1f}M parameters, {args.dtype} on {args.device}; 2 prompts, "
+              f"{args.new_tokens} new tokens")
+        plan = [("model", args.check_tokens), ("check", args.check_tokens),
+                ("model", args.quick_tokens), ("quick", args.quick_tokens)]
+        results = {}
+        for what, tokens in plan:
+            r = results[what, tokens] = measure(what, tokens, folder, args)
+            device = ("" if r["device_peak_gib"] is None
+                      else f", device peak {r['device_peak_gib']:.2f} GiB")
+            print(f"{what:>6} at {tokens:>4} prompt tokens: {r['seconds']:8.2f} s, peak RSS "
+                  f"{r['rss_gib']:.2f} GiB{device}, load {r['load'][0]:.2f} -> "
+                  f"{r['load'][1]:.2f}", flush=True)
+    for what, tokens in (("check", args.check_tokens), ("quick", args.quick_tokens)):
+        own = results["model", tokens]
+        ratio = results[what, tokens]["seconds"] / own["seconds"]
+        rss = results[what, tokens]["rss_gib"] / own["rss_gib"]
+        print(f"{what} / model's own work at {tokens} tokens: {ratio:.2f}x time, "
+              f"{rss:.2f}x peak RSS")
+    print(f"done; {load()}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,31 @@
+"""``python -m benchmarks.llm_scale`` at tiny sizes: the saved model has the flags' shape
+and every measurement the script starts in a fresh process runs (here in this one, to stay
+fast) and reports its seconds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import llm_scale
+
+pytest.importorskip("transformers")
+TINY = ["--layers", "1", "--hidden", "32", "--heads", "4", "--kv-heads", "2", "--mlp", "64",
+        "--vocab", "120", "--check-tokens", "10", "--quick-tokens", "8", "--new-tokens", "2"]
+
+
+def test_each_measurement_runs_on_a_model_of_the_flags_shape(tmp_path, capsys):
+    from transformers import AutoConfig
+
+    args = llm_scale._arguments(TINY)
+    params = llm_scale.build(tmp_path, args)
+    config = AutoConfig.from_pretrained(tmp_path)
+    assert (config.num_hidden_layers, config.hidden_size, config.num_key_value_heads,
+            config.vocab_size, config.tie_word_embeddings) == (1, 32, 2, 120, True)
+    assert params == 120 * 32 + 32 * (32 + 2 * 16 + 32) + 3 * 32 * 64 + 3 * 32  # tied head
+    for what, tokens in (("model", "10"), ("check", "10"), ("quick", "8")):
+        llm_scale.child(llm_scale._arguments(
+            [*TINY, "--child", what, "--folder", str(tmp_path), "--prompt-tokens", tokens]))
+        result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert result["seconds"] > 0 and result["device_peak_gib"] is None
