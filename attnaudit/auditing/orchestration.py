@@ -20,6 +20,7 @@ from torch import nn
 
 from attnaudit.attribution.options import AttributionOptions
 from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
+from attnaudit.auditing.plan import VALIDITY, expect_plan, plan_audit
 from attnaudit.auditing.result import Audit
 from attnaudit.checklist import build_checklist
 from attnaudit.checklist.contributions import CONTRIBUTION_TABLES
@@ -27,7 +28,7 @@ from attnaudit.errors import AttnauditError, OptionError, TargetError
 from attnaudit.options import DEFAULT_EXPLORER_EXAMPLES, AttributionSettings, AuditOptions
 from attnaudit.report.manifest import build_manifest
 from attnaudit.runtime.distributed import Shard, current_shard
-from attnaudit.runtime.progress import display
+from attnaudit.runtime.progress import display, part
 from attnaudit.targets.checks import checked_target
 from attnaudit.targets.contract import Seq2SeqTarget
 from attnaudit.targets.decoding import decoding_record
@@ -206,14 +207,20 @@ def _run(target: Seq2SeqTarget, *, options: AuditOptions, progress: bool,
     attribution = attribution_options(options.attribution)
     if suite_runs and attribution is not None:
         attribution.check(target)  # asked for explicitly: an error now, not a skipped suite
+    plan = plan_audit(target, options, attribution) if progress and suite_runs else None
+    if plan is not None:
+        print(plan, file=sys.stderr, flush=True)
     with display(len(texts), 1 + suite_runs, enabled=progress, name=f"audit {target.name}"):
-        validity = run_validity_audit(target, limit=limit, progress=progress,
-                                      keep_example=not checks_only, regions=not checks_only,
-                                      timing=not checks_only, checks_only=checks_only,
-                                      max_masked_mass=options.tolerances.max_masked_mass,
-                                      row_sum_tolerance=options.tolerances.row_sum_tolerance,
-                                      shard=shard, keep_examples=options.explorer_examples,
-                                      max_memory=options.max_memory)
+        if plan is not None:
+            expect_plan(plan)
+        with part(VALIDITY):
+            validity = run_validity_audit(target, limit=limit, progress=progress,
+                                          keep_example=not checks_only, regions=not checks_only,
+                                          timing=not checks_only, checks_only=checks_only,
+                                          max_masked_mass=options.tolerances.max_masked_mass,
+                                          row_sum_tolerance=options.tolerances.row_sum_tolerance,
+                                          shard=shard, keep_examples=options.explorer_examples,
+                                          max_memory=options.max_memory)
         if suite_runs:
             suite, reason = _run_suite(target, options, progress, shard)
         else:
