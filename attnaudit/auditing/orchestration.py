@@ -20,7 +20,7 @@ from torch import nn
 
 from attnaudit.attribution.options import AttributionOptions
 from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
-from attnaudit.auditing.plan import VALIDITY, expect_plan, plan_audit
+from attnaudit.auditing.plan import VALIDITY, Plan, expect_plan, plan_audit
 from attnaudit.auditing.result import Audit
 from attnaudit.checklist import build_checklist
 from attnaudit.checklist.contributions import CONTRIBUTION_TABLES
@@ -158,6 +158,21 @@ def intervene(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
     progress = progress and shard.is_main
     return _on_target(target_or_model, data, tokenizer, options, shard, hf_options,
                       lambda target: _suite(target, options, progress, shard))
+
+
+def plan(target_or_model: Seq2SeqTarget | nn.Module | str | Path, data: Any = None, *,
+         tokenizer: Any = None, options: AuditOptions | None = None,
+         **settings: Any) -> Plan:
+    """What :func:`audit` with the same arguments would run, and an estimate of how long it
+    takes (``attnaudit report --dry-run``): the passes and edited items per protocol
+    (:mod:`attnaudit.auditing.plan`), at the cost of the first batch's reference run and
+    uniform edit. ``settings``: :func:`audit`'s keywords of the same names
+    (``quick=True``, ``limit=``, ``checks_only=True`` ...). ``print(plan)`` shows it."""
+    options = AuditOptions.from_settings(settings, options)
+    shard = current_shard(None)
+    return _on_target(target_or_model, data, tokenizer, options, shard, {},
+                      lambda target: plan_audit(checked_target(target), options,
+                                                attribution_options(options.attribution)))
 
 
 def attribution_options(settings: AttributionOptions | AttributionSettings | None

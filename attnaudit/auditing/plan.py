@@ -2,11 +2,13 @@
 items, forward and backward passes) and how long it should take, from a timed first batch.
 
 :func:`plan_audit` runs the first batch's reference run and the uniform edit on its rows
-(timed: seconds per forward pass), asks every protocol the suite would run for its
+(timed: seconds per edited item), asks every protocol the suite would run for its
 :meth:`~attnaudit.interventions.protocol.InterventionProtocol.cost` on that batch, and
 scales it to the data (exact with one batch; an estimate otherwise, and for protocols whose
-cost is itself one). A protocol without a cost is listed as "unknown". The same plan feeds
-the progress display (:func:`expect_plan`) and ``--dry-run``.
+cost is itself one). The time estimate is items x the timed seconds per item (a rough
+first figure: the progress display replaces it with each part's measured rate as the audit
+runs). A protocol without a cost is listed as "unknown". The same plan feeds the progress
+display (:func:`expect_plan`), :func:`attnaudit.plan` and ``--dry-run``.
 """
 
 from __future__ import annotations
@@ -22,14 +24,12 @@ from attnaudit.auditing.intervention_suite import (
 )
 from attnaudit.interventions.ablation import uniform_test
 from attnaudit.interventions.protocol import BATCH, BatchContext, Cost, subset_rows
-from attnaudit.interventions.protocols import Uniform
 from attnaudit.interventions.reference_run import reference
 from attnaudit.options import AuditOptions
 from attnaudit.runtime.progress import expect
 from attnaudit.targets.contract import Seq2SeqTarget
 
 VALIDITY = "validity"
-BACKWARD_FORWARDS = 2.0  # a backward pass costs about two forward passes
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Plan:
     batches: int
     validity: ProtocolPlan
     protocols: tuple[ProtocolPlan, ...]
-    seconds_per_pass: float
+    seconds_per_item: float
 
     @property
     def seconds(self) -> float:
@@ -60,8 +60,8 @@ class Plan:
 
     def __str__(self) -> str:
         lines = [f"plan of audit {self.target}: {self.examples} examples in {self.batches} "
-                 f"batches; from the first batch, {self.seconds_per_pass * 1e3:.3g} ms per "
-                 "forward pass",
+                 f"batches; timed on the first batch: {self.seconds_per_item * 1e3:.3g} ms "
+                 "per edited item",
                  f"  {'part':<18} {'items':>10} {'forward':>9} {'backward':>9} {'estimate':>10}"]
         for p in (self.validity, *self.protocols):
             if p.cost is None:
@@ -99,8 +99,9 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
     counted = ref.rows()
     started = time.perf_counter()
     uniform = uniform_test(target, ref, counted)
-    timed = Uniform().cost(BatchContext(target, first, ref, counted, settings)).forward
-    per_pass = ((time.perf_counter() - started) / timed if timed and len(uniform)
+    # one edited item of the uniform edit, timed: the unit every protocol's items are
+    # estimated in (a chunk's fixed cost is spread over its items)
+    per_item = ((time.perf_counter() - started) / len(uniform) if len(uniform)
                 else ref_seconds / decoding)
     scale, single = settings.n_examples / len(first), len(batches) == 1
     validity = ProtocolPlan(VALIDITY, Cost(settings.n_examples, round(decoding * len(batches)),
@@ -122,10 +123,9 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
             continue
         cost = Cost(round(cost.items * factor), round(cost.forward * factor),
                     round(cost.backward * factor), cost.exact and single)
-        protocols.append(ProtocolPlan(protocol.name, cost, per_pass * (
-            cost.forward + BACKWARD_FORWARDS * cost.backward)))
+        protocols.append(ProtocolPlan(protocol.name, cost, per_item * cost.items))
     return Plan(target.name, settings.n_examples, len(batches), validity, tuple(protocols),
-                per_pass)
+                per_item)
 
 
 def expect_plan(plan: Plan) -> None:

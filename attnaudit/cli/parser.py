@@ -139,6 +139,12 @@ def _add_output_arguments(parser: argparse.ArgumentParser, *, required: bool) ->
                              "output (they are deleted)")
 
 
+def _add_dry_run_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan alone: passes and edited items per protocol and "
+                             "an estimate from a timed first batch; run no audit")
+
+
 def _add_memory_argument(parser: argparse.ArgumentParser) -> None:
     _setting(parser, "max_memory", metavar="SIZE",
              help="memory budget of one chunk of edited sequences and of one query block of "
@@ -256,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(check, "row_sum_tolerance", type=float, default=DEFAULT_ROW_SUM_TOLERANCE,
              help="largest tolerated |row sum - 1| (default: from the weights' dtype and key "
                   "count, 1e-3 for float32; see the README)")
+    _add_dry_run_argument(check)
     check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
 
@@ -265,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_arguments(intervene)
     _add_output_arguments(intervene, required=False)
     _add_suite_arguments(intervene)
+    _add_dry_run_argument(intervene)
 
     align = commands.add_parser(
         "align", parents=[common],
@@ -275,8 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser("report", parents=[common], help="write an HTML/CSV audit report")
     _add_target_arguments(report)
-    _add_output_arguments(report, required=True)
+    _add_output_arguments(report, required=False)
     _add_suite_arguments(report)
+    _add_dry_run_argument(report)
     _setting(report, "explorer_examples", type=positive_int, metavar="N",
              default=DEFAULT_EXPLORER_EXAMPLES,
              help="the attention explorer shows the first N examples' maps (default "

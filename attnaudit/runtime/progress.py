@@ -111,9 +111,9 @@ class Display:
         if not self.parts:
             if self.total is None or self.done <= 0:
                 return None
-            rate = (time.perf_counter() - self._phase_started) / self.done
+            average = (time.perf_counter() - self._phase_started) / self.done
             later = self.total * max(self.phases - self.phases_started, 0)
-            return max(self.total - self.done, 0.0) * rate + later * rate
+            return (max(self.total - self.done, 0.0) + later) * average
         self._charge()
         measured = [p for p in self.parts.values() if p.rate() is not None
                     and p.estimate is not None and p.estimate > 0]
@@ -122,7 +122,7 @@ class Display:
         left, known = 0.0, False
         for part in self.parts.values():
             units = max(part.planned - part.done, 0.0)
-            rate: float | None = part.rate()
+            rate = part.rate()
             if rate is None and part.estimate is not None:
                 rate = part.estimate * scale
             if rate is not None:
