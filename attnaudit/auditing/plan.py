@@ -2,10 +2,11 @@
 items, forward and backward passes) and how long it should take, from a timed first batch.
 
 :func:`plan_audit` runs the first batch's reference run and the uniform edit on its rows
-(timed: seconds per edited item), asks every protocol the suite would run for its
-:meth:`~attnaudit.interventions.protocol.InterventionProtocol.cost` on that batch, and
+(timed: seconds per forward pass and per edited item), asks every protocol the suite would
+run for its :meth:`~attnaudit.interventions.protocol.InterventionProtocol.cost` on that batch, and
 scales it to the data (exact with one batch; an estimate otherwise, and for protocols whose
-cost is itself one). The time estimate is items x the timed seconds per item (a rough
+cost is itself one). The time estimate is passes x the timed seconds per pass plus
+items x the timed seconds per item (a backward pass counted as two forward ones; a rough
 first figure: the progress display replaces it with each part's measured rate as the audit
 runs). A protocol without a cost is listed as "unknown". The same plan feeds the progress
 display (:func:`expect_plan`), :func:`attnaudit.plan` and ``--dry-run``.
@@ -22,14 +23,17 @@ from attnaudit.auditing.intervention_suite import (
     CUMULATIVE_EXAMPLES,
     suite_plan,
 )
-from attnaudit.interventions.ablation import uniform_test
+from attnaudit.interventions.ablation import uniform_rows
 from attnaudit.interventions.protocol import BATCH, BatchContext, Cost, subset_rows
-from attnaudit.interventions.reference_run import reference
+from attnaudit.interventions.reference_run import Reference, RowIndex, reference
+from attnaudit.interventions.runner import ItemEdit, item_chunks, run_items
 from attnaudit.options import AuditOptions
 from attnaudit.runtime.progress import expect
 from attnaudit.targets.contract import Seq2SeqTarget
 
 VALIDITY = "validity"
+TIMED_COPIES = 4  # copies per row in the second timed uniform edit
+BACKWARD_FORWARDS = 2.0  # a backward pass costs about two forward passes
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class Plan:
     batches: int
     validity: ProtocolPlan
     protocols: tuple[ProtocolPlan, ...]
+    seconds_per_pass: float
     seconds_per_item: float
 
     @property
@@ -60,8 +65,8 @@ class Plan:
 
     def __str__(self) -> str:
         lines = [f"plan of audit {self.target}: {self.examples} examples in {self.batches} "
-                 f"batches; timed on the first batch: {self.seconds_per_item * 1e3:.3g} ms "
-                 "per edited item",
+                 f"batches; timed on the first batch: {self.seconds_per_pass * 1e3:.3g} ms "
+                 f"per forward pass + {self.seconds_per_item * 1e3:.3g} ms per edited item",
                  f"  {'part':<18} {'items':>10} {'forward':>9} {'backward':>9} {'estimate':>10}"]
         for p in (self.validity, *self.protocols):
             if p.cost is None:
@@ -97,12 +102,7 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
     ref_seconds = time.perf_counter() - started
     decoding = int(ref.emitted.shape[1]) + 1  # greedy steps and one teacher-forced pass
     counted = ref.rows()
-    started = time.perf_counter()
-    uniform = uniform_test(target, ref, counted)
-    # one edited item of the uniform edit, timed: the unit every protocol's items are
-    # estimated in (a chunk's fixed cost is spread over its items)
-    per_item = ((time.perf_counter() - started) / len(uniform) if len(uniform)
-                else ref_seconds / decoding)
+    pass_s, item_s = _timed_items(target, ref, counted, ref_seconds / decoding)
     scale, single = settings.n_examples / len(first), len(batches) == 1
     validity = ProtocolPlan(VALIDITY, Cost(settings.n_examples, round(decoding * len(batches)),
                                            exact=False), ref_seconds * len(batches))
@@ -123,9 +123,34 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
             continue
         cost = Cost(round(cost.items * factor), round(cost.forward * factor),
                     round(cost.backward * factor), cost.exact and single)
-        protocols.append(ProtocolPlan(protocol.name, cost, per_item * cost.items))
+        seconds = (cost.forward + BACKWARD_FORWARDS * cost.backward) * pass_s + cost.items * item_s
+        protocols.append(ProtocolPlan(protocol.name, cost, seconds))
     return Plan(target.name, settings.n_examples, len(batches), validity, tuple(protocols),
-                per_item)
+                pass_s, item_s)
+
+
+def _timed_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, fallback: float
+                 ) -> tuple[float, float]:
+    """Seconds per forward pass and per edited item, from the uniform edit of ``rows`` run
+    with one and with :data:`TIMED_COPIES` copies per row (the same passes, more items per
+    pass); ``fallback`` per pass and nothing per item without rows."""
+    if not len(rows):
+        return fallback, 0.0
+    eligible = ref.eligible[rows.example, rows.step]
+    times = []
+    for copies in (1, 1, TIMED_COPIES):  # the first run warms up
+        example = rows.example.repeat_interleave(copies)
+        step = rows.step.repeat_interleave(copies)
+        started = time.perf_counter()
+        run_items(target, ref, example, step,
+                  ItemEdit(uniform_rows, eligible.repeat_interleave(copies, 0)))
+        times.append(time.perf_counter() - started)
+    passes = sum(1 for _ in item_chunks(ref, rows.step))
+    extra = passes != sum(1 for _ in item_chunks(ref, rows.step.repeat_interleave(TIMED_COPIES)))
+    item_s = max(times[2] - times[1], 0.0) / ((TIMED_COPIES - 1) * len(rows))
+    if extra:  # more items took more passes: spread the time over the items alone
+        return 0.0, times[2] / (TIMED_COPIES * len(rows))
+    return max(times[1] - item_s * len(rows), 0.0) / passes, item_s
 
 
 def expect_plan(plan: Plan) -> None:

@@ -14,8 +14,8 @@ The time left follows the job's plan (:mod:`attnaudit.auditing.plan`) when one i
 :func:`expect` declares a part's units (the validity pass's examples, a protocol's edited
 items) with an estimated time per unit, :func:`part` marks the time spent on one part, and
 the estimate is the sum over every part of its units left times its time per unit, measured
-once the part has run (estimated ones are scaled by how far measured parts ran from their
-estimates). Without a plan it is the phase's average rate over the units left.
+once the part has run (estimated ones are scaled by how far measured parts of the same unit ran
+from their estimates). Without a plan it is the phase's average rate over the units left.
 
 On a terminal the display is a tqdm bar redrawn in place. When stderr is not a terminal (a
 log file, CI) it writes whole lines only, no carriage returns: one when a phase starts, at
@@ -115,19 +115,23 @@ class Display:
             later = self.total * max(self.phases - self.phases_started, 0)
             return (max(self.total - self.done, 0.0) + later) * average
         self._charge()
-        measured = [p for p in self.parts.values() if p.rate() is not None
-                    and p.estimate is not None and p.estimate > 0]
-        planned = sum(p.done * (p.estimate or 0.0) for p in measured)
-        scale = sum(p.seconds for p in measured) / planned if planned > 0 else 1.0
         left, known = 0.0, False
         for part in self.parts.values():
             units = max(part.planned - part.done, 0.0)
             rate = part.rate()
             if rate is None and part.estimate is not None:
-                rate = part.estimate * scale
+                rate = part.estimate * self._scale(part.unit)
             if rate is not None:
                 left, known = left + units * rate, True
         return left if known else None
+
+    def _scale(self, unit: str) -> float:
+        """Measured over estimated seconds of the parts in ``unit`` that have run (1.0
+        before any has): how far the plan's estimates are off on this machine now."""
+        measured = [p for p in self.parts.values() if p.unit == unit and p.rate() is not None
+                    and p.estimate is not None and p.estimate > 0]
+        planned = sum(p.done * (p.estimate or 0.0) for p in measured)
+        return sum(p.seconds for p in measured) / planned if planned > 0 else 1.0
 
     def advance(self, units: float) -> None:
         self.done += units
