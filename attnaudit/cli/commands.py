@@ -15,7 +15,7 @@ from attnaudit.cli.display import print_suite
 from attnaudit.cli.exits import INCOMPLETE
 from attnaudit.cli.loading import check_contrast, load_cli_target, quiet
 from attnaudit.cli.settings import audit_options
-from attnaudit.errors import GateError, OptionError
+from attnaudit.errors import GateError
 from attnaudit.options import DEFAULT_EXPLORER_EXAMPLES, AuditMode
 from attnaudit.report.manifest import library_versions
 from attnaudit.runtime.distributed import Shard, current_shard
@@ -67,9 +67,6 @@ def report_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(plan(load_cli_target(args), options=options))
         return 0
-    if args.out is None:
-        raise OptionError("report writes a folder: give --out DIR (or --dry-run for the "
-                          "plan alone)")
     OutputFolder.check(args.out, force=args.force)  # before the target loads
     target = load_cli_target(args)
     result = audit(target, options=options, progress=not quiet(args),

@@ -237,6 +237,17 @@ def _add_align_arguments(parser: argparse.ArgumentParser) -> None:
                                      "intervene)")
 
 
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed command line; a usage error also for ``report`` with neither ``--out`` nor
+    ``--dry-run`` (``--out`` is optional only for the plan alone)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "report" and args.out is None and not args.dry_run:
+        parser.error("report writes a folder: give --out DIR (or --dry-run for the plan "
+                     "alone)")
+    return args
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every command; ``args.command`` names the one given."""
     common = Parser(add_help=False)
