@@ -157,7 +157,7 @@ def intervene(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
     shard = current_shard(process_group)
     progress = progress and shard.is_main
     return _on_target(target_or_model, data, tokenizer, options, shard, hf_options,
-                      lambda target: _suite(target, options, progress, shard))
+                      lambda target: _planned_suite(target, options, progress, shard))
 
 
 def plan(target_or_model: Seq2SeqTarget | nn.Module | str | Path, data: Any = None, *,
@@ -300,6 +300,18 @@ def _suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: 
                      sites=edits.sites, heads=edits.heads, max_memory=options.max_memory,
                      shard=shard, attribution=attribution_options(options.attribution),
                      sequence_effects=edits.sequence_effects)
+
+
+def _planned_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool,
+                   shard: Shard) -> InterventionSuite:
+    """The suite alone, its plan printed first and followed by the progress display."""
+    if not progress:
+        return _suite(target, options, progress, shard)
+    plan = plan_audit(checked_target(target), options, attribution_options(options.attribution))
+    print(plan, file=sys.stderr, flush=True)
+    with display(plan.examples, enabled=progress, name=f"interventions {target.name}"):
+        expect_plan(plan, suite_only=True)
+        return _suite(target, options, progress, shard)
 
 
 def _run_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: Shard

@@ -153,10 +153,10 @@ def _timed_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, fallback
     return max(times[1] - item_s * len(rows), 0.0) / passes, item_s
 
 
-def expect_plan(plan: Plan) -> None:
+def expect_plan(plan: Plan, *, suite_only: bool = False) -> None:
     """Declare the plan's parts to the open progress display (their units and estimated
-    seconds per unit)."""
-    for p in (plan.validity, *plan.protocols):
+    seconds per unit); ``suite_only``: the protocols alone (no validity pass runs)."""
+    for p in (*(() if suite_only else (plan.validity,)), *plan.protocols):
         if p.cost is not None:
             estimate = p.seconds / p.cost.items if p.cost.items and p.seconds else None
             unit = "examples" if p.name == VALIDITY else "items"
