@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr__
     from attnaudit.alignments.run import align
-    from attnaudit.auditing.orchestration import audit, intervene
+    from attnaudit.auditing.orchestration import audit, intervene, plan
     from attnaudit.auditing.result import Audit
     from attnaudit.capturing import (
         Capture,
@@ -91,6 +91,7 @@ _WHERE = {
     "align": "attnaudit.alignments.run",
     "audit": "attnaudit.auditing.orchestration",
     "intervene": "attnaudit.auditing.orchestration",
+    "plan": "attnaudit.auditing.orchestration",
     "Audit": "attnaudit.auditing.result",
     "show": "attnaudit.report.capture_view",
 }
@@ -126,6 +127,7 @@ __all__ = [
     "from_hf",
     "intervene",
     "load_target",
+    "plan",
     "register_model_facts",
     "show",
     "tap",

@@ -19,7 +19,7 @@ PUBLIC = {
     "attnaudit.capturing.model_facts": ("ModelFacts", "register_model_facts",
                                         "unregister_model_facts"),
     "attnaudit.options": ("AuditMode", "AuditOptions"),
-    "attnaudit.auditing.orchestration": ("audit", "intervene"),
+    "attnaudit.auditing.orchestration": ("audit", "intervene", "plan"),
     "attnaudit.alignments.run": ("align",),
     "attnaudit.auditing.result": ("Audit",),
     "attnaudit.report.capture_view": ("show",),

@@ -27,6 +27,7 @@ from attnaudit.interventions.protocol import (
     BatchContext,
     ChecklistLine,
     Columns,
+    Cost,
     InterventionProtocol,
     SuiteSettings,
     SummaryRow,
@@ -67,6 +68,14 @@ class Attribution(InterventionProtocol):
 
     def progress_items(self, counted_rows: int) -> int:
         return 2  # the attribution methods, then leave-one-out
+
+    def cost(self, ctx: BatchContext) -> Cost:
+        """An estimate: one forward and backward pass per method over the batch, and one
+        left-out token per eligible key (leave-one-out folds a batch's worth per pass)."""
+        n_methods, examples = len(ctx.settings.methods), len(ctx.batch)
+        left_out = int(ctx.target.explain_keys(ctx.batch).sum())
+        loo = -(-left_out // max(examples, 1))
+        return Cost(examples * n_methods + left_out, n_methods + loo, n_methods, exact=False)
 
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
         target, batch, ref, options = ctx.target, ctx.batch, ctx.ref, ctx.settings.attribution

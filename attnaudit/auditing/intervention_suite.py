@@ -44,7 +44,18 @@ from attnaudit.interventions.protocol import (
 from attnaudit.interventions.reference_run import Reference, reference
 from attnaudit.interventions.registry import registered_protocols
 from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
-from attnaudit.runtime.progress import advance, display, phase, settle, split
+from attnaudit.runtime.progress import (
+    advance,
+    display,
+    done_in,
+    expect,
+    phase,
+    settle,
+    split,
+)
+from attnaudit.runtime.progress import (
+    part as progress_part,
+)
 from attnaudit.targets.checks import checked_target
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from attnaudit.targets.decoding import describe_decoding
@@ -118,28 +129,12 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     permutation edits held at every step, and table whether the returned text changed
     (``sequence_effects``; :mod:`attnaudit.interventions.sequence`).
     """
-    attribution = attribution or AttributionOptions()
-    if n_permutations is None:
-        n_permutations = QUICK_PERMUTATIONS if quick else N_PERMUTATIONS
+    batches, settings, protocols, chosen, plan = suite_plan(
+        target, quick=quick, limit=limit, progress=progress, n_permutations=n_permutations,
+        cumulative_examples=cumulative_examples, adversarial_examples=adversarial_examples,
+        attribution=attribution, sequence_effects=sequence_effects)
     target = checked_target(target)
-    attribution.check(target)
-    batches = list(target.iter_batches(limit))
-    n_examples = sum(len(b) for b in batches)
-    if n_examples == 0:
-        raise TargetError(f"target {target.name!r} yielded no examples to intervene on; "
-                          "give it data (or a larger limit)")
-    methods = attribution.methods or tuple(m for m in METHODS
-                                           if not (quick and m == "integrated_gradients"))
-    settings = SuiteSettings(quick=quick, n_examples=n_examples, seed=target.seed,
-                             n_permutations=n_permutations,
-                             cumulative_examples=cumulative_examples,
-                             adversarial_examples=adversarial_examples,
-                             sequence_effects=sequence_effects, progress=progress,
-                             attribution=attribution, methods=methods)
-    protocols = registered_protocols()
-    chosen = {p.name: p.examples(settings) if p.enabled(settings) else set() for p in protocols}
-    plan: _Plan = [(p, chosen[p.name]) for p in protocols
-                   if p.enabled(settings) and chosen[p.name] != set()]
+    n_examples = settings.n_examples
     if shard.is_distributed:
         _agree_on_data(shard, batches)
     local: list[tuple[int, _BatchParts]] = []
@@ -191,6 +186,40 @@ def summary_table(rows: Sequence[SummaryRow]) -> pd.DataFrame:
     nan = float("nan")
     return pd.DataFrame([(*row, nan, nan) if len(row) == 4 else row for row in rows],
                         columns=SUMMARY_COLUMNS)
+
+
+def suite_plan(target: Seq2SeqTarget, *, quick: bool, limit: int | None, progress: bool,
+               n_permutations: int | None, cumulative_examples: int,
+               adversarial_examples: int, attribution: AttributionOptions | None,
+               sequence_effects: bool
+               ) -> tuple[list[Batch], SuiteSettings, tuple[InterventionProtocol, ...],
+                          dict[str, set[int] | None], _Plan]:
+    """What :func:`run_suite` runs with these arguments: the batches, the settings, the
+    registered protocols, each one's examples (an empty set: not run) and the protocols
+    that run, with their examples (also read by :mod:`attnaudit.auditing.plan`)."""
+    attribution = attribution or AttributionOptions()
+    if n_permutations is None:
+        n_permutations = QUICK_PERMUTATIONS if quick else N_PERMUTATIONS
+    target = checked_target(target)
+    attribution.check(target)
+    batches = list(target.iter_batches(limit))
+    n_examples = sum(len(b) for b in batches)
+    if n_examples == 0:
+        raise TargetError(f"target {target.name!r} yielded no examples to intervene on; "
+                          "give it data (or a larger limit)")
+    methods = attribution.methods or tuple(m for m in METHODS
+                                           if not (quick and m == "integrated_gradients"))
+    settings = SuiteSettings(quick=quick, n_examples=n_examples, seed=target.seed,
+                             n_permutations=n_permutations,
+                             cumulative_examples=cumulative_examples,
+                             adversarial_examples=adversarial_examples,
+                             sequence_effects=sequence_effects, progress=progress,
+                             attribution=attribution, methods=methods)
+    protocols = registered_protocols()
+    chosen = {p.name: p.examples(settings) if p.enabled(settings) else set() for p in protocols}
+    plan: _Plan = [(p, chosen[p.name]) for p in protocols
+                   if p.enabled(settings) and chosen[p.name] != set()]
+    return batches, settings, protocols, chosen, plan
 
 
 def _agree_on_data(shard: Shard, batches: Sequence[Batch]) -> None:
@@ -267,10 +296,22 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch, parts: _Batc
         facts[protocol.name] = {}
         ctx = BatchContext(target, batch, ref, rows, settings, running, earlier, shared,
                            facts[protocol.name])
-        earlier[protocol.name] = protocol.run(ctx)
+        _expect(protocol, ctx)
+        with progress_part(protocol.name):
+            earlier[protocol.name] = protocol.run(ctx)
         for table, frame in earlier[protocol.name].items():
             parts[(protocol.name, table)] = [frame]
     return facts
+
+
+def _expect(protocol: InterventionProtocol, ctx: BatchContext) -> None:
+    """The protocol's units in the progress plan: what it did so far, its cost on this batch
+    and, for the examples after it, as many per example as so far (unknown cost: nothing
+    until it has run)."""
+    cost = protocol.cost(ctx)
+    done = done_in(protocol.name) + (cost.items if cost is not None else 0)
+    seen = ctx.ref.first_example + len(ctx.batch)
+    expect(protocol.name, done + done / seen * (ctx.settings.n_examples - seen))
 
 
 def _assemble(parts: _BatchParts, plan: _Plan) -> dict[str, pd.DataFrame]:

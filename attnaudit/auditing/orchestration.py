@@ -20,6 +20,7 @@ from torch import nn
 
 from attnaudit.attribution.options import AttributionOptions
 from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
+from attnaudit.auditing.plan import VALIDITY, Plan, expect_plan, plan_audit
 from attnaudit.auditing.result import Audit
 from attnaudit.checklist import build_checklist
 from attnaudit.checklist.contributions import CONTRIBUTION_TABLES
@@ -28,7 +29,7 @@ from attnaudit.errors import AttnauditError, OptionError, TargetError
 from attnaudit.options import DEFAULT_EXPLORER_EXAMPLES, AttributionSettings, AuditOptions
 from attnaudit.report.manifest import build_manifest
 from attnaudit.runtime.distributed import Shard, current_shard
-from attnaudit.runtime.progress import display
+from attnaudit.runtime.progress import display, part
 from attnaudit.targets.checks import checked_target
 from attnaudit.targets.contract import Seq2SeqTarget
 from attnaudit.targets.decoding import decoding_record
@@ -157,7 +158,22 @@ def intervene(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
     shard = current_shard(process_group)
     progress = progress and shard.is_main
     return _on_target(target_or_model, data, tokenizer, options, shard, hf_options,
-                      lambda target: _suite(target, options, progress, shard))
+                      lambda target: _planned_suite(target, options, progress, shard))
+
+
+def plan(target_or_model: Seq2SeqTarget | nn.Module | str | Path, data: Any = None, *,
+         tokenizer: Any = None, options: AuditOptions | None = None,
+         **settings: Any) -> Plan:
+    """What :func:`audit` with the same arguments would run, and an estimate of how long it
+    takes (``attnaudit report --dry-run``): the passes and edited items per protocol
+    (:mod:`attnaudit.auditing.plan`), at the cost of the first batch's reference run and
+    uniform edit. ``settings``: :func:`audit`'s keywords of the same names
+    (``quick=True``, ``limit=``, ``checks_only=True`` ...). ``print(plan)`` shows it."""
+    options = AuditOptions.from_settings(settings, options)
+    shard = current_shard(None)
+    return _on_target(target_or_model, data, tokenizer, options, shard, {},
+                      lambda target: plan_audit(checked_target(target), options,
+                                                attribution_options(options.attribution)))
 
 
 def attribution_options(settings: AttributionOptions | AttributionSettings | None
@@ -207,14 +223,20 @@ def _run(target: Seq2SeqTarget, *, options: AuditOptions, progress: bool,
     attribution = attribution_options(options.attribution)
     if suite_runs and attribution is not None:
         attribution.check(target)  # asked for explicitly: an error now, not a skipped suite
+    plan = plan_audit(target, options, attribution) if progress and suite_runs else None
+    if plan is not None:
+        print(plan, file=sys.stderr, flush=True)
     with display(len(texts), 1 + suite_runs, enabled=progress, name=f"audit {target.name}"):
-        validity = run_validity_audit(target, limit=limit, progress=progress,
-                                      keep_example=not checks_only, regions=not checks_only,
-                                      timing=not checks_only, checks_only=checks_only,
-                                      max_masked_mass=options.tolerances.max_masked_mass,
-                                      row_sum_tolerance=options.tolerances.row_sum_tolerance,
-                                      shard=shard, keep_examples=options.explorer_examples,
-                                      max_memory=options.max_memory)
+        if plan is not None:
+            expect_plan(plan)
+        with part(VALIDITY):
+            validity = run_validity_audit(target, limit=limit, progress=progress,
+                                          keep_example=not checks_only, regions=not checks_only,
+                                          timing=not checks_only, checks_only=checks_only,
+                                          max_masked_mass=options.tolerances.max_masked_mass,
+                                          row_sum_tolerance=options.tolerances.row_sum_tolerance,
+                                          shard=shard, keep_examples=options.explorer_examples,
+                                          max_memory=options.max_memory)
         if suite_runs:
             suite, reason = _run_suite(target, options, progress, shard)
         else:
@@ -281,6 +303,18 @@ def _suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: 
                      sites=edits.sites, heads=edits.heads, max_memory=options.max_memory,
                      shard=shard, attribution=attribution_options(options.attribution),
                      sequence_effects=edits.sequence_effects)
+
+
+def _planned_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool,
+                   shard: Shard) -> InterventionSuite:
+    """The suite alone, its plan printed first and followed by the progress display."""
+    if not progress:
+        return _suite(target, options, progress, shard)
+    plan = plan_audit(checked_target(target), options, attribution_options(options.attribution))
+    print(plan, file=sys.stderr, flush=True)
+    with display(plan.examples, enabled=progress, name=f"interventions {target.name}"):
+        expect_plan(plan, suite_only=True)
+        return _suite(target, options, progress, shard)
 
 
 def _run_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: Shard

@@ -16,7 +16,7 @@ import sys
 
 from attnaudit.cli.exits import USAGE_ERROR
 from attnaudit.cli.extras import missing_extra
-from attnaudit.cli.parser import build_parser
+from attnaudit.cli.parser import parse
 from attnaudit.cli.signals import interrupted, sigterm_as_interrupt
 
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     :func:`os._exit` once its process group is destroyed and its output flushed: gloo's
     threads can otherwise abort it (exit -6) while the interpreter tears its objects down,
     after the audit is complete."""
-    args = build_parser().parse_args(argv)  # --help, --version, usage errors: no torch
+    args = parse(argv)  # --help, --version, usage errors: no torch
     with sigterm_as_interrupt():  # from before the seconds the libraries take to import
         try:
             from attnaudit.cli.app import run

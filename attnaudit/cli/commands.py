@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from attnaudit.auditing.intervention_suite import InterventionSuite
-from attnaudit.auditing.orchestration import audit, intervene
+from attnaudit.auditing.orchestration import audit, intervene, plan
 from attnaudit.cli.display import print_suite
 from attnaudit.cli.exits import INCOMPLETE
 from attnaudit.cli.loading import check_contrast, load_cli_target, quiet
@@ -35,12 +35,15 @@ def demo_command(args: argparse.Namespace) -> int:
 def check_command(args: argparse.Namespace) -> int:
     """``attnaudit check``: the gate's checks only; 0 healthy, 1 failing (see the README)."""
     options = audit_options(args, AuditMode.CHECKS)  # bad values fail before any work
-    if args.junit is not None:
+    if args.junit is not None and not args.dry_run:
         check_output_file(args.junit, "JUnit XML")  # before the audit, not after it
     started = time.perf_counter()
     if not quiet(args):
         print("attnaudit check: loading the target", file=sys.stderr, flush=True)
     target = load_cli_target(args)
+    if args.dry_run:
+        print(plan(target, options=options))
+        return 0
     result = audit(target, options=options, progress=not quiet(args)).gate()
     shard = current_shard()
     with shard.together("writing the JUnit XML"):
@@ -61,6 +64,9 @@ def report_command(args: argparse.Namespace) -> int:
     Exits :data:`INCOMPLETE` when the intervention suite could not run (the page says why)."""
     options = audit_options(args)
     check_contrast(args)
+    if args.dry_run:
+        print(plan(load_cli_target(args), options=options))
+        return 0
     OutputFolder.check(args.out, force=args.force)  # before the target loads
     target = load_cli_target(args)
     result = audit(target, options=options, progress=not quiet(args),
@@ -112,10 +118,14 @@ def intervene_command(args: argparse.Namespace) -> int:
     """``attnaudit intervene``: run the suite, print its summaries, write CSVs to --out."""
     options = audit_options(args)
     check_contrast(args)
-    folder = None if args.out is None else OutputFolder.check(args.out, force=args.force)
+    folder = (None if args.out is None or args.dry_run
+              else OutputFolder.check(args.out, force=args.force))
     shard = current_shard()
     args.device = shard.device(args.device)  # cuda:LOCAL_RANK under torchrun with nccl
     target = load_cli_target(args)
+    if args.dry_run:
+        print(plan(target, options=options))
+        return 0
     suite = intervene(target, options=options, progress=not quiet(args))
     print_suite(suite)
     with shard.together("writing the tables"):

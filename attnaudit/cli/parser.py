@@ -139,6 +139,12 @@ def _add_output_arguments(parser: argparse.ArgumentParser, *, required: bool) ->
                              "output (they are deleted)")
 
 
+def _add_dry_run_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan alone: passes and edited items per protocol and "
+                             "an estimate from a timed first batch; run no audit")
+
+
 def _add_memory_argument(parser: argparse.ArgumentParser) -> None:
     _setting(parser, "max_memory", metavar="SIZE",
              help="memory budget of one chunk of edited sequences and of one query block of "
@@ -231,6 +237,17 @@ def _add_align_arguments(parser: argparse.ArgumentParser) -> None:
                                      "intervene)")
 
 
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed command line; a usage error also for ``report`` with neither ``--out`` nor
+    ``--dry-run`` (``--out`` is optional only for the plan alone)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "report" and args.out is None and not args.dry_run:
+        parser.error("report writes a folder: give --out DIR (or --dry-run for the plan "
+                     "alone)")
+    return args
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every command; ``args.command`` names the one given."""
     common = Parser(add_help=False)
@@ -265,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
              help="largest tolerated |row sum - 1| (default: from the weights' dtype and key "
                   "count, 1e-3 for float32; see Tolerances in the docs' gate page, "
                   "docs/gate.md)")
+    _add_dry_run_argument(check)
     check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
 
@@ -275,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_arguments(intervene)
     _add_output_arguments(intervene, required=False)
     _add_suite_arguments(intervene)
+    _add_dry_run_argument(intervene)
 
     align_help = ("word alignments (Pharaoh) from attention or another measure; AER with "
                   "--gold")
@@ -289,8 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  description=f"{report_help.capitalize()} into --out: the "
                                  "checklist, its evidence tables and the attention explorer.")
     _add_target_arguments(report)
-    _add_output_arguments(report, required=True)
+    _add_output_arguments(report, required=False)
     _add_suite_arguments(report)
+    _add_dry_run_argument(report)
     _setting(report, "explorer_examples", type=positive_int, metavar="N",
              default=DEFAULT_EXPLORER_EXAMPLES,
              help="the attention explorer shows the first N examples' maps (default "

@@ -74,6 +74,26 @@ class SuiteSettings:
         return QUICK if self.quick else FULL
 
 
+@dataclass(frozen=True)
+class Cost:
+    """What a protocol runs on one batch (:meth:`InterventionProtocol.cost`).
+
+    items: the edited copies it runs (the units of its progress counters); forward,
+    backward: the model's forward and backward passes (a chunk of items is one pass);
+    exact: False when the counts are an estimate (a test that stops early, such as the
+    cumulative removal, runs at most ``items``).
+    """
+
+    items: int
+    forward: int
+    backward: int = 0
+    exact: bool = True
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.items + other.items, self.forward + other.forward,
+                    self.backward + other.backward, self.exact and other.exact)
+
+
 @dataclass
 class BatchContext:
     """What a protocol's :meth:`~InterventionProtocol.run` gets for one batch.
@@ -127,6 +147,12 @@ class InterventionProtocol(ABC):
         """Progress counters it opens on a batch with ``counted_rows`` rows (each moves the
         display on by an equal share of the batch, :func:`attnaudit.runtime.progress.split`)."""
         return 1 if counted_rows or self.scope == BATCH else 0
+
+    def cost(self, ctx: BatchContext) -> Cost | None:
+        """What :meth:`run` will run on ``ctx``'s batch, computed before it runs (the suite's
+        plan and its progress display, :mod:`attnaudit.auditing.plan`); None: not known
+        (the plan says "unknown" for it)."""
+        return None
 
     @abstractmethod
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:

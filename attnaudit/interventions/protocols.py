@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
+import torch
 
 from attnaudit.interventions.ablation import (
     RANDOM_DRAWS,
@@ -24,7 +25,7 @@ from attnaudit.interventions.ablation import (
     zeroing_flip_table,
     zeroing_test,
 )
-from attnaudit.interventions.adversarial import EPS_SEQ2SEQ, STEPS, adversarial_search
+from attnaudit.interventions.adversarial import CANDIDATES, EPS_SEQ2SEQ, STEPS, adversarial_search
 from attnaudit.interventions.permutation import (
     SHARP_ATTENTION,
     SMALL_TVD,
@@ -38,6 +39,7 @@ from attnaudit.interventions.protocol import (
     BatchContext,
     ChecklistLine,
     Columns,
+    Cost,
     InterventionProtocol,
     SuiteSettings,
     SummaryRow,
@@ -47,11 +49,25 @@ from attnaudit.interventions.protocol import (
     table_with,
     tvd_and_flip,
 )
+from attnaudit.interventions.reference_run import Reference
 from attnaudit.interventions.registry import register_protocol
+from attnaudit.interventions.runner import item_chunks
 from attnaudit.interventions.sequence import SEQUENCE_PROTOCOLS, sequence_effects
 from attnaudit.interventions.values import merge_controls, value_replacement
 
 SEQUENCE = "sequence_effects"  # its name: the permutation test keeps its median draw for it
+
+
+def _passes(ref: Reference, step: torch.Tensor, *, grad: bool = False) -> int:
+    """Forward passes :func:`~attnaudit.interventions.runner.run_items` makes for items at
+    ``step`` (M,): its chunks, from the same budget."""
+    return sum(1 for _ in item_chunks(ref, step, grad=grad))
+
+
+def _items_at(ctx: BatchContext, copies: int) -> Cost:
+    """``copies`` edited items per row of ``ctx``, run by ``run_items``."""
+    step = ctx.rows.step.repeat_interleave(copies)
+    return Cost(len(step), _passes(ctx.ref, step))
 
 
 @register_protocol
@@ -66,6 +82,9 @@ class Permutation(InterventionProtocol):
                                        n_permutations=ctx.settings.n_permutations,
                                        progress=ctx.settings.progress,
                                        median_draw=SEQUENCE in ctx.running)}
+
+    def cost(self, ctx: BatchContext) -> Cost:
+        return _items_at(ctx, ctx.settings.n_permutations)
 
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
                  ) -> dict[str, pd.DataFrame]:
@@ -115,6 +134,9 @@ class Uniform(InterventionProtocol):
         return {ROWS: uniform_test(ctx.target, ctx.ref, ctx.rows,
                                    progress=ctx.settings.progress)}
 
+    def cost(self, ctx: BatchContext) -> Cost:
+        return _items_at(ctx, 1)
+
     def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
         return tvd_and_flip(tables[ROWS], "uniform")
 
@@ -138,6 +160,12 @@ class Zeroing(InterventionProtocol):
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
         return {ROWS: zeroing_test(ctx.target, ctx.ref, ctx.rows,
                                    progress=ctx.settings.progress)}
+
+    def cost(self, ctx: BatchContext) -> Cost:
+        # rows with one eligible key have no random other key and are left out
+        n_valid = ctx.ref.eligible[ctx.rows.example, ctx.rows.step].sum(-1)
+        step = ctx.rows.step[n_valid > 1].repeat_interleave(2)
+        return Cost(len(step), _passes(ctx.ref, step))
 
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
                  ) -> dict[str, pd.DataFrame]:
@@ -172,6 +200,10 @@ class ValueReplacement(InterventionProtocol):
         values, controls = value_replacement(ctx.target, ctx.ref, ctx.rows,
                                              progress=ctx.settings.progress)
         return {ROWS: values, "value_controls": controls}
+
+    def cost(self, ctx: BatchContext) -> Cost:
+        one = _items_at(ctx, 1)  # the zero control, then the mean control
+        return one + one
 
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
                  ) -> dict[str, pd.DataFrame]:
@@ -216,6 +248,15 @@ class CumulativeRemoval(InterventionProtocol):
         return {"cumulative": cumulative_test(ctx.target, ctx.ref, ctx.rows,
                                               random_draws=self.random_draws,
                                               progress=ctx.settings.progress)}
+
+    def cost(self, ctx: BatchContext) -> Cost:
+        """At most n_valid - 1 removals per row and order (it stops at the first flip), and
+        the gradient pass of the gradient orders."""
+        n_valid = ctx.ref.eligible[ctx.rows.example, ctx.rows.step].sum(-1)
+        removals = (n_valid - 1).clamp_min(0) * (3 + self.random_draws)
+        step = ctx.rows.step.repeat_interleave(removals)
+        gradient = _passes(ctx.ref, ctx.rows.step, grad=True)
+        return Cost(len(step), _passes(ctx.ref, step) + gradient, gradient, exact=False)
 
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
                  ) -> dict[str, pd.DataFrame]:
@@ -317,6 +358,16 @@ class AdversarialSearch(InterventionProtocol):
                                                     steps=self.steps,
                                                     progress=ctx.settings.progress)
         return {"adversarial": per_row, "adversarial_candidates": per_candidate}
+
+    def cost(self, ctx: BatchContext) -> Cost:
+        """Every candidate of every row, ``steps`` gradient steps each; a chunk of rows
+        takes one forward and one backward pass per step."""
+        rows, ref = ctx.rows, ctx.ref
+        longest = int(rows.step.max()) if len(rows) else 0
+        per_chunk = max(1, ref.budget.sequences(ref.positions(longest), grad=True)
+                        // CANDIDATES)
+        passes = -(-len(rows) // per_chunk) * self.steps
+        return Cost(len(rows) * CANDIDATES * self.steps, passes, passes, exact=False)
 
     def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
         if "adversarial" not in tables:

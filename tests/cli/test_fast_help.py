@@ -27,7 +27,7 @@ print(json.dumps(found))
 ANSWERED = [
     (["--help"], 0), (["--version"], 0), (["nosuchcommand"], 2), (["--bogus"], 2),
     *[([command, "--help"], 0) for command in ("demo", "check", "intervene", "align", "report")],
-    (["report"], 2),  # --out is required
+    (["report"], 2),  # --out is required (unless --dry-run)
     (["check", "--limit", "0"], 2), (["report", "--out", "o", "--head", "x"], 2),
     (["align", "--layer", "top"], 2), (["intervene", "--methods", "nosuch"], 2),
 ]

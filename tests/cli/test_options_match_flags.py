@@ -27,10 +27,11 @@ from attnaudit.options import (
 )
 
 # The flags that set no audit setting: what to audit, where output goes, how to print, and
-# align's own choices. --quick is the mode (AuditMode.QUICK).
+# align's own choices. --quick is the mode (AuditMode.QUICK); --dry-run prints the plan
+# (attnaudit.plan) in place of the audit.
 COMMAND_FLAGS = {"help", "version", "debug", "quiet", "command", "target", "hf", "data",
                  "contrast", "out", "force", "json", "junit", "measure", "layer",
-                 "convention", "units", "gold", "quick"}
+                 "convention", "units", "gold", "quick", "dry_run"}
 PYTHON_ONLY = {"mode", "interventions"}  # check and --quick set the mode; the CLI always
 # runs the suite that report and intervene are for
 

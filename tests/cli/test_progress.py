@@ -13,6 +13,7 @@ import sys
 import termios
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import attnaudit.cli as attnaudit_cli
@@ -29,6 +30,14 @@ def attnaudit(*args: str, stderr=subprocess.PIPE) -> subprocess.CompletedProcess
                           stdout=subprocess.PIPE, stderr=stderr, check=False, timeout=600)
 
 
+def _seconds(interval: str) -> int:
+    """tqdm's [H:]MM:SS as seconds."""
+    seconds = 0
+    for part in interval.split(":"):
+        seconds = seconds * 60 + int(part)
+    return seconds
+
+
 def test_a_logged_report_is_whole_lines_with_the_time_left(tmp_path):
     log = tmp_path / "stderr.log"
     with log.open("wb") as stream:
@@ -38,12 +47,51 @@ def test_a_logged_report_is_whole_lines_with_the_time_left(tmp_path):
     text = log.read_bytes().decode()
     assert "\r" not in text and text.endswith("\n")
     lines = text.splitlines()
-    assert 3 <= len(lines) <= 10, lines
-    phases = [line for line in lines if line.startswith("audit date: ")]
-    assert phases[0].startswith("audit date: validity: 0/8 examples")  # 4 x two passes
-    assert phases[1].startswith("audit date: interventions: 4/8 examples")
+    assert lines[0].startswith("plan of audit date: 4 examples in 1 batches")
+    plan = [line for line in lines if line.startswith("  ")]
+    assert lines[1 + len(plan)].startswith("audit date: validity: 0/4 examples")
+    display = lines[1 + len(plan):]
+    assert 3 <= len(display) <= 10, display
+    phases = [line for line in display if line.startswith("audit date: ")]
+    # each phase counts the 4 sources once (the passes are not added up: no "4/8")
+    assert phases[0].startswith("audit date: validity: 0/4 examples")
+    assert phases[1].startswith("audit date: interventions: 0/4 examples")
     assert all(" left]" in line for line in phases[:2])
     assert lines[-1].startswith("audit date: ") and lines[-1].endswith(" s in all")
+    # the last display line: every part's count done, equal to what the tables hold
+    [final] = [line for line in display if line.startswith("audit date: done [")]
+    counts = {name: n for name, n, _ in (part.rsplit(" ", 2)
+                                         for part in final.split("; ")[1].split(", "))}
+    assert counts["validity"] == "4"
+    rows = pd.read_csv(tmp_path / "r" / "rows.csv")
+    assert int(counts["permutation"]) == QUICK_PERMUTATIONS * len(rows)
+    assert int(counts["uniform"]) == len(rows)
+    cumulative = pd.read_csv(tmp_path / "r" / "cumulative.csv")
+    assert int(counts["cumulative"]) >= cumulative["keys_removed"].fillna(0).sum() > 0
+
+
+def test_the_first_estimate_counts_every_protocol_left(tmp_path):
+    """A small run of the date LSTM: the time left first shown (during the validity pass,
+    from the plan) is of the order of the whole run, not of the validity pass alone."""
+    log = tmp_path / "stderr.log"
+    with log.open("wb") as stream:
+        done = attnaudit("report", "--limit", "3", "--quick", "--out", str(tmp_path / "r"),
+                         stderr=stream)
+    assert done.returncode == 0
+    lines = log.read_bytes().decode().splitlines()
+    [estimate] = [line for line in lines if line.startswith("  estimate ")]
+    planned = estimate.split()[1]
+    planned_s = float(planned) if "s" in estimate.split()[2] else _seconds(planned)
+    first = next(line for line in lines if line.startswith("audit date: validity: "))
+    left = _seconds(first.split(" elapsed, ")[1].split(" left]")[0])
+    assert abs(left - planned_s) <= 1.0, lines  # the first estimate is the whole plan's
+    interventions = next(line for line in lines
+                         if line.startswith("audit date: interventions: "))
+    started = _seconds(interventions.split("[")[1].split(" elapsed")[0])
+    [final] = [line for line in lines if line.startswith("audit date: done [")]
+    ended = _seconds(final.split("[")[1].split(" elapsed")[0])
+    # the suite's part of the run (whole seconds shown), foreseen within a factor of 5
+    assert planned_s >= (ended - started - 1) / 5, lines
 
 
 @pytest.mark.slow
@@ -100,21 +148,21 @@ def test_counters_share_a_batch_and_settle_to_the_total():
         progress.split(6, parts=3)
         with progress.Counter(4, "a", True) as a:
             a.update(2)
-            assert progress._open.done == 11  # half of a's share of 2
+            assert progress._open.done == 1  # the phase's count: half of a's share of 2
             a.update(5)  # past its total: no more than its share
-            assert progress._open.done == 12
+            assert progress._open.done == 2
         with progress.Counter(0, "b", True) as b:
             b.total += 3  # a count that grows, as the cumulative test's does
             b.update(3)
-        assert progress._open.done == 14
+        assert progress._open.done == 4
         progress.settle()  # the third counter never ran
-        assert progress._open.done == 16
+        assert progress._open.done == 6
         progress.split(4, parts=1)
         progress.settle()
-        assert progress._open.done == 20
+        assert progress._open.done == 10  # every example of the second pass
     lines = log.getvalue().splitlines()
-    assert lines == ["job: first: 0/20 examples [00:00 elapsed, ? left]",
-                     lines[1]] and lines[1].startswith("job: second: 10/20 examples")
+    assert lines == ["job: first: 0/10 examples [00:00 elapsed, ? left]",
+                     lines[1]] and lines[1].startswith("job: second: 0/10 examples")
     assert progress._open is None
 
 
@@ -131,3 +179,24 @@ def test_help_is_plain_usage_and_quick_says_what_it_changes(capsys):
                 f"(unless --methods names them), "
                 f"{QUICK_PERMUTATIONS} permutations per row instead of {N_PERMUTATIONS}"
                 in text)
+
+
+def test_the_time_left_sums_every_part_of_the_plan():
+    log = io.StringIO()
+    with progress.display(4, 2, enabled=True, name="job", stream=log):
+        progress.expect("validity", 4, 0.5, unit="examples")
+        progress.expect("a", 10, 1.0)
+        progress.expect("b", 5, 2.0)
+        progress.expect("c", 3)  # a part of unknown cost adds nothing until it runs
+        assert progress._open.remaining() == 4 * 0.5 + 10 * 1.0 + 5 * 2.0
+        with progress.part("a"), progress.Counter(10, "a", True) as a:
+            a.update(10)
+        assert progress.done_in("a") == 10 and progress.done_in("b") == 0
+        # a ran (far faster than planned): b's estimate is scaled by the same ratio,
+        # validity's (another unit) is not
+        left = progress._open.remaining()
+        scale = progress._open.parts["a"].seconds / 10.0
+        assert left == pytest.approx(4 * 0.5 + 5 * 2.0 * scale)
+    lines = log.getvalue().splitlines()
+    assert lines[-1].startswith("job: done [") and lines[-1].endswith(
+        "; validity 0 examples, a 10 items, b 0 items, c 0 items")

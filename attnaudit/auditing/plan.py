@@ -1,0 +1,170 @@
+"""The plan of an audit before it runs: what each registered protocol will run (edited
+items, forward and backward passes) and how long it should take, from a timed first batch.
+
+:func:`plan_audit` runs the first batch's reference run and the uniform edit on its rows
+(timed: seconds per forward pass and per edited item), asks every protocol the suite would
+run for its :meth:`~attnaudit.interventions.protocol.InterventionProtocol.cost` on that batch, and
+scales it to the data (exact with one batch; an estimate otherwise, and for protocols whose
+cost is itself one). The time estimate is passes x the timed seconds per pass plus
+items x the timed seconds per item (a backward pass counted as two forward ones; a rough
+first figure: the progress display replaces it with each part's measured rate as the audit
+runs). A protocol without a cost is listed as "unknown". The same plan feeds the progress
+display (:func:`expect_plan`), :func:`attnaudit.plan` and ``--dry-run``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from attnaudit.attribution.options import AttributionOptions
+from attnaudit.auditing.intervention_suite import (
+    ADVERSARIAL_EXAMPLES,
+    CUMULATIVE_EXAMPLES,
+    suite_plan,
+)
+from attnaudit.interventions.ablation import uniform_rows
+from attnaudit.interventions.protocol import BATCH, BatchContext, Cost, subset_rows
+from attnaudit.interventions.reference_run import Reference, RowIndex, reference
+from attnaudit.interventions.runner import ItemEdit, item_chunks, run_items
+from attnaudit.options import AuditOptions
+from attnaudit.runtime.progress import expect
+from attnaudit.targets.contract import Seq2SeqTarget
+
+VALIDITY = "validity"
+TIMED_COPIES = 4  # copies per row in the second timed uniform edit
+BACKWARD_FORWARDS = 2.0  # a backward pass costs about two forward passes
+
+
+@dataclass(frozen=True)
+class ProtocolPlan:
+    """One protocol's part: its cost over the data (None: unknown) and estimated seconds."""
+
+    name: str
+    cost: Cost | None
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an audit will run. validity: the validity pass (items: examples; forward: decoder
+    steps of the greedy decoding and one teacher-forced pass per batch, an estimate)."""
+
+    target: str
+    examples: int
+    batches: int
+    validity: ProtocolPlan
+    protocols: tuple[ProtocolPlan, ...]
+    seconds_per_pass: float
+    seconds_per_item: float
+
+    @property
+    def seconds(self) -> float:
+        parts = (self.validity, *self.protocols)
+        return sum(p.seconds for p in parts if p.seconds is not None)
+
+    def __str__(self) -> str:
+        lines = [f"plan of audit {self.target}: {self.examples} examples in {self.batches} "
+                 f"batches; timed on the first batch: {self.seconds_per_pass * 1e3:.3g} ms "
+                 f"per forward pass + {self.seconds_per_item * 1e3:.3g} ms per edited item",
+                 f"  {'part':<18} {'items':>10} {'forward':>9} {'backward':>9} {'estimate':>10}"]
+        for p in (self.validity, *self.protocols):
+            if p.cost is None:
+                lines.append(f"  {p.name:<18} {'unknown':>10} {'unknown':>9} {'unknown':>9} "
+                             f"{'unknown':>10}")
+                continue
+            mark = "" if p.cost.exact else "~"
+            lines.append(f"  {p.name:<18} {mark + str(p.cost.items):>10} "
+                         f"{mark + str(p.cost.forward):>9} {mark + str(p.cost.backward):>9} "
+                         f"{_duration(p.seconds):>10}")
+        unknown = [p.name for p in self.protocols if p.cost is None]
+        lines.append(f"  estimate {_duration(self.seconds)} in all"
+                     + (f", besides {', '.join(unknown)} (cost unknown)" if unknown else "")
+                     + " (~: an estimate or a bound)")
+        return "\n".join(lines)
+
+
+def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
+               attribution: AttributionOptions | None = None) -> Plan:
+    """The plan of ``audit(target, options=options)`` (its suite unless ``checks_only`` or
+    not ``interventions``; ``attribution``: the suite's attribution options), at the cost of
+    the first batch's reference run and uniform edit."""
+    edits = options.edits
+    batches, settings, _, _, planned = suite_plan(
+        target, quick=options.quick, limit=options.limit, progress=False,
+        n_permutations=None, cumulative_examples=CUMULATIVE_EXAMPLES,
+        adversarial_examples=ADVERSARIAL_EXAMPLES, attribution=attribution,
+        sequence_effects=edits.sequence_effects)
+    first = batches[0]
+    started = time.perf_counter()
+    ref = reference(target, first, sites=edits.sites, heads=edits.heads, first_example=0,
+                    max_memory=options.max_memory)
+    ref_seconds = time.perf_counter() - started
+    decoding = int(ref.emitted.shape[1]) + 1  # greedy steps and one teacher-forced pass
+    counted = ref.rows()
+    pass_s, item_s = _timed_items(target, ref, counted, ref_seconds / decoding)
+    scale, single = settings.n_examples / len(first), len(batches) == 1
+    validity = ProtocolPlan(VALIDITY, Cost(settings.n_examples, round(decoding * len(batches)),
+                                           exact=False), ref_seconds * len(batches))
+    protocols = []
+    suite = options.interventions and not options.checks_only
+    for protocol, examples in (planned if suite else []):
+        rows, factor = counted, scale
+        if examples is not None:
+            rows = subset_rows(ref, counted, examples) if single else counted
+            factor = 1.0 if single else len(examples) / len(first)
+        if protocol.scope != BATCH and not len(rows):
+            protocols.append(ProtocolPlan(protocol.name, Cost(0, 0), 0.0))
+            continue
+        cost = protocol.cost(BatchContext(target, first, ref, rows, settings,
+                                          frozenset(p.name for p, _ in planned), {}, {}, {}))
+        if cost is None:
+            protocols.append(ProtocolPlan(protocol.name, None, None))
+            continue
+        cost = Cost(round(cost.items * factor), round(cost.forward * factor),
+                    round(cost.backward * factor), cost.exact and single)
+        seconds = (cost.forward + BACKWARD_FORWARDS * cost.backward) * pass_s + cost.items * item_s
+        protocols.append(ProtocolPlan(protocol.name, cost, seconds))
+    return Plan(target.name, settings.n_examples, len(batches), validity, tuple(protocols),
+                pass_s, item_s)
+
+
+def _timed_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, fallback: float
+                 ) -> tuple[float, float]:
+    """Seconds per forward pass and per edited item, from the uniform edit of ``rows`` run
+    with one and with :data:`TIMED_COPIES` copies per row (the same passes, more items per
+    pass); ``fallback`` per pass and nothing per item without rows."""
+    if not len(rows):
+        return fallback, 0.0
+    eligible = ref.eligible[rows.example, rows.step]
+    times = []
+    for copies in (1, 1, TIMED_COPIES):  # the first run warms up
+        example = rows.example.repeat_interleave(copies)
+        step = rows.step.repeat_interleave(copies)
+        started = time.perf_counter()
+        run_items(target, ref, example, step,
+                  ItemEdit(uniform_rows, eligible.repeat_interleave(copies, 0)))
+        times.append(time.perf_counter() - started)
+    passes = sum(1 for _ in item_chunks(ref, rows.step))
+    extra = passes != sum(1 for _ in item_chunks(ref, rows.step.repeat_interleave(TIMED_COPIES)))
+    item_s = max(times[2] - times[1], 0.0) / ((TIMED_COPIES - 1) * len(rows))
+    if extra:  # more items took more passes: spread the time over the items alone
+        return 0.0, times[2] / (TIMED_COPIES * len(rows))
+    return max(times[1] - item_s * len(rows), 0.0) / passes, item_s
+
+
+def expect_plan(plan: Plan, *, suite_only: bool = False) -> None:
+    """Declare the plan's parts to the open progress display (their units and estimated
+    seconds per unit); ``suite_only``: the protocols alone (no validity pass runs)."""
+    for p in (*(() if suite_only else (plan.validity,)), *plan.protocols):
+        if p.cost is not None:
+            estimate = p.seconds / p.cost.items if p.cost.items and p.seconds else None
+            unit = "examples" if p.name == VALIDITY else "items"
+            expect(p.name, p.cost.items, estimate, unit)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}:{rest:02d}" if minutes else f"{seconds:.1f} s"

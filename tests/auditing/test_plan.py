@@ -1,0 +1,116 @@
+"""The plan counts what the suite runs: for every protocol whose cost is exact, its edited
+items and forward passes equal those counted while it runs, on the bundled date LSTM
+(one cached recurrent step per item) and the bundled date BART; a protocol without a
+cost is planned as unknown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import pandas as pd
+import pytest
+
+import attnaudit
+from attnaudit.auditing.intervention_suite import suite_plan
+from attnaudit.auditing.plan import plan_audit
+from attnaudit.interventions import InterventionProtocol, register_protocol, unregister_protocol
+from attnaudit.interventions.protocol import BATCH, BatchContext, Columns, subset_rows
+from attnaudit.interventions.reference_run import reference
+from attnaudit.options import AuditMode, AuditOptions
+from attnaudit.targets.contract import Seq2SeqTarget
+
+CALLS = ("teacher_forced", "decode", "decode_step")
+
+
+def _date_lstm() -> Seq2SeqTarget:
+    from attnaudit_examples.date.target import make_target
+    return make_target(limit=3, batch_size=3)
+
+
+def _date_bart() -> Seq2SeqTarget:
+    from attnaudit_examples.date_transformer.target import make_target
+    return make_target()
+
+
+def _counting(target: Seq2SeqTarget, counts: dict[str, int]) -> dict[str, Any]:
+    """Count the target's model calls (each one forward pass of a batch of sequences);
+    returns the calls it replaced."""
+    originals = {name: getattr(target, name) for name in CALLS}
+    for name in CALLS:
+        call = getattr(target, name)
+        if call is None:
+            continue
+
+        def counted(*args: Any, _call: Callable[..., Any] = call, _name: str = name,
+                    **kwargs: Any) -> Any:
+            counts[_name] = counts.get(_name, 0) + 1
+            return _call(*args, **kwargs)
+
+        setattr(target, name, counted)
+    return originals
+
+
+@pytest.mark.parametrize("make", [_date_lstm, _date_bart], ids=["date_lstm", "date_bart"])
+def test_exact_costs_equal_the_passes_and_items_run(make):
+    target = make()
+    batches, settings, _, _, planned = suite_plan(
+        target, quick=True, limit=2, progress=False, n_permutations=None,
+        cumulative_examples=50, adversarial_examples=2, attribution=None,
+        sequence_effects=False)
+    batch = batches[0]
+    assert len(batches) == 1
+    ref = reference(target, batch)
+    counted = ref.rows()
+    running = frozenset(p.name for p, _ in planned)
+    checked = []
+    for protocol, examples in planned:
+        rows = counted if examples is None else subset_rows(ref, counted, examples)
+        if protocol.scope != BATCH and not len(rows):
+            continue
+        ctx = BatchContext(target, batch, ref, rows, settings, running, {}, {}, {})
+        cost = protocol.cost(ctx)
+        assert cost is not None, protocol.name
+        if not cost.exact:
+            continue
+        counts: dict[str, int] = {}
+        originals = _counting(target, counts)
+        tables = protocol.run(ctx)
+        for name, call in originals.items():  # the next protocol counts afresh
+            setattr(target, name, call)
+        assert sum(counts.values()) == cost.forward, (protocol.name, counts, cost)
+        per_row = tables["rows"]
+        # items: one per (row, edited copy), from the tables the protocol wrote
+        copies = {"permutation": settings.n_permutations, "uniform": 1, "zeroing": 2,
+                  "values": 2}[protocol.name]
+        assert cost.items == copies * len(per_row), protocol.name
+        checked.append(protocol.name)
+    assert set(checked) == {"permutation", "uniform", "zeroing", "values"}
+
+
+def test_the_plan_scales_to_the_data_and_states_unknown_costs():
+    @register_protocol
+    class Costless(InterventionProtocol):
+        name = "costless"
+        columns: ClassVar[Columns] = {"rows": ("costless",)}
+
+        def run(self, ctx):
+            return {"rows": pd.DataFrame()}
+
+    try:
+        plan = plan_audit(_date_lstm(), AuditOptions(mode=AuditMode.QUICK, limit=3))
+    finally:
+        unregister_protocol("costless")
+    parts = {p.name: p for p in plan.protocols}
+    assert parts["costless"].cost is None
+    assert parts["uniform"].cost is not None and parts["uniform"].cost.exact
+    assert parts["permutation"].cost.items == 20 * parts["uniform"].cost.items
+    text = str(plan)
+    assert "costless" in text and "unknown" in text and "3 examples in 1 batches" in text
+
+
+def test_attnaudit_plan_takes_the_audit_keywords():
+    plan = attnaudit.plan(_date_lstm(), quick=True, limit=2)
+    assert plan.examples == 2 and plan.seconds > 0
+    checks = attnaudit.plan(_date_lstm(), checks_only=True, limit=2)
+    assert checks.protocols == ()
