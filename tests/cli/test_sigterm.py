@@ -64,7 +64,10 @@ def test_sigterm_in_a_background_session_exits_130_with_the_line(when, earlier_o
         # the handler is in place before torch (seconds of imports) has loaded
         assert not _torch_loaded(process.pid)
     else:
-        first = process.stderr.readline()  # the first progress line: the audit has started
+        # the plan comes first; the first progress line says the audit has started
+        first = process.stderr.readline()
+        while first and not first.startswith("interventions date"):
+            first = process.stderr.readline()
         assert first.startswith("interventions date"), first
     process.send_signal(signal.SIGTERM)
     _, rest = process.communicate(timeout=120)
