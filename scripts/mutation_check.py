@@ -256,6 +256,11 @@ MUTATIONS = (
              "the declared source rule", "attnaudit/testing.py",
              "wrong_axis = keys_before_queries(record.site.layout)", "wrong_axis = False",
              ("tests/validity/test_testing_helper.py",)),
+    Mutation("naopc_sufficiency_unflipped", "normalised AOPC of sufficiency not reversed "
+             "(the worst ordering scored 1)", "attnaudit/interventions/faithfulness.py",
+             "share = (values - low) / span if higher_is_better else (high - values) / span",
+             "share = (values - low) / span",
+             ("tests/interventions/test_faithfulness_toy.py",)),
 )
 
 
