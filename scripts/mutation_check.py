@@ -303,6 +303,11 @@ MUTATIONS = (
              "attnaudit/capturing/mha.py", "    if query.is_meta or key.is_meta:",
              "    if False:", ("tests/capturing/test_unusable_models.py::test_meta_model_with_"
                                "separate_keys_is_captured_shape_only",)),
+    Mutation("naopc_sufficiency_unflipped", "normalised AOPC of sufficiency not reversed "
+             "(the worst ordering scored 1)", "attnaudit/interventions/faithfulness.py",
+             "share = (values - low) / span if higher_is_better else (high - values) / span",
+             "share = (values - low) / span",
+             ("tests/interventions/test_faithfulness_toy.py",)),
 )
 
 

@@ -28,7 +28,10 @@ import pandas as pd
 from attnaudit.analysis.bootstrap import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 from attnaudit.analysis.degenerate import degenerate_table, describe_counts, reason_counts
 from attnaudit.attribution.options import METHODS, AttributionOptions
-from attnaudit.auditing import attribution_protocol  # noqa: F401  (registers the protocol)
+from attnaudit.auditing import (  # noqa: F401  (they register their protocols)
+    attribution_protocol,
+    faithfulness_protocol,
+)
 from attnaudit.errors import InterventionError, TargetError
 from attnaudit.interventions.permutation import N_PERMUTATIONS
 from attnaudit.interventions.protocol import (

@@ -88,8 +88,9 @@ def test_a_registered_protocol_reaches_the_suite_tables_checklist_and_contract(
 
     assert suite.metadata["protocols"][-1] == "identity"
     assert suite.metadata["identity_note"] == NOTE
-    # quick: permutation, uniform, zeroing, values, cumulative, 2 attribution counters, its own
-    assert splits and set(splits) == {8}
+    # quick: permutation, uniform, zeroing, values, cumulative, 2 attribution counters,
+    # faithfulness, its own
+    assert splits and set(splits) == {9}
     rows = suite.tables["rows"]
     assert {"perm_median_tvd", "uniform_tvd", "identity_tvd", "identity_flip"} <= set(rows)
     assert rows["identity_tvd"].notna().all() and (rows["identity_tvd"] < 1e-5).all()

@@ -1,0 +1,218 @@
+"""The faithfulness protocol of the intervention suite: how far the output follows each
+importance measure's ranking of the source keys (docs/metrics.md, "Faithfulness of the
+importance measures"; the removal code is :mod:`attnaudit.interventions.faithfulness`).
+
+It runs after the attribution protocol and ranks keys by every measure the audit computes at
+a step: the attention weights (the mean over the edited sites and heads, ``weights``, and each
+site's head mean, ``weights:layer<i>`` in site order), rollout, ALTI+ and value norms (and,
+in full mode, value zeroing), as
+:func:`~attnaudit.auditing.contribution_suite.contribution_importances` reads them,
+the gradient methods the suite ran, leave-one-out, and a seeded random ranking, the floor.
+Quick mode runs on :data:`QUICK_EXAMPLES` seeded examples and the measures quick computes
+(no integrated gradients, no value zeroing); full mode on every example and measure.
+
+Tables: ``faithfulness_rows`` (per example, step and measure: the removal curves, AOPC and
+normalised AOPC) and ``faithfulness_summary`` (per measure: the row means with 95 %
+bootstrap intervals over examples). A measure that cannot be computed for the target is
+listed in the metadata's ``faithfulness_not_computed`` with the reason, and has no rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+import torch
+
+from attnaudit.analysis.bootstrap import bootstrap_interval
+from attnaudit.attribution.loo import leave_one_out, replacement_id
+from attnaudit.attribution.methods import attribute
+from attnaudit.auditing.attribution_protocol import ATTRIBUTION, IMPORTANCES
+from attnaudit.auditing.contribution_suite import (
+    CONTRIBUTION_MEASURES,
+    ZEROING,
+    contribution_importances,
+)
+from attnaudit.interventions.faithfulness import (
+    FRACTIONS,
+    aopc,
+    normalised,
+    random_ranking,
+    ranking,
+    removal_curves,
+    reversed_ranking,
+    row_seed,
+)
+from attnaudit.interventions.protocol import (
+    SUBSET,
+    BatchContext,
+    ChecklistLine,
+    Columns,
+    InterventionProtocol,
+    SuiteSettings,
+    seeded_examples,
+    table_with,
+)
+from attnaudit.interventions.registry import register_protocol
+
+FAITHFULNESS = "faithfulness"
+QUICK_EXAMPLES = 8  # seeded examples a quick suite measures
+RANDOM = "random"
+# suite importance name -> measure name in the tables
+NAMES = {"attention": "weights", "loo": "leave_one_out", "alti": "alti_plus"}
+CURVE_COLUMNS = tuple([f"comprehensiveness_{f}" for f in FRACTIONS]
+                      + [f"sufficiency_{f}" for f in FRACTIONS])
+SCORES = ("aopc_comprehensiveness", "aopc_sufficiency", "normalised_aopc_comprehensiveness",
+          "normalised_aopc_sufficiency")
+# per row, the lowest and highest AOPC over the orderings evaluated (normalisation's bounds)
+BOUNDS = tuple(f"aopc_{kind}_bound_{end}" for kind in ("comprehensiveness", "sufficiency")
+               for end in ("low", "high"))
+ROW_COLUMNS = ("example", "step", "measure", "n_eligible", "p_full", *CURVE_COLUMNS, *SCORES,
+               *BOUNDS, "baseline")
+SUMMARY_COLUMNS = ("measure", "examples", "rows",
+                   *(f"{s}{end}" for s in SCORES for end in ("", "_low", "_high")), "baseline")
+
+
+def _suite_importances(ctx: BatchContext) -> dict[str, torch.Tensor]:
+    """The attribution protocol's maps of the batch, or, run alone, the same measures
+    computed here (the suite's methods and leave-one-out)."""
+    shared = ctx.shared if ctx.shared is not None else {}
+    if IMPORTANCES in shared:
+        return dict(shared[IMPORTANCES])
+    target, batch, ref, options = ctx.target, ctx.batch, ctx.ref, ctx.settings.attribution
+    found = attribute(target, batch, ref.emitted, ctx.settings.methods,
+                      output=options.output, reduction=options.reduction,
+                      baseline=options.baseline, max_memory=ref.budget.max_memory,
+                      seed=ref.seed, first_example=ref.first_example)
+    loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
+                        max_memory=ref.budget.max_memory)
+    return {"attention": ref.attention, **found.importance, "loo": loo}
+
+
+def measure_maps(ctx: BatchContext) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Measure -> (B, T, n) importance map, and measure -> why it was not computed."""
+    ref = ctx.ref
+    suite = _suite_importances(ctx)
+    maps = {"weights": suite.pop("attention").float().cpu()}
+    for i, site in enumerate(ref.sites):
+        maps[f"weights:layer{i}"] = ref.weights[site].float().mean(1)
+    wanted = CONTRIBUTION_MEASURES + (() if ctx.settings.quick else (ZEROING,))
+    found, reasons = contribution_importances(ctx.target, ctx.batch, ref.emitted, wanted)
+    missing = {NAMES.get(m, m): why for m, why in reasons.items()}
+    for name, values in {**found, **suite}.items():
+        maps[NAMES.get(name, name)] = values.detach().float().cpu()
+    return maps, missing
+
+
+@register_protocol
+class Faithfulness(InterventionProtocol):
+    """Comprehensiveness, sufficiency, AOPC and normalised AOPC of every importance measure
+    and of a seeded random ranking (module docstring)."""
+
+    name = FAITHFULNESS
+    columns: ClassVar[Columns] = {"faithfulness_rows": ROW_COLUMNS}
+    scope = SUBSET
+    after = (ATTRIBUTION,)
+    row_tables = ("faithfulness_rows",)
+
+    def examples(self, settings: SuiteSettings) -> set[int] | None:
+        if not settings.quick:
+            return None
+        return seeded_examples(settings.n_examples, min(QUICK_EXAMPLES, settings.n_examples),
+                               settings.seed)
+
+    def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
+        ref, rows = ctx.ref, ctx.rows
+        maps, missing = measure_maps(ctx)
+        eligible = ref.eligible[rows.example, rows.step]
+        orders = {name: ranking(values[rows.example, rows.step], eligible)
+                  for name, values in maps.items()}
+        global_example = (rows.example + ref.first_example).tolist()
+        orders[RANDOM] = random_ranking(eligible, [row_seed(ref.seed, e, s) for e, s in zip(
+            global_example, rows.step.tolist(), strict=True)])
+        # bound only: the reversed leave-one-out ranking approximates the worst ordering
+        bound = reversed_ranking(orders["leave_one_out"], eligible)
+        names = list(orders)
+        stacked = torch.stack([*orders.values(), bound], dim=1)  # (N, O + 1, n)
+        token = replacement_id(ctx.target, ctx.batch, "pad")
+        curves = removal_curves(ctx.target, ref, rows, stacked, token,
+                                progress=ctx.settings.progress)
+        comp, suff = aopc(curves.comprehensiveness), aopc(curves.sufficiency)
+        scores = {"aopc_comprehensiveness": comp, "aopc_sufficiency": suff,
+                  "normalised_aopc_comprehensiveness": normalised(comp, True),
+                  "normalised_aopc_sufficiency": normalised(suff, False)}
+        bounds = {f"aopc_{kind}_bound_{end}": reduce(values, -1).values
+                  for kind, values in (("comprehensiveness", comp), ("sufficiency", suff))
+                  for end, reduce in (("low", torch.min), ("high", torch.max))}
+        frames = []
+        for o, name in enumerate(names):
+            frame: dict[str, Any] = {
+                "example": np.asarray(global_example, dtype=np.int64),
+                "step": rows.step.numpy(), "measure": name,
+                "n_eligible": eligible.sum(-1).numpy(), "p_full": curves.p_full.numpy()}
+            for f, fraction in enumerate(FRACTIONS):
+                frame[f"comprehensiveness_{fraction}"] = curves.comprehensiveness[:, o, f].numpy()
+                frame[f"sufficiency_{fraction}"] = curves.sufficiency[:, o, f].numpy()
+            frame.update({score: values[:, o].numpy() for score, values in scores.items()})
+            frame.update({name: values.numpy() for name, values in bounds.items()})
+            frame["baseline"] = baseline_text(token)
+            frames.append(pd.DataFrame(frame, columns=list(ROW_COLUMNS)))
+        if ctx.facts is not None:
+            ctx.facts.update(not_computed=missing, token=token,
+                             measures=names, sites=list(ref.sites))
+            ctx.facts["forward_sequences"] = (ctx.facts.get("forward_sequences", 0)
+                                              + curves.forward_sequences)
+        return {"faithfulness_rows": pd.concat(frames, ignore_index=True)}
+
+    def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
+                 ) -> dict[str, pd.DataFrame]:
+        rows = parts["faithfulness_rows"]
+        return {"faithfulness_rows": rows, "faithfulness_summary": summarise(rows)}
+
+    def checklist_lines(self, tables: Mapping[str, pd.DataFrame]) -> list[ChecklistLine]:
+        summary = table_with(tables, "faithfulness_summary", "aopc_comprehensiveness")
+        if summary is None:
+            return []
+        parts = [f"{r.measure} {r.aopc_comprehensiveness:.3g}"
+                 for r in summary.itertuples(index=False)]
+        return [("AOPC comprehensiveness (drop in the audited token's probability when each "
+                 "measure's top source tokens are replaced, mean over 1-50 % removal) — "
+                 + "; ".join(parts) + ".", "causal_explanation")]
+
+    def metadata(self, settings: SuiteSettings, examples: set[int] | None,
+                 facts: Mapping[str, Any]) -> dict[str, object]:
+        return {"faithfulness_examples": "all" if examples is None else sorted(examples),
+                "faithfulness_measures": list(facts.get("measures", [])),
+                "faithfulness_layers": {f"weights:layer{i}": s
+                                        for i, s in enumerate(facts.get("sites", []))},
+                "faithfulness_fractions_percent": list(FRACTIONS),
+                "faithfulness_bins": "k = min(n, max(1, ceil(f/100 * n))) of the row's n "
+                                     "eligible source keys",
+                "faithfulness_baseline": baseline_text(facts["token"]) if "token" in facts
+                else "not run",
+                "faithfulness_forward_sequences": facts.get("forward_sequences", 0),
+                "faithfulness_quick_omits": ["integrated_gradients", ZEROING] if settings.quick
+                else [],
+                "faithfulness_not_computed": dict(facts.get("not_computed", {}))}
+
+
+def baseline_text(token: int) -> str:
+    return f"token id {token} (the pad token, as leave-one-out) in place of each removed key"
+
+
+def summarise(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per measure (first-seen order): the mean of every score over rows, with its 95 %
+    bootstrap interval over examples (:func:`~attnaudit.analysis.bootstrap.bootstrap_interval`)."""
+    records = []
+    for measure, group in rows.groupby("measure", sort=False):
+        record: dict[str, Any] = {"measure": measure,
+                                  "examples": int(group["example"].nunique()),
+                                  "rows": len(group)}
+        for score in SCORES:
+            record.update(bootstrap_interval(group[score].to_numpy(),
+                                             group["example"].to_numpy()).columns(score))
+        record["baseline"] = str(group["baseline"].iloc[0])
+        records.append(record)
+    return pd.DataFrame(records, columns=list(SUMMARY_COLUMNS))
