@@ -104,7 +104,8 @@ class Uniform(InterventionProtocol):
     """Uniform weights over the eligible keys (Wiegreffe & Pinter)."""
 
     name = "uniform"
-    columns: ClassVar[Columns] = {ROWS: ("uniform_tvd", "uniform_jsd", "uniform_flip")}
+    columns: ClassVar[Columns] = {ROWS: ("uniform_tvd", "uniform_jsd", "uniform_flip",
+                                         "uniform_mass_tvd", "uniform_mass_flip")}
 
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
         return {ROWS: uniform_test(ctx.target, ctx.ref, ctx.rows,
