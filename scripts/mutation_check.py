@@ -102,6 +102,12 @@ MUTATIONS = (
              "old)",
              "return uniform_mass_rows(old, eligible)",
              ("tests/interventions/test_uniform_definition.py",)),
+    Mutation("value_zeroing_unnormalised", "value zeroing reported as the raw distances, "
+             "not normalised per row (Mohebbi et al.)", "attnaudit/contributions/zeroing.py",
+             "return torch.where(total > 0, kept / total.clamp_min(torch.finfo(raw.dtype).tiny), "
+             "0.0)",
+             "return kept",
+             ("tests/contributions/test_value_zeroing_normalised.py",)),
     Mutation("sdpa_mask_dropped", "SDPA path: the bool mask is not applied to the scores",
              "attnaudit/capturing/sdpa.py",
              'scores = scores.masked_fill_(~allowed, float("-inf"))', "pass",

@@ -33,13 +33,13 @@ from attnaudit.contributions.projection import Projection, head_vectors, project
 from attnaudit.contributions.trace import Trace, trace
 from attnaudit.contributions.value_norms import ValueNorms, value_norms
 from attnaudit.contributions.values import values_by_role
-from attnaudit.contributions.zeroing import value_zeroing
+from attnaudit.contributions.zeroing import ZeroingScores, value_zeroing
 from attnaudit.errors import ContributionError
 from attnaudit.record import Role
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 MEASURES = ("weights", "value_norm", "alti", "rollout")
-ALL_MEASURES = (*MEASURES, "alti_layer", "value_zeroing")
+ALL_MEASURES = (*MEASURES, "alti_layer", "value_zeroing", "value_zeroing_raw")
 
 
 @dataclass
@@ -232,8 +232,11 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
             source key's share of the cross-attention block's output (the rest is the
             decoder stream's residual); decoder-only: the self-attention block's.
         value_zeroing: cosine distance of layer l's output at step t when key j's value is
-            zeroed at that layer's reading site (Mohebbi et al. 2023); K re-runs per site
-            and example, so not in the default set.
+            zeroed at that layer's reading site, normalised to sum to 1 over the keys row t
+            reads (Mohebbi et al. 2023); K re-runs per site and example, so not in the
+            default set.
+        value_zeroing_raw: the same distances before the per-row normalisation (computed
+            by the same re-runs when both are asked for).
 
     Raises :class:`~attnaudit.errors.ContributionError` naming the sites and reasons when a
     measure cannot be computed (values not exposed, no output projection, no decomposable
@@ -257,6 +260,7 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
             f"{target.name}: no {traced.reading_role}-attention site reads "
             f"the source (sites found: {list(traced.sites)}), so there is no per-step map")
     maps: dict[str, torch.Tensor] = {}
+    zeroed: dict[str, ZeroingScores] = {}
     for measure in measures:
         if measure == "weights":
             per = [_steps(traced, traced.sites[n].weights.mean(1)) for n in reading]
@@ -271,8 +275,9 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
             done = alti_plus(result) if measure == "alti" else rollout(result)
             both = torch.cat([done.source, done.prefix], -1) if traced.causal else done.source
             per = list(both.unbind(1))
-        else:
-            zeroed = value_zeroing(traced, reading)
-            per = [_steps(traced, zeroed[n]) for n in reading]
+        else:  # value_zeroing(_raw): one set of re-runs serves both
+            zeroed = zeroed or value_zeroing(traced, reading)
+            per = [_steps(traced, zeroed[n].raw if measure.endswith("_raw")
+                          else zeroed[n].normalised) for n in reading]
         maps[measure] = torch.stack(per, dim=1).float()
     return maps
