@@ -155,8 +155,8 @@ class Zeroing(InterventionProtocol):
 
 @register_protocol
 class ValueReplacement(InterventionProtocol):
-    """Replace the value at the top-weighted key (zero, mean; another example's: not
-    reachable)."""
+    """Replace the value at the top-weighted key and at a random one (zero, mean; another
+    example's: not reachable)."""
 
     name = "values"
     columns: ClassVar[Columns] = {ROWS: ("value_zero_tvd", "value_zero_flip", "value_mean_tvd",
