@@ -1,9 +1,9 @@
-"""Value replacement on the date BART against a hand-written value edit: the Hugging Face
-eager model loaded again from its checkpoint, its value projection's output split into
-heads, and at the edited step t the read that each cross-attention layer's output projection
-receives changed by ``w_tj (v' - v_j)`` per head (v' = 0, or the mean of the eligible keys'
-values; w_tj the weights the layer computes in that pass), added after the output projection
-as ``W_o`` of it — the value at key j replaced for query row t only, at every
+"""Value replacement on the date BART and on a Marian built from a config, against a
+hand-written value edit: the Hugging Face eager model loaded again from its checkpoint, its
+value projection's output split into heads, and at the edited step t each cross-attention
+layer's read changed by ``w_tj (v' - v_j)`` per head (v' = 0, or the mean of the eligible
+keys' values; w_tj the weights the layer computes in that pass), added after the output
+projection as ``W_o`` of it — the value at key j replaced for query row t only, at every
 cross-attention site, as the protocol edits. Never through capture."""
 
 from __future__ import annotations
@@ -69,20 +69,12 @@ class HandWritten:
         return 0.5 * float((self.after(key, control) - self.before).abs().sum())
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")
-def test_date_bart_value_controls_equal_a_hand_written_value_edit():
-    from attnaudit_examples.date_transformer.model import MODEL_DIR
-    from attnaudit_examples.date_transformer.target import make_target
-
-    target = make_target()
-    batch = next(target.iter_batches(3))
+def _check(target, model, batch) -> None:
     ref = reference(target, batch)
     frame, status = value_replacement(target, ref)
-    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
-        MODEL_DIR, attn_implementation="eager").eval()
     explain = target.explain_keys(batch)
     moved = 0.0
-    for row in frame.sample(6, random_state=2).itertuples():
+    for row in frame.sample(min(6, len(frame)), random_state=2).itertuples():
         b, t = int(row.example), int(row.step)
         hand = HandWritten(model, batch, ref.emitted, explain[b], b, t)
         top = hand.top()
@@ -99,3 +91,24 @@ def test_date_bart_value_controls_equal_a_hand_written_value_edit():
     assert moved > 1e-3
     assert list(status["control"]) == ["zero", "mean", "zero_random", "mean_random",
                                        "other_example"]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_date_bart_value_controls_equal_a_hand_written_value_edit():
+    from attnaudit_examples.date_transformer.model import MODEL_DIR
+    from attnaudit_examples.date_transformer.target import make_target
+
+    target = make_target()
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
+        MODEL_DIR, attn_implementation="eager").eval()
+    _check(target, model, next(target.iter_batches(3)))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_marian_from_a_config_value_controls_equal_a_hand_written_value_edit(tmp_path):
+    from attnaudit.targets.hf.loading import from_hf
+    from tests.helpers.tiny_targets import NEW_TOKENS, SOURCES, eager_model, save_tiny
+
+    folder = save_tiny("marian", tmp_path)
+    target = from_hf(folder, SOURCES, max_new_tokens=NEW_TOKENS)
+    _check(target, eager_model("marian", folder), next(target.iter_batches()))
