@@ -38,7 +38,8 @@ ATTRIBUTION_METHODS = ("saliency", "input_x_gradient", "integrated_gradients", "
 ATTRIBUTION_VARIANTS = ("attnaudit", "inseq")
 DTYPES = ("float32", "bfloat16", "float16")
 ALIGNMENT_MEASURES = ("weights", "value_norm", "alti", "rollout", "alti_layer",
-                      "value_zeroing", *ATTRIBUTION_METHODS, "loo")  # alignments.maps.MEASURES
+                      "value_zeroing", "value_zeroing_raw", *ATTRIBUTION_METHODS,
+                      "loo")  # alignments.maps.MEASURES
 ALIGNMENT_COMBINED = "mean"  # alignments.maps.COMBINED: the mean over the layers
 ALIGNMENT_UNITS = ("words", "tokens")  # alignments.units.UNITS
 ALIGNMENT_CONVENTIONS = ("emit", "input")  # alignments.units.CONVENTIONS

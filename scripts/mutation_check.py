@@ -97,9 +97,22 @@ MUTATIONS = (
              (CAPTURE_PINS,)),
     Mutation("uniform_axis", "uniform share normalised over the wrong axis",
              "attnaudit/interventions/ablation.py",
-             "share = eligible.to(old.dtype) / eligible.sum(-1, keepdim=True).clamp_min(1)",
-             "share = eligible.to(old.dtype) / eligible.sum(0, keepdim=True).clamp_min(1)",
+             "share = eligible.to(dtype) / eligible.sum(-1, keepdim=True).clamp_min(1)",
+             "share = eligible.to(dtype) / eligible.sum(0, keepdim=True).clamp_min(1)",
              (PINNED + "::test_uniform_and_single_zeroing_match_hand_edited_weights",)),
+    Mutation("uniform_keeps_ineligible", "uniform spreads only the eligible mass and keeps "
+             "the weight on ineligible keys (not Wiegreffe & Pinter's 1/n_valid, 0 elsewhere)",
+             "attnaudit/interventions/ablation.py",
+             "return torch.where(eligible.any(-1)[:, None, None], _even(eligible, old.dtype), "
+             "old)",
+             "return uniform_mass_rows(old, eligible)",
+             ("tests/interventions/test_uniform_definition.py",)),
+    Mutation("value_zeroing_unnormalised", "value zeroing reported as the raw distances, "
+             "not normalised per row (Mohebbi et al.)", "attnaudit/contributions/zeroing.py",
+             "return torch.where(total > 0, kept / total.clamp_min(torch.finfo(raw.dtype).tiny), "
+             "0.0)",
+             "return kept",
+             ("tests/contributions/test_value_zeroing_normalised.py",)),
     Mutation("sdpa_mask_dropped", "SDPA path: the bool mask is not applied to the scores",
              "attnaudit/capturing/sdpa.py",
              'scores = scores.masked_fill_(~allowed, float("-inf"))', "pass",

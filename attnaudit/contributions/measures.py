@@ -33,13 +33,13 @@ from attnaudit.contributions.projection import Projection, head_vectors, project
 from attnaudit.contributions.trace import Trace, trace
 from attnaudit.contributions.value_norms import ValueNorms, value_norms
 from attnaudit.contributions.values import values_by_role
-from attnaudit.contributions.zeroing import value_zeroing
+from attnaudit.contributions.zeroing import ZeroingScores, value_zeroing
 from attnaudit.errors import ContributionError
 from attnaudit.record import Role
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 MEASURES = ("weights", "value_norm", "alti", "rollout")
-ALL_MEASURES = (*MEASURES, "alti_layer", "value_zeroing")
+ALL_MEASURES = (*MEASURES, "alti_layer", "value_zeroing", "value_zeroing_raw")
 
 
 @dataclass
@@ -256,8 +256,11 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
             source key's share of the cross-attention block's output (the rest is the
             decoder stream's residual); decoder-only: the self-attention block's.
         value_zeroing: cosine distance of layer l's output at step t when key j's value is
-            zeroed at that layer's reading site (Mohebbi et al. 2023); K re-runs per site
-            and example, so not in the default set.
+            zeroed at that layer's reading site, normalised to sum to 1 over the keys row t
+            reads (Mohebbi et al. 2023); K re-runs per site and example, so not in the
+            default set.
+        value_zeroing_raw: the same distances before the per-row normalisation (computed
+            by the same re-runs when both are asked for).
 
     Raises :class:`~attnaudit.errors.ContributionError` naming the sites and reasons when a
     measure cannot be computed (values not exposed, no output projection, no decomposable
@@ -293,9 +296,11 @@ def measure_maps_or_reasons(target: Seq2SeqTarget, batch: Batch, emitted: torch.
             f"(sites found: {', '.join(traced.sites) or 'none'}), so there is no per-step map")
     maps: dict[str, torch.Tensor] = {}
     reasons: dict[str, str] = {}
+    zeroed: dict[str, ZeroingScores] = {}  # one set of re-runs serves both zeroing maps
     for measure in measures:
         try:
-            maps[measure] = torch.stack(_per_layer(result, measure, reading), dim=1).float()
+            maps[measure] = torch.stack(_per_layer(result, measure, reading, zeroed),
+                                        dim=1).float()
         except ContributionError as exc:  # this measure only: the others are still read
             reasons[measure] = str(exc)
     failing = [c.site for c in result.checks if c.status != "pass" and c.site in result.blocks]
@@ -306,9 +311,10 @@ def measure_maps_or_reasons(target: Seq2SeqTarget, batch: Batch, emitted: torch.
     return maps, reasons
 
 
-def _per_layer(result: Contributions, measure: str, reading: list[str]) -> list[torch.Tensor]:
+def _per_layer(result: Contributions, measure: str, reading: list[str],
+               zeroed: dict[str, ZeroingScores]) -> list[torch.Tensor]:
     """One measure's (B, T, S) map per layer (:func:`measure_maps`), or ContributionError
-    saying why it cannot be computed."""
+    saying why it cannot be computed. zeroed: value zeroing's scores, filled on first use."""
     traced = result.trace
     if measure == "weights":
         return [_steps(traced, traced.sites[n].weights.mean(1)) for n in reading]
@@ -323,5 +329,7 @@ def _per_layer(result: Contributions, measure: str, reading: list[str]) -> list[
         done = alti_plus(result) if measure == "alti" else rollout(result)
         both = torch.cat([done.source, done.prefix], -1) if traced.causal else done.source
         return list(both.unbind(1))
-    zeroed = value_zeroing(traced, reading)
-    return [_steps(traced, zeroed[n]) for n in reading]
+    if not zeroed:  # value_zeroing(_raw)
+        zeroed.update(value_zeroing(traced, reading))
+    return [_steps(traced, zeroed[n].raw if measure.endswith("_raw") else zeroed[n].normalised)
+            for n in reading]

@@ -6,13 +6,17 @@ Zeroing v_j is the weight edit a_ij -> 0 for every query and head *without* reno
 example's batch is repeated (K copies, at most :data:`COPIES` per pass), copy j zeroes key
 j, and the pass is re-run. The score of key j for query i is the cosine distance
 1 - cos(x̃_i^{¬j}, x_i) between the site's layer output (the first indexed module above the
-site, e.g. the whole decoder layer) with and without the edit. Scores are the raw distances
-(not renormalised per row).
+site, e.g. the whole decoder layer) with and without the edit (``raw``). As in the paper, the
+scores of a query row are then normalised to sum to one over the keys the row reads
+(``normalised``: keys with zero weight in every head — padding, future positions — score 0,
+their raw distance being re-run noise); a row whose distances are all 0 stays 0. The
+normalisation is a positive factor per row, so a row's ranking of keys is the raw one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,6 +30,23 @@ from attnaudit.targets.contract import Batch
 # Edited copies run in one pass: bounds the memory of a long source (a pass's logits alone
 # are copies * steps * vocabulary numbers).
 COPIES = 16
+
+
+@dataclass(frozen=True)
+class ZeroingScores:
+    """One site's value-zeroing scores, (B, Q, K) float32 each: ``raw`` the distances
+    1 - cos, ``normalised`` each query row divided by its sum over the keys it reads."""
+
+    raw: torch.Tensor
+    normalised: torch.Tensor
+
+
+def normalise_rows(raw: torch.Tensor, reads: torch.Tensor) -> torch.Tensor:
+    """Distances (B, Q, K) per query row divided by their sum over the keys the row reads
+    (``reads`` (B, Q, K) bool); 0 on the other keys and on a row that sums to 0."""
+    kept = raw.masked_fill(~reads, 0.0)
+    total = kept.sum(-1, keepdim=True)
+    return torch.where(total > 0, kept / total.clamp_min(torch.finfo(raw.dtype).tiny), 0.0)
 
 
 def _zeroing(first: int) -> Callable[[Site, torch.Tensor, Any], torch.Tensor]:
@@ -60,11 +81,11 @@ def _layer_output(model: nn.Module, layer: str, run: Any) -> torch.Tensor:
     return seen[0]
 
 
-def value_zeroing(trace: Trace, sites: Iterable[str]) -> dict[str, torch.Tensor]:
-    """Per site, (B, Q, K) float32: the cosine distance of query i's layer output when key
-    j's value is zeroed (module docstring)."""
+def value_zeroing(trace: Trace, sites: Iterable[str]) -> dict[str, ZeroingScores]:
+    """Per site: the cosine distance of query i's layer output when key j's value is zeroed,
+    raw and normalised per row (module docstring)."""
     target, batch, emitted = trace.target, trace.batch, trace.emitted
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, ZeroingScores] = {}
     for name in sites:
         site = trace.sites[name]
         reference = trace.layer_outputs[site.layer].float()  # (B, Q, d)
@@ -87,5 +108,7 @@ def value_zeroing(trace: Trace, sites: Iterable[str]) -> dict[str, torch.Tensor]
                 distances.append(1 - torch.nn.functional.cosine_similarity(
                     zeroed, reference[b][None], dim=-1))
             rows.append(torch.cat(distances).transpose(0, 1))  # (Q, K)
-        out[name] = torch.stack(rows)
+        raw = torch.stack(rows)
+        reads = site.weights.detach().float().cpu().gt(0).any(1).to(raw.device)  # (B, Q, K)
+        out[name] = ZeroingScores(raw, normalise_rows(raw, reads))
     return out

@@ -1,8 +1,10 @@
 """Uniform weights (Wiegreffe & Pinter) and zeroing (Serrano & Smith), single and cumulative.
 
 Keys are chosen on the site-and-head mean attention (``Reference.attention``) and edited at
-every selected site and head; keys that are not eligible (padding, special tokens) keep
-their weight in place. Zeroing sets the chosen weights to 0 and renormalises (L1) the rest
+every selected site and head. Uniform is the paper's: ``1 / n_valid`` on every eligible key
+and 0 on every other (padding, special tokens such as source ``</s>``); the variant
+``uniform_mass`` spreads only the row's eligible mass evenly and leaves the weight on
+ineligible keys in place. Zeroing sets the chosen weights to 0 and renormalises (L1) the rest
 of the row; a row left with no mass at all gets uniform weight over its remaining eligible
 keys.
 """
@@ -37,9 +39,21 @@ _BLOCK = 4  # removal counts tried per round of the cumulative test
 
 
 def uniform_rows(old: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
-    """Rows (m, H, n) with the eligible mass spread evenly over eligible keys (m, n)."""
-    share = eligible.to(old.dtype) / eligible.sum(-1, keepdim=True).clamp_min(1)
-    return spread_over_eligible(old, eligible, share[:, None, :])
+    """Rows (m, H, n) with ``1 / n_valid`` on each eligible key (m, n) and 0 on every other
+    key (Wiegreffe & Pinter 2019); a row without an eligible key is left as it is."""
+    return torch.where(eligible.any(-1)[:, None, None], _even(eligible, old.dtype), old)
+
+
+def uniform_mass_rows(old: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
+    """The variant: rows (m, H, n) with the row's eligible mass spread evenly over the
+    eligible keys (m, n); ineligible keys keep their weight."""
+    return spread_over_eligible(old, eligible, _even(eligible, old.dtype))
+
+
+def _even(eligible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(m, 1, n): ``1 / n_valid`` on each eligible key of ``eligible`` (m, n), 0 elsewhere."""
+    share = eligible.to(dtype) / eligible.sum(-1, keepdim=True).clamp_min(1)
+    return share[:, None, :]
 
 
 def remove_keys(old: torch.Tensor, remove: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
@@ -61,13 +75,23 @@ def _columns(prefix: str, change: OutputChange) -> dict[str, object]:
 
 def uniform_test(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | None = None, *,
                  chunk_size: int | None = None, progress: bool = False) -> pd.DataFrame:
-    """Per row: ``uniform_tvd``, ``uniform_jsd``, ``uniform_flip`` (weights = 1/n_valid)."""
+    """Per row: ``uniform_{tvd,jsd,flip}`` (the paper's 1/n_valid on eligible keys, 0 on the
+    rest) and the variant's ``uniform_mass_{tvd,jsd,flip}`` (:func:`uniform_mass_rows`)."""
     rows = ref.rows() if rows is None else rows
-    edit = ItemEdit(uniform_rows, ref.eligible[rows.example, rows.step])
-    with progress_bar(len(rows), "uniform", progress) as bar:
-        change = run_items(target, ref, rows.example, rows.step, edit, chunk_size=chunk_size,
-                           progress=bar)
-    return pd.DataFrame({**row_columns(ref, rows), **_columns("uniform", change)})
+    eligible = ref.eligible[rows.example, rows.step].repeat_interleave(2, 0)
+    variant = torch.arange(2 * len(rows)) % 2 == 1  # items: row * 2 + (0 paper, 1 variant)
+
+    def both(old: torch.Tensor, keys: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+        return torch.where(mass[:, None, None], uniform_mass_rows(old, keys),
+                           uniform_rows(old, keys))
+
+    with progress_bar(2 * len(rows), "uniform", progress) as bar:
+        change = run_items(target, ref, rows.example.repeat_interleave(2),
+                           rows.step.repeat_interleave(2), ItemEdit(both, eligible, variant),
+                           chunk_size=chunk_size, progress=bar)
+    return pd.DataFrame({**row_columns(ref, rows),
+                         **_columns("uniform", change.select(slice(0, None, 2))),
+                         **_columns("uniform_mass", change.select(slice(1, None, 2)))})
 
 
 def random_other_key(ref: Reference, rows: RowIndex, top: torch.Tensor) -> torch.Tensor:

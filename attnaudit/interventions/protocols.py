@@ -128,7 +128,8 @@ class Uniform(InterventionProtocol):
     """Uniform weights over the eligible keys (Wiegreffe & Pinter)."""
 
     name = "uniform"
-    columns: ClassVar[Columns] = {ROWS: ("uniform_tvd", "uniform_jsd", "uniform_flip")}
+    columns: ClassVar[Columns] = {ROWS: ("uniform_tvd", "uniform_jsd", "uniform_flip",
+                                         "uniform_mass_tvd", "uniform_mass_flip")}
 
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
         return {ROWS: uniform_test(ctx.target, ctx.ref, ctx.rows,
@@ -187,8 +188,8 @@ class Zeroing(InterventionProtocol):
 
 @register_protocol
 class ValueReplacement(InterventionProtocol):
-    """Replace the value at the top-weighted key (zero, mean; another example's: not
-    reachable)."""
+    """Replace the value at the top-weighted key and at a random one (zero, mean; another
+    example's: not reachable)."""
 
     name = "values"
     columns: ClassVar[Columns] = {ROWS: ("value_zero_tvd", "value_zero_flip", "value_mean_tvd",

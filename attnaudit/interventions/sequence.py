@@ -8,7 +8,7 @@ with the target's own decoding (``target.greedy``: the same settings, beams and 
 the returned output is compared with the unedited one, token by token up to and including
 its end of sequence:
 
-- ``uniform``: the eligible weight spread evenly over the eligible keys; one re-decoding
+- ``uniform``: ``1 / n_valid`` on every eligible key, 0 on the rest; one re-decoding
   per example (``step`` is -1: the edit is no row's own);
 - ``zero_top`` / ``zero_random``: per row, the key the single zeroing test zeroes there
   (its top key on the site-and-head mean; a seeded random other eligible key), zeroed and

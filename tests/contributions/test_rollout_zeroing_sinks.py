@@ -95,7 +95,7 @@ def test_encoder_decoder_rollout_composes_through_cross_attention(bart):
 def test_value_zeroing_equals_a_re_run_with_that_value_zeroed(bart, monkeypatch):
     folder, target, batch, emitted = bart
     monkeypatch.setattr(zeroing, "COPIES", 4)  # six keys: two chunks of edited copies
-    maps = measure_maps(target, batch, emitted, ["value_zeroing"])
+    maps = measure_maps(target, batch, emitted, ["value_zeroing", "value_zeroing_raw"])
     model = eager_model("bart", folder)
     layer = model.model.decoder.layers[1]
     b = 0  # the longest source: no padding in a batch of one
@@ -122,11 +122,17 @@ def test_value_zeroing_equals_a_re_run_with_that_value_zeroed(bart, monkeypatch)
         return seen[0][0]
 
     reference = layer_output(None)
+    distances = []
     for key in range(batch.source_ids.shape[1]):
         zeroed = layer_output(key)
         distance = 1 - torch.nn.functional.cosine_similarity(zeroed, reference, dim=-1)
-        torch.testing.assert_close(maps["value_zeroing"][b, 1, :, key], distance,
+        torch.testing.assert_close(maps["value_zeroing_raw"][b, 1, :, key], distance,
                                    atol=TOL, rtol=0)
+        distances.append(distance.double().numpy())
+    # Mohebbi et al.: each query row's distances over its keys (all read here) sum to 1
+    raw = np.stack(distances, -1)
+    np.testing.assert_allclose(maps["value_zeroing"][b, 1].double().numpy(),
+                               raw / raw.sum(-1, keepdims=True), atol=TOL, rtol=0)
 
 
 def test_measure_maps_share_one_shape_and_alti_rows_split_source_and_prefix(bart):

@@ -38,7 +38,8 @@ def test_uniform_on_one_head_matches_hand_written_edit(bart_target):
         def edit(site, weights, key_mask, t=t, keys=keys):
             new = weights.clone()
             line = new[0, HEAD, t]
-            line[keys] = line[keys].sum() / keys.sum()  # eligible mass spread evenly
+            line[:] = 0.0  # Wiegreffe & Pinter: 1 / n_valid on eligible keys, 0 on the rest
+            line[keys] = 1.0 / keys.sum()
             return new
 
         with torch.no_grad():

@@ -47,6 +47,7 @@ class Toy:
 
     def __init__(self, name: str) -> None:
         make, scores, values, sources = TOYS[name]
+        self.name = name
         self.target = make()
         self.ref: Reference = reference(self.target, next(iter(self.target.batches())))
         self.scores, self.sources = torch.tensor(scores), sources
@@ -118,7 +119,45 @@ def test_value_replacement_reads_zero_and_the_mean_of_eligible_values(toy):
             assert getattr(row, f"value_{control}_flip") == flipped(before, after)
     assert padded > 0  # rows with padding keys, which must read nothing
     assert frame["value_mean_tvd"].max() > 1e-3
-    assert list(status["control"]) == ["zero", "mean", "other_example"]
+    assert list(status["control"]) == ["zero", "mean", "zero_random", "mean_random",
+                                       "other_example"]
+
+
+def test_value_replacement_at_the_random_key_is_one_other_eligible_key(toy):
+    """The random-key controls: recomputed here by editing values at every non-top eligible
+    key; one key must explain both controls' numbers of a row (the seeded draw is not
+    re-derived here), and a row with one eligible key has NaN."""
+    frame, status = value_replacement(toy.target, toy.ref)
+    checked = 0
+    for row in frame.itertuples():
+        ex, step = int(row.example), int(row.step)
+        w = toy.weights(ex)
+        if len(w) < 2:
+            assert np.isnan(row.value_zero_random_tvd) and np.isnan(row.value_mean_random_tvd)
+            continue
+        before, top = toy.before(ex, step), int(w.argmax())
+        fits = []
+        for key in (k for k in range(len(w)) if k != top):
+            ok = True
+            for control in ("zero", "mean"):
+                values = toy.value_rows(ex)
+                values[key] = 0.0 if control == "zero" else values.mean(0)
+                after = toy.probs(ex, step, w, values)
+                ok &= abs(getattr(row, f"value_{control}_random_tvd")
+                          - float(np_tvd(before, after))) <= 1e-6
+                ok &= abs(getattr(row, f"value_{control}_random_jsd")
+                          - np_jsd(before, after)) <= 1e-6
+                ok &= bool(getattr(row, f"value_{control}_random_flip")) == flipped(before, after)
+            if ok:
+                fits.append(key)
+        assert len(fits) >= 1, (ex, step)
+        checked += 1
+    assert checked > 0
+    if toy.name == "mixed":  # a non-top key moves the output: the match can fail
+        assert frame["value_zero_random_tvd"].max() > 1e-3
+    ran = status.set_index("control")
+    assert ran.loc["zero_random", "n"] == checked
+    assert ran.loc["other_example", "status"] == "not reachable"
 
 
 def test_uniform_and_single_zeroing_match_hand_edited_weights(toy):

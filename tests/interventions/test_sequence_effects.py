@@ -113,10 +113,9 @@ class ByHand:
         return kept / kept.sum(-1, keepdim=True)
 
     def uniform(self, weights: torch.Tensor, e: int) -> torch.Tensor:
-        eligible = self.eligible[e]
-        mass = weights[..., eligible].sum(-1, keepdim=True)
-        new = weights.clone()
-        new[..., eligible] = mass / int(eligible.sum())
+        eligible = self.eligible[e]  # 1 / n_valid on eligible keys, 0 on the rest
+        new = torch.zeros_like(weights)
+        new[..., eligible] = 1.0 / int(eligible.sum())
         return new
 
 
@@ -247,7 +246,11 @@ def test_a_causal_lm_with_beams_redecodes_as_by_hand(tmp_path):
             keep = eligible[e].clone()
             new = w.clone()
             block = new[:, :, first:, :prompt]
-            block[..., keep] = block[..., keep].sum(-1, keepdim=True) / int(keep.sum())
+            # the prompt view's mass, 1 / n_valid of it on each eligible prompt key, 0 on
+            # the other prompt keys (the view is written back at its own mass)
+            mass = block.sum(-1, keepdim=True)
+            block.zero_()
+            block[..., keep] = mass / int(keep.sum())
             new[:, :, first:, :prompt] = block
             return new
         return edit
