@@ -68,10 +68,13 @@ def test_tables_do_not_depend_on_the_example_batch_size(runs):
     for name in one_batch.tables:
         if name == "sinks":  # of the first batch by definition (docs/reports.md)
             continue
-        # floats may differ in the last bits: padding to another width changes sum orders
+        # floats may differ in the last bits: padding to another width changes sum orders;
+        # per-row normalised measures (value zeroing's 1 - cos of nearly equal outputs,
+        # normalised AOPC over a small spread) magnify them
+        atol = 1e-4 if name.startswith(("faithfulness", "contribution_example")) else 1e-6
         pd.testing.assert_frame_equal(canonical(one_batch.tables[name]),
                                       canonical(one_each.tables[name]),
-                                      check_exact=False, rtol=1e-5, atol=1e-6, obj=name)
+                                      check_exact=False, rtol=1e-5, atol=atol, obj=name)
 
 
 def numpy_attention(model: ToySeq2Seq, src: np.ndarray, tgt_in: np.ndarray) -> np.ndarray:

@@ -72,5 +72,8 @@ def test_date_model_tables_do_not_depend_on_the_example_batch_size():
     widths = [int(b.source_ids.shape[1]) for b in make_target(limit=5, batch_size=2).batches()]
     assert len(set(widths)) > 1  # batches really are padded differently
     for name, table in runs[0].tables.items():
+        # normalised AOPC divides by a row's spread of orderings, which can be small, so the
+        # padding's last-bit differences grow there
+        atol = 1e-4 if name.startswith("faithfulness") else 1e-6
         pd.testing.assert_frame_equal(canonical(table), canonical(runs[1].tables[name]),
-                                      check_exact=False, rtol=1e-5, atol=1e-6, obj=name)
+                                      check_exact=False, rtol=1e-5, atol=atol, obj=name)
