@@ -8,11 +8,15 @@ kernel) on the same arguments and keeps the gap here: the largest absolute diffe
 the two outputs and that difference relative to the explicit output's largest magnitude. A
 kernel that ignores the model's scaling or handles the mask differently shows up as a gap
 while the recorded weights look healthy. Calls that an edit changed or that use dropout are
-not compared (their outputs differ by design).
+not compared (their outputs differ by design). Only captures run inside :func:`sampled` (the
+validity audit's passes) compare at all, so the many captures of an intervention run pay
+nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
@@ -42,8 +46,27 @@ class ParityGap:
 _GAPS: WeakKeyDictionary[object, dict[str, ParityGap]] = WeakKeyDictionary()
 
 
+class _Sampling:
+    on = False
+
+
+_SAMPLING = _Sampling()
+
+
+@contextmanager
+def sampled() -> Iterator[None]:
+    """Captures inside compare their first calls per site with the deployed kernel."""
+    was, _SAMPLING.on = _SAMPLING.on, True
+    try:
+        yield
+    finally:
+        _SAMPLING.on = was
+
+
 def wants_sample(cap: object, site: str) -> bool:
     """Whether the next call at ``site`` in ``cap`` is compared with the fused kernel."""
+    if not _SAMPLING.on:
+        return False
     known = _GAPS.get(cap, {}).get(site)
     return known is None or known.calls < PARITY_CALLS_PER_SITE
 

@@ -32,7 +32,7 @@ from attnaudit.analysis.example_maps import ExampleMaps, MapBuilder
 from attnaudit.analysis.merging import merge_analyser
 from attnaudit.analysis.words import source_words
 from attnaudit.capturing.blocks import DEFAULT_MAX_MEMORY, parse_memory
-from attnaudit.capturing.parity import ParityGap, parity_of
+from attnaudit.capturing.parity import ParityGap, parity_of, sampled
 from attnaudit.errors import TargetError
 from attnaudit.options import positive_count
 from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
@@ -200,7 +200,7 @@ def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditS
     state.degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
     kept_rows = max(min(options.keep - len(state.kept), len(batch)), 0)
     analysis = _batch_analysis(target, batch, emitted, step_mask, state, kept_rows)
-    with torch.no_grad():
+    with torch.no_grad(), sampled():
         cap, passes = forward_passes(target, batch, emitted, keep=not options.checks_only,
                                      timing=options.timing, plain_first=index % 2 == 0,
                                      on_call=analysis.on_call if options.streaming else None,

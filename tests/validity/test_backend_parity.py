@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import attnaudit
-from attnaudit.capturing.parity import PARITY_CALLS_PER_SITE, parity_of
+from attnaudit.capturing.parity import PARITY_CALLS_PER_SITE, parity_of, sampled
 from attnaudit_examples.date.target import make_target as make_lstm_target
 from attnaudit_examples.date_transformer.target import make_target
 
@@ -105,11 +105,15 @@ def test_sampled_calls_are_budgeted_and_edits_are_not_compared():
     start = torch.full((len(batch), 1), target.model.config.decoder_start_token_id)
     args = dict(input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
                 decoder_input_ids=start)
-    with torch.no_grad(), attnaudit.capture(target.model, keep=False) as cap:
+    with torch.no_grad(), sampled(), attnaudit.capture(target.model, keep=False) as cap:
         for _ in range(3):
             target.model(**args)
     gaps = parity_of(cap)
-    assert gaps and all(g.calls == PARITY_CALLS_PER_SITE for g in gaps.values())
-    with torch.no_grad(), attnaudit.capture(target.model, edit=lambda s, w, m: w * 1.0) as cap:
+    assert len(gaps) == 6 and all(g.calls == PARITY_CALLS_PER_SITE for g in gaps.values())
+    with torch.no_grad(), sampled(), attnaudit.capture(target.model,
+                                                        edit=lambda s, w, m: w * 1.0) as cap:
+        target.model(**args)
+    assert parity_of(cap) == {}
+    with torch.no_grad(), attnaudit.capture(target.model) as cap:  # outside the audit
         target.model(**args)
     assert parity_of(cap) == {}
