@@ -117,3 +117,35 @@ def test_sampled_calls_are_budgeted_and_edits_are_not_compared():
     with torch.no_grad(), attnaudit.capture(target.model) as cap:  # outside the audit
         target.model(**args)
     assert parity_of(cap) == {}
+
+
+def test_decoder_only_prompt_views_share_their_call_sites_gap(tmp_path, monkeypatch):
+    """A left-padded grouped-query Llama: every prompt view of a self-attention site carries
+    its call site's gap; a kernel that ignores the padding mask fails them all."""
+    transformers = pytest.importorskip("transformers")
+    from attnaudit.targets.hf.loading import from_hf
+    from tests.helpers.tiny_hf import VOCAB, save_checkpoint
+
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=32, initializer_range=0.3,
+        vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        attn_implementation="sdpa")
+    save_checkpoint(transformers.LlamaForCausalLM, config, tmp_path, eos_after=False)
+
+    def target():
+        model = transformers.LlamaForCausalLM.from_pretrained(
+            tmp_path, attn_implementation="sdpa").eval()
+        return from_hf(model, ["w5 w6 w7 w8 w9", "w10 w11"],
+                       tokenizer=transformers.AutoTokenizer.from_pretrained(tmp_path),
+                       max_new_tokens=3)
+
+    gate = checked(target()).gate()
+    assert gate.healthy, gate.summary()
+    parity = by_check(gate, "backend_parity")
+    assert set(parity) == set(gate.sites["site"]) and len(parity) > 2
+    monkeypatch.setattr(F, "scaled_dot_product_attention", ignoring_mask)
+    gate = checked(target()).gate()
+    assert_weights_healthy(gate)
+    assert {s for s, f in by_check(gate, "backend_parity").items()
+            if f.status == "fail"} == set(gate.sites["site"])
