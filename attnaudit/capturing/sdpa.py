@@ -10,6 +10,11 @@ than the capture's memory budget is computed in query blocks, each recorded (and
 as its own call (:mod:`attnaudit.capturing.blocks`). Hugging Face's one-token
 grouped-query step, which packs query heads onto the query axis, is recorded with its heads
 as heads and its one query as the query.
+
+On the first calls at each site (:data:`~attnaudit.capturing.parity.PARITY_CALLS_PER_SITE`)
+the deployed kernel — whatever ``F.scaled_dot_product_attention`` was when the capture began —
+also runs on the call's own arguments, and the gap between its output and the explicit one is
+kept for the gate's backend-parity check (:mod:`attnaudit.capturing.parity`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from attnaudit.capturing import parity
 from attnaudit.capturing.blocks import block_rows, query_blocks
 from attnaudit.capturing.layout import eligible_from_scores
 from attnaudit.capturing.protocol import ActiveCapture
@@ -32,6 +38,8 @@ from attnaudit.capturing.state import ACTIVE, patch_attr, patch_references, refu
 from attnaudit.record import Site
 
 ORIGINAL_SDPA = F.scaled_dot_product_attention
+# The function users' calls reach outside capture; set by install() for each capture.
+DEPLOYED_SDPA = ORIGINAL_SDPA
 
 
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -49,6 +57,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if site is None:
         return ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    given = (query, key, value, attn_mask, enable_gqa)
     packed = query.shape if _packed_gqa(frame, query, key) else None
     if packed is not None:  # one query per head, as the model means it
         query = query.reshape(packed[0], packed[1] * packed[2], 1, packed[3])
@@ -57,11 +66,29 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         enable_gqa = True
     cap.busy = True
     try:
-        out = _explicit(cap, site, lambda: cap.sites_registry.names_at(frame, site), query,
-                        key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        out, edited = _explicit(cap, site, lambda: cap.sites_registry.names_at(frame, site),
+                                query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                enable_gqa)
+        out = out if packed is None else out.reshape(*packed[:3], out.shape[-1])
+        if not edited and dropout_p == 0.0 and not out.is_meta \
+                and parity.wants_sample(cap, site.name):
+            _compare_deployed(cap, site, out, given, is_causal, scale)
     finally:
         cap.busy = False
-    return out if packed is None else out.reshape(*packed[:3], out.shape[-1])
+    return out
+
+
+def _compare_deployed(cap: ActiveCapture, site: Site, out: torch.Tensor,
+                      given: tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                   torch.Tensor | None, bool],
+                      is_causal: bool, scale: float | None) -> None:
+    """Run the deployed kernel on the call's own arguments ``given`` (query, key, value,
+    attn_mask, enable_gqa) and keep the gap between its output and the explicit ``out``."""
+    query, key, value, attn_mask, enable_gqa = given
+    with torch.no_grad():
+        fused = DEPLOYED_SDPA(query, key, value, attn_mask=attn_mask, is_causal=is_causal,
+                              scale=scale, enable_gqa=enable_gqa)
+    parity.measure(cap, site.name, fused, out)
 
 
 def _packed_gqa(frame: FrameType, query: torch.Tensor, key: torch.Tensor) -> bool:
@@ -78,8 +105,9 @@ def _explicit(cap: ActiveCapture, site: Site, names: Callable[[], Mapping[str, A
               query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attn_mask: torch.Tensor | None,
               dropout_p: float, is_causal: bool, scale: float | None,
-              enable_gqa: bool) -> torch.Tensor:
-    """query (..., L, E), key (..., S, E), value (..., S, Ev) -> output (..., L, Ev).
+              enable_gqa: bool) -> tuple[torch.Tensor, bool]:
+    """query (..., L, E), key (..., S, E), value (..., S, Ev) -> output (..., L, Ev), and
+    whether an edit replaced any of its weights.
 
     ``names``: the caller's locals, for a layout that folds heads into the batch. Rows no
     record needs (prompt rows outside every prompt view) run the model's own kernel; the
@@ -93,6 +121,7 @@ def _explicit(cap: ActiveCapture, site: Site, names: Callable[[], Mapping[str, A
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     first = cap.first_needed_row(site, n_q, n_k)
     outputs = []
+    call: _Call | None = None
     if first > 0:
         # is_causal is top-left aligned, so the call's first rows keep it as they are
         outputs.append(ORIGINAL_SDPA(query[..., :first, :], key, value,
@@ -106,7 +135,8 @@ def _explicit(cap: ActiveCapture, site: Site, names: Callable[[], Mapping[str, A
         rows = block_rows(lead * n_k, cap.max_memory)
         outputs.extend(call.block(first + start, first + stop)
                        for start, stop in query_blocks(n_q - first, rows))
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
+    edited = call is not None and call.edited
+    return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)), edited
 
 
 def _mask_rows(mask: torch.Tensor | None, start: int, stop: int, n_q: int
@@ -137,6 +167,7 @@ class _Call:
         self.dropout_p, self.is_causal, self.scale, self.compute = (dropout_p, is_causal,
                                                                     scale, compute)
         self.values4: torch.Tensor | None = None  # one tensor shared by every block
+        self.edited = False  # did an edit replace any block's weights?
 
     def block(self, start: int, stop: int) -> torch.Tensor:
         """Output rows ``start:stop`` (..., stop - start, Ev), their weights recorded."""
@@ -182,6 +213,7 @@ class _Call:
             self.values4 = layout.values_to_record(self.value)
         edited = cap.record(self.site, layout, layout.to_record(weights), eligibility,
                             layout.to_record(scores), self.values4, trailing=n_q - stop)
+        self.edited |= edited is not None
         used = weights if edited is None else layout.from_record(edited)
         if self.dropout_p > 0.0:
             used = F.dropout(used, p=self.dropout_p, training=True)
@@ -189,6 +221,8 @@ class _Call:
 
 
 def install(stack: ExitStack, namespaces: list[dict[str, Any]]) -> None:
-    """Route ``F.scaled_dot_product_attention`` (and direct imports of it) through capture."""
+    """Route ``F.scaled_dot_product_attention`` (and direct imports of it) through capture;
+    what it was until now is the deployed kernel backend parity compares with."""
+    patch_attr(stack, sys.modules[__name__], "DEPLOYED_SDPA", F.scaled_dot_product_attention)
     patch_attr(stack, F, "scaled_dot_product_attention", scaled_dot_product_attention)
     patch_references(stack, namespaces, {id(ORIGINAL_SDPA): scaled_dot_product_attention})

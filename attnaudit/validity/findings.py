@@ -11,14 +11,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import pandas as pd
 
 from attnaudit.analysis.degenerate import DegenerateCounter
+from attnaudit.capturing.parity import PARITY_CALLS_PER_SITE
 from attnaudit.validity.rules import CAPTURED_RULE
 
 # Checks that can fail (and fail the gate); the others (negative, eligibility) only warn.
-GATE_CHECKS = ("non_finite", "masked_mass", "row_sum", "all_masked_nan", "softmax_axis")
+GATE_CHECKS = ("non_finite", "masked_mass", "row_sum", "all_masked_nan", "softmax_axis",
+               "backend_parity")
 
 
 @dataclass(frozen=True)
@@ -161,8 +164,9 @@ def site_findings(site_summary: pd.DataFrame, sites: pd.DataFrame | None,
                   max_masked_mass: float,
                   row_sum_tolerance: float | Mapping[str, float]) -> list[Finding]:
     """The gate checks (non_finite, masked_mass, row_sum, all_masked_nan: pass/fail), the
-    warning on negative weights, the softmax-axis check (pass/fail) and the eligibility
-    warning, per site, in that order.
+    warning on negative weights, the softmax-axis check (pass/fail), the eligibility
+    warning and, where the sites table has a fused kernel's gap, the backend-parity check
+    (pass/fail; :mod:`attnaudit.validity.parity`), per site, in that order.
 
     row_sum_tolerance: one value, or per site (the dtype rule gives each its own).
 
@@ -171,6 +175,9 @@ def site_findings(site_summary: pd.DataFrame, sites: pd.DataFrame | None,
     """
     rules = {} if sites is None else dict(zip(sites["site"], sites["eligibility"],
                                               strict=True))
+    parity = ({} if sites is None or "backend_parity_calls" not in sites.columns else
+              {row.site: row for row in sites.itertuples(index=False)
+               if row.backend_parity_calls > 0})
     findings = []
     for s in site_summary.itertuples(index=False):
         site, total = s.site, int(s.rows)
@@ -210,7 +217,26 @@ def site_findings(site_summary: pd.DataFrame, sites: pd.DataFrame | None,
                  "against the model's own mask, so a mask applied after the softmax or "
                  "filled with 0 would go unseen") if captured_only
                 else f"key rule: {rules[site]}"))
+        if site in parity:
+            findings.append(_parity_finding(site, parity[site]))
     return findings
+
+
+def _parity_finding(site: str, row: Any) -> Finding:
+    """The backend-parity check of one site from its sites-table row."""
+    calls, gap = int(row.backend_parity_calls), float(row.backend_parity_gap)
+    relative, tolerance = (float(row.backend_parity_relative),
+                           float(row.backend_parity_tolerance))
+    measured = (f"the deployed fused kernel and capture's explicit P·V differ by at most "
+                f"{gap:.3g} ({relative:.3g} of the output's largest magnitude) over {calls} "
+                f"compared call(s) (the first {PARITY_CALLS_PER_SITE} per site and pass)")
+    if relative > tolerance:
+        return Finding(site, "backend_parity", "fail", 0,
+                       f"{measured}, above the tolerance {tolerance:g}: the kernel users run "
+                       "does not compute the attention the audited weights describe (its "
+                       "scaling or mask handling differs?)", relative)
+    return Finding(site, "backend_parity", "pass", 0,
+                   f"{measured} (tolerance {tolerance:g})", relative)
 
 
 def _finite_or_none(value: float) -> float | None:

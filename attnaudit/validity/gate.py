@@ -4,10 +4,11 @@ Status (:class:`GateStatus`, an :class:`~enum.IntEnum`: the exit code): 0 (:data
 when every site passes; 1 (:data:`UNHEALTHY`) when any site
 has non-finite weights, masked mass above the masked-mass tolerance, a row-sum error above
 the row-sum tolerance (default: from the weights' dtype and key count, see
-:func:`attnaudit.analysis.numerics.row_sum_tolerance`) or NaN on rows whose keys are all
-masked. :class:`GateResult` holds the judgement and renders it as a short summary, JSON and
-JUnit XML (one testcase per site x check). :meth:`attnaudit.Audit.gate` gives one; the
-command line prints it.
+:func:`attnaudit.analysis.numerics.row_sum_tolerance`), NaN on rows whose keys are all
+masked, or a deployed fused kernel whose output differs from the audited weights' ``P·V``
+(:mod:`attnaudit.validity.parity`). :class:`GateResult` holds the judgement and renders it
+as a short summary, JSON and JUnit XML (one testcase per site x check).
+:meth:`attnaudit.Audit.gate` gives one; the command line prints it.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from attnaudit.analysis.example_maps import ExampleMaps, MapBuilder
 from attnaudit.analysis.merging import merge_analyser
 from attnaudit.analysis.words import source_words
 from attnaudit.capturing.blocks import DEFAULT_MAX_MEMORY, parse_memory
+from attnaudit.capturing.parity import ParityGap, parity_of, sampled
 from attnaudit.errors import TargetError
 from attnaudit.options import positive_count
 from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
@@ -47,6 +48,7 @@ from attnaudit.validity.analysers import (
 )
 from attnaudit.validity.batch import BatchAnalysis
 from attnaudit.validity.findings import summarise_sites
+from attnaudit.validity.parity import merge_parity, with_parity
 from attnaudit.validity.result import ValidityAudit
 from attnaudit.validity.sites import (
     MATERIALISED_BY_CAPTURE,
@@ -84,6 +86,7 @@ class _AuditState:
     examples: int = 0
     kept: list[ExampleMaps] = field(default_factory=list)
     cached: CachedDecoding = NOT_COMPARED
+    parity: dict[str, ParityGap] = field(default_factory=dict)  # backend parity by site
 
 
 def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
@@ -167,7 +170,8 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         target=target.name,
         description=target.description,
         examples=state.examples,
-        sites=sites_frame(state.sites, state.analysers.site_row_sum_tolerance),
+        sites=with_parity(sites_frame(state.sites, state.analysers.site_row_sum_tolerance),
+                          state.parity),
         metrics=metrics,
         regions=_regions_frame(state.regions),
         site_summary=summarise_sites(metrics, list(state.sites)),
@@ -196,7 +200,7 @@ def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditS
     state.degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
     kept_rows = max(min(options.keep - len(state.kept), len(batch)), 0)
     analysis = _batch_analysis(target, batch, emitted, step_mask, state, kept_rows)
-    with torch.no_grad():
+    with torch.no_grad(), sampled():
         cap, passes = forward_passes(target, batch, emitted, keep=not options.checks_only,
                                      timing=options.timing, plain_first=index % 2 == 0,
                                      on_call=analysis.on_call if options.streaming else None,
@@ -206,6 +210,7 @@ def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditS
             analysis = _batch_analysis(target, batch, emitted, step_mask, state, kept_rows)
             cap = kept_pass(target, batch, emitted, keep=not options.checks_only,
                             max_memory=options.max_memory)
+        merge_parity(state.parity, parity_of(cap))
         if not options.streaming or cap.records:
             analysis.add_records(cap.records)
     for name, facts in analysis.passes.items():
@@ -274,6 +279,10 @@ def _merge_shards(shard: Shard, state: _AuditState) -> None:
     state.performance = sorted((row for _, _, rank_rows, *_ in gathered for row in rank_rows),
                                key=lambda row: row["batch"])
     state.examples = sum(part[-1] for part in gathered)
+    parity: dict[str, ParityGap] = {}
+    for rank_parity in shard.all_gather(state.parity):
+        merge_parity(parity, rank_parity)
+    state.parity = parity
 
 
 def _merge_kept(shard: Shard, state: _AuditState, keep: int) -> None:

@@ -159,7 +159,9 @@ def test_query_blocks_leave_the_tables_unchanged(target, monkeypatch):
     no_fallback(monkeypatch)
     blocked = run_validity_audit(target, limit=4, progress=False, timing=False,
                                  max_memory=4096)
-    pd.testing.assert_frame_equal(blocked.sites, whole.sites)
+    gaps = ["backend_parity_gap", "backend_parity_relative"]  # rounding-level, ~1e-7
+    pd.testing.assert_frame_equal(blocked.sites.drop(columns=gaps), whole.sites.drop(columns=gaps))
+    np.testing.assert_allclose(blocked.sites[gaps], whole.sites[gaps], atol=1e-5)
     ours, theirs = blocked.metrics, whole.metrics
     keys = ["site", "metric", "head", "step", "n"]
     pd.testing.assert_frame_equal(ours[keys], theirs[keys])
