@@ -128,3 +128,15 @@ def test_gold_is_a_path_option():
     assert AuditOptions(gold=GOLD).gold == str(GOLD)
     with pytest.raises(OptionError, match=r"^gold must be the path of a Pharaoh file"):
         AuditOptions(gold=3)
+
+
+def test_a_bad_gold_file_is_a_user_error_on_the_command_line(tmp_path):
+    bad = _gold(tmp_path, ["0-0", "1-x"])
+    argv = [sys.executable, "-m", "attnaudit.cli", "--quiet", "report", "--quick", "--hf",
+            str(MODEL), "--data", str(DATA), "--gold", str(bad), "--limit", "2", "--out",
+            str(tmp_path / "out")]
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False,
+                            timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "gold.txt, line 2: '1-x' is not a link" in result.stderr
+    assert not (tmp_path / "out").exists()
