@@ -17,6 +17,7 @@ tests/test_options.py holds them equal to the library's own constants.
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -192,7 +193,10 @@ class AuditOptions:
     interventions: run the intervention suite (False: validity and checklist only; the
     command line always runs it). attribution: :class:`AttributionSettings`, or an
     :class:`attnaudit.attribution.options.AttributionOptions` for what no flag sets
-    (reduction, baseline, detached methods); None: the default settings.
+    (reduction, baseline, detached methods); None: the default settings. gold: a Pharaoh
+    file of gold alignments, one line per example in token units
+    (:mod:`attnaudit.alignments.gold`), for the alignment error rate table of any target
+    (a target's own ``gold_alignments`` are used without it).
     """
 
     mode: AuditMode = AuditMode.FULL
@@ -206,8 +210,14 @@ class AuditOptions:
     attribution: Any = None
     tolerances: Tolerances = field(default_factory=Tolerances)
     loading: Loading = field(default_factory=Loading)
+    gold: str | None = None
 
     def __post_init__(self) -> None:
+        if self.gold is not None:
+            if not isinstance(self.gold, (str, os.PathLike)):
+                raise OptionError(f"gold must be the path of a Pharaoh file, got "
+                                  f"{self.gold!r}")
+            object.__setattr__(self, "gold", os.fspath(self.gold))
         try:
             object.__setattr__(self, "mode", AuditMode(self.mode))
         except ValueError:

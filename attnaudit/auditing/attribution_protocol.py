@@ -100,7 +100,7 @@ class Attribution(InterventionProtocol):
         rows_agree["example"] += ref.first_example
         parts["agreement"] = [rows_agree]  # before the contribution agreement
         add_contribution_parts(target, batch, ref, importances, parts,
-                               zeroing=not ctx.settings.quick)
+                               zeroing=not ctx.settings.quick, gold=ctx.settings.gold)
         if found.convergence_delta is not None:
             delta = found.delta_frame()
             delta["example"] += ref.first_example

@@ -14,7 +14,8 @@ those into the summary ``weights_vs_contributions``: per measure, the share of r
 top key is not the top-weight key, the share whose top key is the top leave-one-out key, and
 the mean rank agreement with leave-one-out.
 
-A target with ``gold_alignments`` also gets ``alignment_aer``: the alignment error rate of
+A target with ``gold_alignments``, or an audit given a gold file (``gold=``,
+:mod:`attnaudit.alignments.gold`), also gets ``alignment_aer``: the alignment error rate of
 every measure's map (token units, both step conventions; :mod:`attnaudit.alignments`).
 
 Each measure is computed on its own: one a target cannot give (additive attention without
@@ -25,7 +26,7 @@ other measures and the rest of the report are written as usual.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
 import pandas as pd
@@ -33,7 +34,7 @@ import torch
 
 from attnaudit.alignments.aer import AlignmentCounts, count_links
 from attnaudit.alignments.extract import links_from_maps
-from attnaudit.alignments.pharaoh import parse_line
+from attnaudit.alignments.pharaoh import Alignment, parse_line
 from attnaudit.alignments.units import CONVENTIONS, batch_units
 from attnaudit.analysis.bootstrap import bootstrap_interval
 from attnaudit.attribution.agreement import ATTENTION, LOO, agreement, summarise_agreement
@@ -112,14 +113,24 @@ def _name(measure: str) -> str:
     return "weights" if measure == ATTENTION else measure
 
 
-def alignment_counts(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
-                     maps: Mapping[str, torch.Tensor]) -> pd.DataFrame:
-    """Per measure and step convention, the batch's link counts (token units) against
-    ``target.gold_alignments``; maps: measure -> (B, T, n)."""
+def batch_gold(target: Seq2SeqTarget, batch: Batch, ref: Reference,
+               gold: Sequence[Alignment] | None = None) -> list[Alignment]:
+    """The gold alignments of ``batch``: its lines of ``gold`` (one per example of the data,
+    the batch's from ``ref.first_example`` on) when given, else the target's
+    ``gold_alignments``."""
+    if gold is not None:
+        return list(gold[ref.first_example:ref.first_example + len(batch)])
     gold_alignments = target.gold_alignments
     assert gold_alignments is not None  # called only for a target that has them
-    gold = [parse_line(line, f"{target.name}: gold alignment of example {i}")
-            for i, line in enumerate(gold_alignments(batch, emitted))]
+    return [parse_line(line, f"{target.name}: gold alignment of example {i}")
+            for i, line in enumerate(gold_alignments(batch, ref.emitted))]
+
+
+def alignment_counts(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
+                     maps: Mapping[str, torch.Tensor], gold: Sequence[Alignment]
+                     ) -> pd.DataFrame:
+    """Per measure and step convention, the batch's link counts (token units) against
+    ``gold``, one alignment per example; maps: measure -> (B, T, n)."""
     rows = []
     for convention in CONVENTIONS:
         units = batch_units(target, batch, emitted, "tokens", convention)
@@ -144,11 +155,13 @@ def _aer_table(counts: pd.DataFrame) -> pd.DataFrame:
 
 def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
                            importances: Mapping[str, torch.Tensor], parts: _Parts, *,
-                           zeroing: bool = True) -> None:
+                           zeroing: bool = True,
+                           gold: Sequence[Alignment] | None = None) -> None:
     """The batch's contribution tables, appended to ``parts`` (module docstring).
 
     importances: the suite's maps (B, T, n): ``attention``, the gradient methods, ``loo``.
-    zeroing: compare value zeroing too.
+    zeroing: compare value zeroing too. gold: one gold alignment per example of the data
+    (a gold file), scored in place of the target's ``gold_alignments``.
     """
     measures = CONTRIBUTION_MEASURES + ((ZEROING,) if zeroing else ())
     found, reasons = contribution_importances(target, batch, ref.emitted, measures)
@@ -165,8 +178,9 @@ def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
         agree = agreement(every, keys, ref.steps, pairs=pairs)
         agree["example"] += ref.first_example
         _add(parts, "contribution_agreement", agree)
-    if target.gold_alignments is not None:
-        _add(parts, "alignment_counts", alignment_counts(target, batch, ref.emitted, every))
+    if gold is not None or target.gold_alignments is not None:
+        _add(parts, "alignment_counts", alignment_counts(target, batch, ref.emitted, every,
+                                                         batch_gold(target, batch, ref, gold)))
     if ref.first_example == 0:
         _add(parts, "contribution_example", _example_frame(target, ref, every))
         if found:  # the measures ran, so the traced pass does too

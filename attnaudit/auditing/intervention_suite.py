@@ -25,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 
+from attnaudit.alignments.pharaoh import Alignment
 from attnaudit.analysis.bootstrap import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 from attnaudit.analysis.degenerate import degenerate_table, describe_counts, reason_counts
 from attnaudit.attribution.options import METHODS, AttributionOptions
@@ -112,7 +113,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
               adversarial_examples: int = ADVERSARIAL_EXAMPLES,
               max_memory: int | str | None = None, shard: Shard = SINGLE,
               attribution: AttributionOptions | None = None,
-              sequence_effects: bool = False) -> InterventionSuite:
+              sequence_effects: bool = False,
+              gold: Sequence[Alignment] | None = None) -> InterventionSuite:
     """Run every registered intervention protocol (attribution and agreement among them) on
     ``target``'s data.
 
@@ -131,11 +133,13 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     sequence_effects: also decode each source again with the uniform, zeroing and median
     permutation edits held at every step, and table whether the returned text changed
     (``sequence_effects``; :mod:`attnaudit.interventions.sequence`).
+    gold: one gold alignment per example (:func:`attnaudit.alignments.gold.checked_gold`),
+    scored as the target's ``gold_alignments`` are, in their place.
     """
     batches, settings, protocols, chosen, plan = suite_plan(
         target, quick=quick, limit=limit, progress=progress, n_permutations=n_permutations,
         cumulative_examples=cumulative_examples, adversarial_examples=adversarial_examples,
-        attribution=attribution, sequence_effects=sequence_effects)
+        attribution=attribution, sequence_effects=sequence_effects, gold=gold)
     target = checked_target(target)
     n_examples = settings.n_examples
     if shard.is_distributed:
@@ -194,7 +198,7 @@ def summary_table(rows: Sequence[SummaryRow]) -> pd.DataFrame:
 def suite_plan(target: Seq2SeqTarget, *, quick: bool, limit: int | None, progress: bool,
                n_permutations: int | None, cumulative_examples: int,
                adversarial_examples: int, attribution: AttributionOptions | None,
-               sequence_effects: bool
+               sequence_effects: bool, gold: Sequence[Alignment] | None = None
                ) -> tuple[list[Batch], SuiteSettings, tuple[InterventionProtocol, ...],
                           dict[str, set[int] | None], _Plan]:
     """What :func:`run_suite` runs with these arguments: the batches, the settings, the
@@ -217,7 +221,7 @@ def suite_plan(target: Seq2SeqTarget, *, quick: bool, limit: int | None, progres
                              cumulative_examples=cumulative_examples,
                              adversarial_examples=adversarial_examples,
                              sequence_effects=sequence_effects, progress=progress,
-                             attribution=attribution, methods=methods)
+                             attribution=attribution, methods=methods, gold=gold)
     protocols = registered_protocols()
     chosen = {p.name: p.examples(settings) if p.enabled(settings) else set() for p in protocols}
     plan: _Plan = [(p, chosen[p.name]) for p in protocols

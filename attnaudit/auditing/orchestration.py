@@ -18,6 +18,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from attnaudit.alignments.gold import checked_gold
+from attnaudit.alignments.pharaoh import Alignment
 from attnaudit.attribution.options import AttributionOptions
 from attnaudit.auditing.intervention_suite import InterventionSuite, run_suite
 from attnaudit.auditing.plan import VALIDITY, Plan, expect_plan, plan_audit
@@ -53,7 +55,8 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
           attribution: AttributionOptions | AttributionSettings | None = None,
           sites: Sequence[str] | None = None, heads: Sequence[int] | None = None,
           sequence_effects: bool = False,
-          explorer_examples: int = DEFAULT_EXPLORER_EXAMPLES, **hf_options: Any) -> Audit:
+          explorer_examples: int = DEFAULT_EXPLORER_EXAMPLES, gold: str | Path | None = None,
+          **hf_options: Any) -> Audit:
     """Audit the attention of a seq2seq model: validity, interventions, checklist.
 
     Every setting is a field of :class:`~attnaudit.options.AuditOptions` (``options``);
@@ -108,12 +111,18 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             decoding per edited row).
         explorer_examples: the first examples whose attention maps are kept for the
             report's attention explorer (>= 1; memory grows with it, not with the data).
+        gold: a Pharaoh file of gold alignments, one line per example of the data in token
+            units (:mod:`attnaudit.alignments.gold`): the report's alignment error rate
+            table (``alignment_aer``) for any target, in place of the target's own
+            ``gold_alignments``.
 
     Returns:
         The :class:`~attnaudit.auditing.result.Audit`. The model is left as it was.
 
     Raises:
         OptionError: a setting has a value it cannot take (a TargetError and a ValueError).
+        AlignmentError: the gold file cannot be read or does not pair up with the data
+            (its line named).
     """
     options = AuditOptions.from_settings(
         {"quick": quick, "checks_only": checks_only, "limit": limit,
@@ -121,7 +130,7 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
          "max_memory": max_memory, "max_masked_mass": max_masked_mass,
          "row_sum_tolerance": row_sum_tolerance, "attribution": attribution,
          "sites": sites, "heads": heads, "sequence_effects": sequence_effects,
-         "explorer_examples": explorer_examples}, options)
+         "explorer_examples": explorer_examples, "gold": gold}, options)
     shard = current_shard(process_group)
     run = partial(_run, options=options, progress=progress and shard.is_main,
                   command_line=command_line, shard=shard)
@@ -218,6 +227,7 @@ def _run(target: Seq2SeqTarget, *, options: AuditOptions, progress: bool,
     started = time.perf_counter()
     target = checked_target(target)  # its data's errors name the target, from here on
     limit, checks_only = options.limit, options.checks_only
+    gold = None if options.gold is None else checked_gold(options.gold, target, limit)
     texts = [text for batch in target.iter_batches(limit) for text in batch.texts]
     suite_runs = options.interventions and not checks_only
     attribution = attribution_options(options.attribution)
@@ -238,7 +248,7 @@ def _run(target: Seq2SeqTarget, *, options: AuditOptions, progress: bool,
                                           shard=shard, keep_examples=options.explorer_examples,
                                           max_memory=options.max_memory)
         if suite_runs:
-            suite, reason = _run_suite(target, options, progress, shard)
+            suite, reason = _run_suite(target, options, progress, shard, gold)
         else:
             suite = None
             reason = ("the audit ran the gate's checks only" if checks_only else
@@ -291,18 +301,21 @@ def _manifest_options(options: AuditOptions) -> dict[str, Any]:
     given |= {name: list(value) for name, value in (("sites", edits.sites),
                                                      ("heads", edits.heads))
               if value is not None}
+    if options.gold is not None:
+        given["gold"] = options.gold
     return {"quick": options.quick, "limit": options.limit,
             "explorer_examples": options.explorer_examples, **given}
 
 
-def _suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: Shard
-           ) -> InterventionSuite:
-    """The intervention suite of ``options`` (its public entry point, run_suite)."""
+def _suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: Shard,
+           gold: Sequence[Alignment] | None = None) -> InterventionSuite:
+    """The intervention suite of ``options`` (its public entry point, run_suite); gold:
+    the checked gold file's alignments."""
     edits = options.edits
     return run_suite(target, quick=options.quick, limit=options.limit, progress=progress,
                      sites=edits.sites, heads=edits.heads, max_memory=options.max_memory,
                      shard=shard, attribution=attribution_options(options.attribution),
-                     sequence_effects=edits.sequence_effects)
+                     sequence_effects=edits.sequence_effects, gold=gold)
 
 
 def _planned_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool,
@@ -317,10 +330,11 @@ def _planned_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool,
         return _suite(target, options, progress, shard)
 
 
-def _run_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: Shard
+def _run_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: Shard,
+               gold: Sequence[Alignment] | None
                ) -> tuple[InterventionSuite | None, str | None]:
     try:
-        return _suite(target, options, progress, shard), None
+        return _suite(target, options, progress, shard, gold), None
     except AttnauditError as exc:
         if progress:
             print(f"audit {target.name}: interventions not recorded: {exc}", file=sys.stderr)

@@ -93,7 +93,8 @@ def report_command_line(args: argparse.Namespace) -> list[str]:
                         ("--max-source-tokens", args.max_source_tokens),
                         ("--decoding", args.decoding), ("--num-beams", args.num_beams),
                         ("--seed", args.seed),
-                        ("--max-memory", args.max_memory), ("--contrast", args.contrast)):
+                        ("--max-memory", args.max_memory), ("--contrast", args.contrast),
+                        ("--gold", args.gold)):
         if value is not None:
             words += [flag, str(value)]
     if args.explorer_examples != DEFAULT_EXPLORER_EXAMPLES:

@@ -315,4 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
              default=DEFAULT_EXPLORER_EXAMPLES,
              help="the attention explorer shows the first N examples' maps (default "
                   "%(default)s)")
+    _setting(report, "gold", metavar="FILE",
+             help="gold alignments, one Pharaoh line per example in token units (i-j sure, "
+                  "i-pj possible): the report's alignment error rate table for any model")
     return parser

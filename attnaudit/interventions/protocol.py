@@ -56,6 +56,8 @@ class SuiteSettings:
 
     attribution: the suite's ``attnaudit.attribution.options.AttributionOptions`` (typed
     loosely: attribution is a layer above this one); methods: the attribution methods run.
+    gold: None, or one ``attnaudit.alignments.pharaoh.Alignment`` per example of the data
+    (``audit(gold=FILE)``), read in place of the target's ``gold_alignments``.
     """
 
     quick: bool
@@ -68,6 +70,7 @@ class SuiteSettings:
     progress: bool = False
     attribution: Any = None
     methods: tuple[str, ...] = ()
+    gold: Any = None  # a gold file's alignments per example (alignments: a layer above)
 
     @property
     def mode(self) -> str:

@@ -39,13 +39,10 @@ from attnaudit.report.explorer_page import explorer_block
 from attnaudit.report.html import interval_text, render_summary, write_html
 from attnaudit.report.item_figures import item_figures
 from attnaudit.report.manifest import write_manifest
-from attnaudit.report.tables import csv_name, table_schema, view, write_csvs
+from attnaudit.report.tables import table_schema, view, write_csvs
 from attnaudit.runtime.output_folder import OutputFolder
 
 __all__ = ["summary_html", "write_report"]
-
-SUMMARY_TABLES = ("verdicts", "claims", "checklist", "misconceptions")
-
 
 def write_report(out_dir: str | Path, *, checklist: Checklist,
                  tables: Mapping[str, pd.DataFrame], manifest: Mapping[str, Any],
@@ -84,8 +81,6 @@ def write_report(out_dir: str | Path, *, checklist: Checklist,
         "items": checklist.items,
         "figures": item_figures(tables, example, max_masked_mass),
         "tables": views,
-        "all_tables": [v for item_views in views.values() for v in item_views],
-        "summary_csvs": [csv_name(name) for name in SUMMARY_TABLES],
         "definitions": definition_blocks(),
         "explorer": None,
         "contributions": contributions_section(tables),

@@ -36,7 +36,8 @@ TABLES = {
     "alignment_aer": (
         "Word alignments from each measure: alignment error rate",
         "Each measure's map read as an alignment (every output token linked to the source "
-        "token with the largest value; token units) against the target's gold alignments: "
+        "token with the largest value; token units) against the gold alignments (the "
+        "target's own, or the --gold file): "
         "AER = 1 - (|A∩S| + |A∩P|) / (|A| + |S|) (Och & Ney), precision |A∩P| / |A|, "
         "recall |A∩S| / |S|; emit: the row of the step that emits the token, input: the row "
         "where it is the decoder input (docs/alignments.md)."),

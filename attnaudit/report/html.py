@@ -1,4 +1,5 @@
-"""``index.html``: the report page rendered from ``templates/report.html.j2``.
+"""``index.html``: the report page rendered from ``templates/report.html.j2``, written last
+into its folder so that its "Files" list names the files actually there.
 
 Autoescaping is on for every value: tokens, site names, file names and target descriptions
 are user-provided and render as text. Only the template itself produces markup.
@@ -15,6 +16,7 @@ import jinja2
 
 from attnaudit.checklist.items import Claim
 
+PAGE = "index.html"
 TEMPLATE = "report.html.j2"
 SUMMARY_TEMPLATE = "summary.html.j2"
 
@@ -63,7 +65,14 @@ def render_summary(context: Mapping[str, Any]) -> str:
     return environment().get_template(SUMMARY_TEMPLATE).render(**context)
 
 
+def folder_files(out_dir: Path) -> list[str]:
+    """The names of the files in ``out_dir`` but the page, sorted: the page's "Files" list."""
+    return sorted(p.name for p in out_dir.iterdir() if p.is_file() and p.name != PAGE)
+
+
 def write_html(context: Mapping[str, Any], out_dir: Path) -> Path:
-    path = out_dir / "index.html"
-    path.write_text(render(context), encoding="utf-8")
+    """Write the page into ``out_dir``, after every other file of the report (``files`` in
+    the context: :func:`folder_files`); return its path."""
+    path = out_dir / PAGE
+    path.write_text(render({**context, "files": folder_files(out_dir)}), encoding="utf-8")
     return path

@@ -31,7 +31,7 @@ from attnaudit.options import (
 # (attnaudit.plan) in place of the audit.
 COMMAND_FLAGS = {"help", "version", "debug", "quiet", "command", "target", "hf", "data",
                  "contrast", "out", "force", "json", "junit", "measure", "layer",
-                 "convention", "units", "gold", "quick", "dry_run"}
+                 "convention", "units", "quick", "dry_run"}
 PYTHON_ONLY = {"mode", "interventions"}  # check and --quick set the mode; the CLI always
 # runs the suite that report and intervene are for
 
