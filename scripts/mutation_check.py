@@ -52,6 +52,7 @@ TORCHRUN = "tests/runtime/test_torchrun.py::test_two_ranks_write_the_single_proc
 CONTRIBUTION_SUITE = "tests/auditing/test_contribution_suite.py"
 SINK_PADDING = ("tests/contributions/test_rollout_zeroing_sinks.py::test_the_sink_table_leaves_"
                 "padded_query_rows_and_keys_out_as_a_per_example_count")
+BEAM_EDGES = "tests/capturing/test_beam_records_edges.py"
 LSTM_CONTRIBUTIONS = (CONTRIBUTION_SUITE + "::test_the_date_lstm_computes_value_zeroing_and_says_"
                       "why_not_for_the_rest")
 
@@ -321,6 +322,14 @@ MUTATIONS = (
              "share = (values - low) / span if higher_is_better else (high - values) / span",
              "share = (values - low) / span",
              ("tests/interventions/test_faithfulness_toy.py",)),
+    Mutation("beam_key_mask_first_slots", "beam-aligned key masks read from the first slots, "
+             "not the slots along each returned path", "attnaudit/capturing/beams.py",
+             "    return mask[rows]", "    return mask[:rows.shape[0]]", (BEAM_EDGES,)),
+    Mutation("beam_examples_interleaved", "several returned sequences per source: sequence i "
+             "given example i mod batch", "attnaudit/capturing/beams.py",
+             "aligned[name] = _example_record(record, torch.arange(n) // per)",
+             "aligned[name] = _example_record(record, torch.arange(n) % next(iter(rows)))",
+             (BEAM_EDGES,)),
 )
 
 
