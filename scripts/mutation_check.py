@@ -53,6 +53,7 @@ CONTRIBUTION_SUITE = "tests/auditing/test_contribution_suite.py"
 SINK_PADDING = ("tests/contributions/test_rollout_zeroing_sinks.py::test_the_sink_table_leaves_"
                 "padded_query_rows_and_keys_out_as_a_per_example_count")
 BEAM_EDGES = "tests/capturing/test_beam_records_edges.py"
+CACHED_EDGES = "tests/validity/test_cached_decoding_edges.py"
 LSTM_CONTRIBUTIONS = (CONTRIBUTION_SUITE + "::test_the_date_lstm_computes_value_zeroing_and_says_"
                       "why_not_for_the_rest")
 
@@ -330,6 +331,15 @@ MUTATIONS = (
              "aligned[name] = _example_record(record, torch.arange(n) // per)",
              "aligned[name] = _example_record(record, torch.arange(n) % next(iter(rows)))",
              (BEAM_EDGES,)),
+    Mutation("cached_rows_after_eos_compete", "cached decoding: rows after an end-of-sequence "
+             "step compete for the largest row", "attnaudit/analysis/cached_decoding.py",
+             "at = int(gap.nan_to_num(2.0).masked_fill(~counted, -1.0).argmax())",
+             "at = int(gap.nan_to_num(2.0).argmax())", (CACHED_EDGES,)),
+    Mutation("cached_example_within_batch", "cached decoding: the largest row's example "
+             "counted within its batch, not the audit data",
+             "attnaudit/analysis/cached_decoding.py",
+             "total_variation=float(gap.flatten()[at]), example=first + example,",
+             "total_variation=float(gap.flatten()[at]), example=example,", (CACHED_EDGES,)),
 )
 
 
