@@ -54,6 +54,7 @@ SINK_PADDING = ("tests/contributions/test_rollout_zeroing_sinks.py::test_the_sin
                 "padded_query_rows_and_keys_out_as_a_per_example_count")
 BEAM_EDGES = "tests/capturing/test_beam_records_edges.py"
 CACHED_EDGES = "tests/validity/test_cached_decoding_edges.py"
+MAP_EDGES = "tests/analysis/test_example_maps_edges.py"
 LSTM_CONTRIBUTIONS = (CONTRIBUTION_SUITE + "::test_the_date_lstm_computes_value_zeroing_and_says_"
                       "why_not_for_the_rest")
 
@@ -340,6 +341,23 @@ MUTATIONS = (
              "attnaudit/analysis/cached_decoding.py",
              "total_variation=float(gap.flatten()[at]), example=first + example,",
              "total_variation=float(gap.flatten()[at]), example=example,", (CACHED_EDGES,)),
+    Mutation("maps_captured_rows_per_call", "example maps: a captured site keeps up to 512 "
+             "rows of every call, not 512 in all", "attnaudit/analysis/example_maps.py",
+             "take = max(MAX_MAP_SIDE - site.rows, 0)", "take = MAX_MAP_SIDE", (MAP_EDGES,)),
+    Mutation("maps_masked_mass_per_call", "example maps: a run of rows straddling two calls "
+             "keeps only the later call's largest masked mass",
+             "attnaudit/analysis/example_maps.py",
+             'checks.masked.scatter_reduce_(1, index, masked, "amax")',
+             'checks.masked.scatter_reduce_(1, index, masked, "amax", include_self=False)',
+             (MAP_EDGES,)),
+    Mutation("maps_words_dropped_at_limit", "example maps: the words dropped at exactly 512 "
+             "source tokens", "attnaudit/analysis/example_maps.py",
+             "if len(kept_words) > MAX_MAP_SIDE:", "if len(kept_words) >= MAX_MAP_SIDE:",
+             (MAP_EDGES,)),
+    Mutation("maps_runs_below_limit", "example maps: an axis of exactly 512 averaged into 511 "
+             "runs", "attnaudit/analysis/example_maps.py",
+             "    return min(MAX_MAP_SIDE, length)", "    return min(MAX_MAP_SIDE - 1, length)",
+             (MAP_EDGES,)),
 )
 
 
