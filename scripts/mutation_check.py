@@ -55,6 +55,7 @@ SINK_PADDING = ("tests/contributions/test_rollout_zeroing_sinks.py::test_the_sin
 BEAM_EDGES = "tests/capturing/test_beam_records_edges.py"
 CACHED_EDGES = "tests/validity/test_cached_decoding_edges.py"
 MAP_EDGES = "tests/analysis/test_example_maps_edges.py"
+SEQUENCE_EDGES = "tests/interventions/test_sequence_effects_edges.py"
 LSTM_CONTRIBUTIONS = (CONTRIBUTION_SUITE + "::test_the_date_lstm_computes_value_zeroing_and_says_"
                       "why_not_for_the_rest")
 
@@ -358,6 +359,14 @@ MUTATIONS = (
              "runs", "attnaudit/analysis/example_maps.py",
              "    return min(MAX_MAP_SIDE, length)", "    return min(MAX_MAP_SIDE - 1, length)",
              (MAP_EDGES,)),
+    Mutation("sequence_length_padded", "sequence effects: the unedited length counts the "
+             "batch's padded steps, not the output's tokens", "attnaudit/interventions/sequence.py",
+             '"length": len(before), "edited_length": len(after)})',
+             '"length": len(unedited[e]), "edited_length": len(after)})', (SEQUENCE_EDGES,)),
+    Mutation("sequence_length_edited", "sequence effects: the unedited length is the edited "
+             "output's", "attnaudit/interventions/sequence.py",
+             '"length": len(before), "edited_length": len(after)})',
+             '"length": len(after), "edited_length": len(after)})', (SEQUENCE_EDGES,)),
 )
 
 
