@@ -56,6 +56,7 @@ BEAM_EDGES = "tests/capturing/test_beam_records_edges.py"
 CACHED_EDGES = "tests/validity/test_cached_decoding_edges.py"
 MAP_EDGES = "tests/analysis/test_example_maps_edges.py"
 SEQUENCE_EDGES = "tests/interventions/test_sequence_effects_edges.py"
+ROW_EXPECTATIONS = "tests/validity/test_row_expectations_edges.py"
 LSTM_CONTRIBUTIONS = (CONTRIBUTION_SUITE + "::test_the_date_lstm_computes_value_zeroing_and_says_"
                       "why_not_for_the_rest")
 
@@ -367,6 +368,15 @@ MUTATIONS = (
              "output's", "attnaudit/interventions/sequence.py",
              '"length": len(before), "edited_length": len(after)})',
              '"length": len(after), "edited_length": len(after)})', (SEQUENCE_EDGES,)),
+    Mutation("row_expectation_block_start", "per-row expectations: each query block reads "
+             "the expectation's first rows, not its own", "attnaudit/validity/batch.py",
+             "expected = expected[..., start:stop, :]",
+             "expected = expected[..., : stop - start, :]", (ROW_EXPECTATIONS,)),
+    Mutation("row_expectation_rank", "per-row expectations (B, T, n) not sliced per block, "
+             "only (B, H, T, n) ones", "attnaudit/validity/batch.py",
+             "if expected.ndim >= 3:  # per query row: (B, Q, K) or (B, H, Q, K)",
+             "if expected.ndim >= 4:  # per query row: (B, Q, K) or (B, H, Q, K)",
+             (ROW_EXPECTATIONS,)),
 )
 
 
