@@ -57,6 +57,7 @@ CACHED_EDGES = "tests/validity/test_cached_decoding_edges.py"
 MAP_EDGES = "tests/analysis/test_example_maps_edges.py"
 SEQUENCE_EDGES = "tests/interventions/test_sequence_effects_edges.py"
 ROW_EXPECTATIONS = "tests/validity/test_row_expectations_edges.py"
+EXTRACT_EDGES = "tests/alignments/test_extract_edges.py"
 LSTM_CONTRIBUTIONS = (CONTRIBUTION_SUITE + "::test_the_date_lstm_computes_value_zeroing_and_says_"
                       "why_not_for_the_rest")
 
@@ -377,6 +378,13 @@ MUTATIONS = (
              "if expected.ndim >= 3:  # per query row: (B, Q, K) or (B, H, Q, K)",
              "if expected.ndim >= 4:  # per query row: (B, Q, K) or (B, H, Q, K)",
              (ROW_EXPECTATIONS,)),
+    Mutation("one_unit_source_undecided", "alignment extraction: a one-unit source's scores "
+             "count as all equal (no link)", "attnaudit/alignments/extract.py",
+             "undecided = n_source > 1 and bool(scores.max() == scores.min())",
+             "undecided = bool(scores.max() == scores.min())", (EXTRACT_EDGES,)),
+    Mutation("one_unit_source_empty", "alignment extraction: a one-unit source gets an empty "
+             "alignment", "attnaudit/alignments/extract.py", "        if n_source == 0:",
+             "        if n_source <= 1:", (EXTRACT_EDGES,)),
 )
 
 
