@@ -58,6 +58,7 @@ MAP_EDGES = "tests/analysis/test_example_maps_edges.py"
 SEQUENCE_EDGES = "tests/interventions/test_sequence_effects_edges.py"
 ROW_EXPECTATIONS = "tests/validity/test_row_expectations_edges.py"
 EXTRACT_EDGES = "tests/alignments/test_extract_edges.py"
+ROLE_EDGES = "tests/capturing/test_role_rules_edges.py"
 LSTM_CONTRIBUTIONS = (CONTRIBUTION_SUITE + "::test_the_date_lstm_computes_value_zeroing_and_says_"
                       "why_not_for_the_rest")
 
@@ -385,6 +386,20 @@ MUTATIONS = (
     Mutation("one_unit_source_empty", "alignment extraction: a one-unit source gets an empty "
              "alignment", "attnaudit/alignments/extract.py", "        if n_source == 0:",
              "        if n_source <= 1:", (EXTRACT_EDGES,)),
+    Mutation("router_class_no_hyperconnection", "role rules: a stream mixer's class name "
+             "(HyperConnection) no longer read as routing", "attnaudit/capturing/roles.py",
+             '_ROUTER_CLASS = re.compile(r"(router|gate|gating|moe|moeblock|hyperconnections?)$")',
+             '_ROUTER_CLASS = re.compile(r"(router|gate|gating|moe|moeblock)$")',
+             (ROLE_EDGES,)),
+    Mutation("router_class_no_moeblock", "role rules: a MoeBlock class no longer read as "
+             "routing", "attnaudit/capturing/roles.py",
+             '_ROUTER_CLASS = re.compile(r"(router|gate|gating|moe|moeblock|hyperconnections?)$")',
+             '_ROUTER_CLASS = re.compile(r"(router|gate|gating|moe|hyperconnections?)$")',
+             (ROLE_EDGES,)),
+    Mutation("router_name_no_gate", "role rules: a module named gate no longer read as a "
+             "router", "attnaudit/capturing/roles.py",
+             '_ROUTER_PARTS = frozenset(("router", "gate", "gating", "moe", "hc"))',
+             '_ROUTER_PARTS = frozenset(("router", "gating", "moe", "hc"))', (ROLE_EDGES,)),
 )
 
 
