@@ -400,6 +400,11 @@ MUTATIONS = (
              "router", "attnaudit/capturing/roles.py",
              '_ROUTER_PARTS = frozenset(("router", "gate", "gating", "moe", "hc"))',
              '_ROUTER_PARTS = frozenset(("router", "gating", "moe", "hc"))', (ROLE_EDGES,)),
+    Mutation("causal_positions_from_one", "causal LM position ids counted by the target start "
+             "at 1", "attnaudit/targets/hf/causal.py",
+             "    return (mask.cumsum(-1) - 1).clamp_min(0)",
+             "    return mask.cumsum(-1).clamp_min(0)",
+             ("tests/targets/test_causal_positions_edges.py",)),
 )
 
 
