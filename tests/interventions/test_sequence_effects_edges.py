@@ -6,7 +6,7 @@ that end at once have no row to edit). ``length``
 (the unedited output's tokens, up to and including its end of sequence) is a hand count
 over ``model.generate`` called here on each source alone; the uniform edit's
 ``edited_length`` is the same count over a decoding by hand under a capture whose edit
-spreads each cross-attention row's eligible weight evenly over the eligible source keys.
+gives each cross-attention row ``1 / n_valid`` on the eligible source keys, 0 on the rest.
 """
 
 from __future__ import annotations
@@ -71,10 +71,10 @@ def test_lengths_are_the_unedited_and_edited_outputs_token_counts(folder):
     eligible = batch.source_mask & ~torch.isin(batch.source_ids, special)  # (B, n)
 
     def uniform(e: int):
-        def edit(site, w, mask):
+        def edit(site, w, mask):  # 1 / n_valid on the eligible keys, 0 on the rest
             keep = eligible[e]
-            new = w.clone()
-            new[..., keep] = w[..., keep].sum(-1, keepdim=True) / int(keep.sum())
+            new = torch.zeros_like(w)
+            new[..., keep] = 1.0 / int(keep.sum())
             return new
         return edit
 
