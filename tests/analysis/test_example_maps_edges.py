@@ -58,6 +58,7 @@ def test_a_long_decoder_axis_arriving_over_uneven_calls_is_averaged_as_a_whole()
     got = builder.maps("", [f"s{i}" for i in range(n)],
                        [f"t{i}" for i in range(steps)]).maps["x"]
 
+    assert got.row_sum is not None and got.masked_mass is not None and got.eligible is not None
     w = weights[0].double().numpy()  # (H, steps, n)
     eligible = declared.numpy()
     runs = _runs(steps)
@@ -94,6 +95,7 @@ def test_a_captured_site_keeps_its_first_rows_over_every_call():
     eligible = np.concatenate([np.pad(m[0].numpy(), ((0, 0), (0, 0), (0, keys - m.shape[-1])))
                                for m in masks], axis=1)[:, :MAX_MAP_SIDE]
     assert got.weights.shape == (1, MAX_MAP_SIDE, keys)
+    assert got.row_sum is not None and got.masked_mass is not None and got.eligible is not None
     np.testing.assert_allclose(got.weights, rows, atol=1e-7)
     np.testing.assert_array_equal(got.eligible, eligible)
     np.testing.assert_allclose(got.row_sum, rows.sum(-1), rtol=1e-12)
@@ -120,6 +122,7 @@ def test_an_axis_of_exactly_the_limit_is_exact_and_keeps_its_words():
     got = maps.maps["e"]
     assert got.weights.shape == (1, MAX_MAP_SIDE, MAX_MAP_SIDE)
     np.testing.assert_allclose(got.weights, w, atol=1e-7)
+    assert got.row_sum is not None
     np.testing.assert_allclose(got.row_sum, w.sum(-1), rtol=1e-12)
     assert got.query_labels == got.key_labels == tokens
     assert maps.words == words and maps.word_rule == "offsets"

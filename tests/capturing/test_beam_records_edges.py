@@ -12,6 +12,8 @@ sequence ``i``, the eager encoder attention of the source it was decoded from.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -37,7 +39,7 @@ def models() -> tuple[torch.nn.Module, torch.nn.Module, object]:
     return sdpa, eager, tokenizer
 
 
-def _generate(model: torch.nn.Module, enc: dict, returned: int, **extra) -> object:
+def _generate(model: Any, enc: dict, returned: int, **extra) -> Any:
     with torch.no_grad():
         return model.generate(**enc, num_beams=BEAMS, num_return_sequences=returned,
                               max_new_tokens=NEW_TOKENS, do_sample=False,

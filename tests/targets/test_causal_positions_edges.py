@@ -7,6 +7,8 @@ teacher-forced logits are GPT-2's own forward given those ids, written out here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -27,7 +29,7 @@ def test_position_ids_counted_by_the_target_are_a_hand_count(tmp_path):
     model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
     model._prepare_position_ids_for_generation = None  # as where generate() has none
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
-    target = attnaudit.from_hf(model, PROMPTS, tokenizer=tokenizer, max_new_tokens=3)
+    target: Any = attnaudit.from_hf(model, PROMPTS, tokenizer=tokenizer, max_new_tokens=3)
     batch = next(target.iter_batches())
     real = [len(p.split()) for p in PROMPTS]
     width = batch.source_ids.shape[1]
