@@ -52,6 +52,13 @@ TORCHRUN = "tests/runtime/test_torchrun.py::test_two_ranks_write_the_single_proc
 CONTRIBUTION_SUITE = "tests/auditing/test_contribution_suite.py"
 SINK_PADDING = ("tests/contributions/test_rollout_zeroing_sinks.py::test_the_sink_table_leaves_"
                 "padded_query_rows_and_keys_out_as_a_per_example_count")
+BEAM_EDGES = "tests/capturing/test_beam_records_edges.py"
+CACHED_EDGES = "tests/validity/test_cached_decoding_edges.py"
+MAP_EDGES = "tests/analysis/test_example_maps_edges.py"
+SEQUENCE_EDGES = "tests/interventions/test_sequence_effects_edges.py"
+ROW_EXPECTATIONS = "tests/validity/test_row_expectations_edges.py"
+EXTRACT_EDGES = "tests/alignments/test_extract_edges.py"
+ROLE_EDGES = "tests/capturing/test_role_rules_edges.py"
 LSTM_CONTRIBUTIONS = (CONTRIBUTION_SUITE + "::test_the_date_lstm_computes_value_zeroing_and_says_"
                       "why_not_for_the_rest")
 
@@ -321,6 +328,83 @@ MUTATIONS = (
              "share = (values - low) / span if higher_is_better else (high - values) / span",
              "share = (values - low) / span",
              ("tests/interventions/test_faithfulness_toy.py",)),
+    Mutation("beam_key_mask_first_slots", "beam-aligned key masks read from the first slots, "
+             "not the slots along each returned path", "attnaudit/capturing/beams.py",
+             "    return mask[rows]", "    return mask[:rows.shape[0]]", (BEAM_EDGES,)),
+    Mutation("beam_examples_interleaved", "several returned sequences per source: sequence i "
+             "given example i mod batch", "attnaudit/capturing/beams.py",
+             "aligned[name] = _example_record(record, torch.arange(n) // per)",
+             "aligned[name] = _example_record(record, torch.arange(n) % next(iter(rows)))",
+             (BEAM_EDGES,)),
+    Mutation("cached_rows_after_eos_compete", "cached decoding: rows after an end-of-sequence "
+             "step compete for the largest row", "attnaudit/analysis/cached_decoding.py",
+             "at = int(gap.nan_to_num(2.0).masked_fill(~counted, -1.0).argmax())",
+             "at = int(gap.nan_to_num(2.0).argmax())", (CACHED_EDGES,)),
+    Mutation("cached_example_within_batch", "cached decoding: the largest row's example "
+             "counted within its batch, not the audit data",
+             "attnaudit/analysis/cached_decoding.py",
+             "total_variation=float(gap.flatten()[at]), example=first + example,",
+             "total_variation=float(gap.flatten()[at]), example=example,", (CACHED_EDGES,)),
+    Mutation("maps_captured_rows_per_call", "example maps: a captured site keeps up to 512 "
+             "rows of every call, not 512 in all", "attnaudit/analysis/example_maps.py",
+             "take = max(MAX_MAP_SIDE - site.rows, 0)", "take = MAX_MAP_SIDE", (MAP_EDGES,)),
+    Mutation("maps_masked_mass_per_call", "example maps: a run of rows straddling two calls "
+             "keeps only the later call's largest masked mass",
+             "attnaudit/analysis/example_maps.py",
+             'checks.masked.scatter_reduce_(1, index, masked, "amax")',
+             'checks.masked.scatter_reduce_(1, index, masked, "amax", include_self=False)',
+             (MAP_EDGES,)),
+    Mutation("maps_words_dropped_at_limit", "example maps: the words dropped at exactly 512 "
+             "source tokens", "attnaudit/analysis/example_maps.py",
+             "if len(kept_words) > MAX_MAP_SIDE:", "if len(kept_words) >= MAX_MAP_SIDE:",
+             (MAP_EDGES,)),
+    Mutation("maps_runs_below_limit", "example maps: an axis of exactly 512 averaged into 511 "
+             "runs", "attnaudit/analysis/example_maps.py",
+             "    return min(MAX_MAP_SIDE, length)", "    return min(MAX_MAP_SIDE - 1, length)",
+             (MAP_EDGES,)),
+    Mutation("sequence_length_padded", "sequence effects: the unedited length counts the "
+             "batch's padded steps, not the output's tokens", "attnaudit/interventions/sequence.py",
+             '"length": len(before), "edited_length": len(after)})',
+             '"length": len(unedited[e]), "edited_length": len(after)})', (SEQUENCE_EDGES,)),
+    Mutation("sequence_length_edited", "sequence effects: the unedited length is the edited "
+             "output's", "attnaudit/interventions/sequence.py",
+             '"length": len(before), "edited_length": len(after)})',
+             '"length": len(after), "edited_length": len(after)})', (SEQUENCE_EDGES,)),
+    Mutation("row_expectation_block_start", "per-row expectations: each query block reads "
+             "the expectation's first rows, not its own", "attnaudit/validity/batch.py",
+             "expected = expected[..., start:stop, :]",
+             "expected = expected[..., : stop - start, :]", (ROW_EXPECTATIONS,)),
+    Mutation("row_expectation_rank", "per-row expectations (B, T, n) not sliced per block, "
+             "only (B, H, T, n) ones", "attnaudit/validity/batch.py",
+             "if expected.ndim >= 3:  # per query row: (B, Q, K) or (B, H, Q, K)",
+             "if expected.ndim >= 4:  # per query row: (B, Q, K) or (B, H, Q, K)",
+             (ROW_EXPECTATIONS,)),
+    Mutation("one_unit_source_undecided", "alignment extraction: a one-unit source's scores "
+             "count as all equal (no link)", "attnaudit/alignments/extract.py",
+             "undecided = n_source > 1 and bool(scores.max() == scores.min())",
+             "undecided = bool(scores.max() == scores.min())", (EXTRACT_EDGES,)),
+    Mutation("one_unit_source_empty", "alignment extraction: a one-unit source gets an empty "
+             "alignment", "attnaudit/alignments/extract.py", "        if n_source == 0:",
+             "        if n_source <= 1:", (EXTRACT_EDGES,)),
+    Mutation("router_class_no_hyperconnection", "role rules: a stream mixer's class name "
+             "(HyperConnection) no longer read as routing", "attnaudit/capturing/roles.py",
+             '_ROUTER_CLASS = re.compile(r"(router|gate|gating|moe|moeblock|hyperconnections?)$")',
+             '_ROUTER_CLASS = re.compile(r"(router|gate|gating|moe|moeblock)$")',
+             (ROLE_EDGES,)),
+    Mutation("router_class_no_moeblock", "role rules: a MoeBlock class no longer read as "
+             "routing", "attnaudit/capturing/roles.py",
+             '_ROUTER_CLASS = re.compile(r"(router|gate|gating|moe|moeblock|hyperconnections?)$")',
+             '_ROUTER_CLASS = re.compile(r"(router|gate|gating|moe|hyperconnections?)$")',
+             (ROLE_EDGES,)),
+    Mutation("router_name_no_gate", "role rules: a module named gate no longer read as a "
+             "router", "attnaudit/capturing/roles.py",
+             '_ROUTER_PARTS = frozenset(("router", "gate", "gating", "moe", "hc"))',
+             '_ROUTER_PARTS = frozenset(("router", "gating", "moe", "hc"))', (ROLE_EDGES,)),
+    Mutation("causal_positions_from_one", "causal LM position ids counted by the target start "
+             "at 1", "attnaudit/targets/hf/causal.py",
+             "    return (mask.cumsum(-1) - 1).clamp_min(0)",
+             "    return mask.cumsum(-1).clamp_min(0)",
+             ("tests/targets/test_causal_positions_edges.py",)),
 )
 
 

@@ -179,8 +179,8 @@ def _eager_by_site(name: str, cap, truth) -> dict[str, list[torch.Tensor]]:
 
 def test_a_custom_loops_parent_pointers_give_the_same_records(bart):
     """beam_path turns parent pointers into the path; a tensor path aligns as the output
-    does. The parents are rebuilt from HF's own paths (two returned sequences per
-    example, so paths share prefixes)."""
+    does. The parents are rebuilt from HF's own paths (one returned sequence per example;
+    several per source are checked in test_beam_records_edges.py)."""
     name, folder = bart
     model = _load(name, folder, "sdpa")
     inputs = _inputs(name, folder)
