@@ -136,7 +136,7 @@ class Uniform(InterventionProtocol):
                                    progress=ctx.settings.progress)}
 
     def cost(self, ctx: BatchContext) -> Cost:
-        return _items_at(ctx, 1)
+        return _items_at(ctx, 2)  # the paper's uniform and the eligible-mass variant
 
     def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
         return tvd_and_flip(tables[ROWS], "uniform")
@@ -203,8 +203,12 @@ class ValueReplacement(InterventionProtocol):
         return {ROWS: values, "value_controls": controls}
 
     def cost(self, ctx: BatchContext) -> Cost:
-        one = _items_at(ctx, 1)  # the zero control, then the mean control
-        return one + one
+        # one run: zero and mean at the top key of every row, then at the random other key
+        # of the rows that have one (as value_replacement orders its items)
+        n_valid = ctx.ref.eligible[ctx.rows.example, ctx.rows.step].sum(-1)
+        at_random = ctx.rows.step[n_valid > 1]
+        step = torch.cat([ctx.rows.step, ctx.rows.step, at_random, at_random])
+        return Cost(len(step), _passes(ctx.ref, step))
 
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
                  ) -> dict[str, pd.DataFrame]:

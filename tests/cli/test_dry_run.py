@@ -24,7 +24,7 @@ def test_report_dry_run_prints_the_plan_alone(tmp_path):
     assert lines[0].startswith("plan of audit date: 2 examples in 1 batches")
     names = [line.split()[0] for line in lines[2:-1]]
     assert names == ["validity", "permutation", "uniform", "zeroing", "values", "cumulative",
-                     "attribution"]  # quick: no adversarial search
+                     "attribution", "faithfulness"]  # quick: no adversarial search
     assert "audit date: validity" not in done.stderr  # no audit ran
     assert not (tmp_path / "r").exists()
     check = attnaudit("check", "--limit", "2", "--dry-run")

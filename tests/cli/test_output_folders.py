@@ -144,7 +144,10 @@ def test_interrupted_report_leaves_the_previous_one_byte_for_byte(signum, previo
         # child inherits that; the command under test is started as from a terminal
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert process.stderr is not None
-    first = process.stderr.readline()  # the audit's first progress line: work has started
+    # the plan comes first; the audit's first progress line says work has started
+    first = process.stderr.readline()
+    while first and not first.startswith("audit toy_correct: validity: "):
+        first = process.stderr.readline()
     assert first.startswith("audit toy_correct: validity: "), first
     process.send_signal(signum)
     _, rest = process.communicate(timeout=120)
