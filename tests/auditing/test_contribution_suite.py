@@ -99,7 +99,7 @@ def _eager_bart_value_zeroing(batch, emitted) -> torch.Tensor:
     """(B, T, S) the date BART's value zeroing from Hugging Face's own eager forward: per
     decoder layer l and source key j, the cosine distance of layer l's output when the
     cross-attention's value of key j is set to 0 (its ``v_proj`` output row, bias
-    included), averaged over the layers."""
+    included), normalised per row (:func:`per_row_shares`), averaged over the layers."""
     from attnaudit_examples.date_transformer.model import MODEL_DIR
 
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
@@ -130,10 +130,17 @@ def _eager_bart_value_zeroing(batch, emitted) -> torch.Tensor:
     per_layer = []
     for layer in layers:
         plain = layer_output(layer)
-        per_layer.append(torch.stack([
+        per_layer.append(per_row_shares(torch.stack([
             1 - torch.nn.functional.cosine_similarity(layer_output(layer, j), plain, dim=-1)
-            for j in range(batch.source_ids.shape[1])], -1))
+            for j in range(batch.source_ids.shape[1])], -1), batch.source_mask))
     return torch.stack(per_layer).mean(0)
+
+
+def per_row_shares(distances: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Mohebbi et al.'s normalisation by hand: each query row's distances (B, T, S) over the
+    real source keys (``real`` (B, S) bool), divided by their sum; 0 elsewhere."""
+    kept = distances * real[:, None, :]
+    return kept / kept.sum(-1, keepdim=True)
 
 
 def test_a_full_audit_compares_value_zeroing_too():
@@ -185,7 +192,8 @@ def _hand_value_zeroing(model, batch, emitted) -> torch.Tensor:
         def zeroed(t, w, memory, j=j):
             return weighted_read(t, w.index_fill(1, torch.tensor([j]), 0.0), memory)
         columns.append(1 - torch.nn.functional.cosine_similarity(logits(zeroed), plain, dim=-1))
-    return torch.stack(columns, -1)  # (B, T, n)
+    real = torch.arange(src.shape[1])[None, :] < torch.as_tensor(lengths)[:, None]
+    return per_row_shares(torch.stack(columns, -1), real)  # (B, T, n)
 
 
 def test_the_date_lstm_computes_value_zeroing_and_says_why_not_for_the_rest():
