@@ -35,18 +35,21 @@ def main(argv: list[str] | None = None) -> int:
     threads can otherwise abort it (exit -6) while the interpreter tears its objects down,
     after the audit is complete."""
     args = parse(argv)  # --help, --version, usage errors: no torch
-    with sigterm_as_interrupt():  # from before the seconds the libraries take to import
-        try:
-            from attnaudit.cli.app import run
-        except ModuleNotFoundError as exc:
-            message = missing_extra(exc, "the attnaudit command")
-            if message is None:
-                raise
-            print(f"attnaudit: error: {message}", file=sys.stderr)
-            return USAGE_ERROR
-        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM while importing
-            return interrupted(args.command, exc)
-        try:
-            return run(args, from_command_line=argv is None)
-        except KeyboardInterrupt as exc:  # one arriving while an error is printed
-            return interrupted(args.command, exc)
+    try:
+        with sigterm_as_interrupt():  # from before the seconds the libraries take to import
+            try:
+                from attnaudit.cli.app import run
+            except ModuleNotFoundError as exc:
+                message = missing_extra(exc, "the attnaudit command")
+                if message is None:
+                    raise
+                print(f"attnaudit: error: {message}", file=sys.stderr)
+                return USAGE_ERROR
+            except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM while importing
+                return interrupted(args.command, exc)
+            try:
+                return run(args, from_command_line=argv is None)
+            except KeyboardInterrupt as exc:  # one arriving while an error is printed
+                return interrupted(args.command, exc)
+    except KeyboardInterrupt as exc:  # one arriving as the handler is being installed
+        return interrupted(args.command, exc)

@@ -81,9 +81,14 @@ def test_exact_costs_equal_the_passes_and_items_run(make):
         assert sum(counts.values()) == cost.forward, (protocol.name, counts, cost)
         per_row = tables["rows"]
         # items: one per (row, edited copy), from the tables the protocol wrote
-        copies = {"permutation": settings.n_permutations, "uniform": 1, "zeroing": 2,
+        # uniform: the paper's and the eligible-mass variant; values: zero and mean at the
+        # top key of every row and at the random other key of the rows that have one
+        copies = {"permutation": settings.n_permutations, "uniform": 2, "zeroing": 2,
                   "values": 2}[protocol.name]
-        assert cost.items == copies * len(per_row), protocol.name
+        expected = copies * len(per_row)
+        if protocol.name == "values":
+            expected += 2 * int(per_row["value_zero_random_tvd"].notna().sum())
+        assert cost.items == expected, protocol.name
         checked.append(protocol.name)
     assert set(checked) == {"permutation", "uniform", "zeroing", "values"}
 
@@ -104,7 +109,7 @@ def test_the_plan_scales_to_the_data_and_states_unknown_costs():
     parts = {p.name: p for p in plan.protocols}
     assert parts["costless"].cost is None
     assert parts["uniform"].cost is not None and parts["uniform"].cost.exact
-    assert parts["permutation"].cost.items == 20 * parts["uniform"].cost.items
+    assert 2 * parts["permutation"].cost.items == 20 * parts["uniform"].cost.items
     text = str(plan)
     assert "costless" in text and "unknown" in text and "3 examples in 1 batches" in text
 
