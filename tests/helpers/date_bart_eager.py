@@ -8,9 +8,9 @@ import torch
 from attnaudit.targets.contract import Batch
 
 
-def eager_cross_attention(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
-    """(B, T, S): the mean over layers and heads of the eager cross-attention of the date
-    BART, teacher-forced on ``emitted`` (B, T) (its start token, then emitted[:, :-1])."""
+def eager_cross_attentions(batch: Batch, emitted: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per decoder layer, (B, H, T, S): the eager cross-attention of the date BART,
+    teacher-forced on ``emitted`` (B, T) (its start token, then emitted[:, :-1])."""
     import transformers
 
     from attnaudit_examples.date_transformer.model import MODEL_DIR
@@ -22,4 +22,9 @@ def eager_cross_attention(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
         out = model(input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
                     decoder_input_ids=torch.cat([start, emitted[:, :-1]], 1),
                     output_attentions=True)
-    return torch.stack(out.cross_attentions).mean((0, 2))
+    return tuple(out.cross_attentions)
+
+
+def eager_cross_attention(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
+    """(B, T, S): the mean over layers and heads of :func:`eager_cross_attentions`."""
+    return torch.stack(eager_cross_attentions(batch, emitted)).mean((0, 2))

@@ -47,23 +47,17 @@ def audited():
 
 def _by_hand(target) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
     """Site -> (H, T) mean region mass and top hit over the counted rows, and (T,) counts."""
-    from attnaudit_examples.date_transformer.model import MODEL_DIR
+    from tests.helpers.date_bart_eager import eager_cross_attentions
 
     batch = next(target.iter_batches(EXAMPLES))
     emitted = target.greedy(batch)
-    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
-        MODEL_DIR, attn_implementation="eager").eval()
-    start = torch.full_like(emitted[:, :1], model.config.decoder_start_token_id)
-    with torch.no_grad():
-        out = model(input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
-                    decoder_input_ids=torch.cat([start, emitted[:, :-1]], 1),
-                    output_attentions=True)
+    cross_attentions = eager_cross_attentions(batch, emitted)
     expected = per_row_keys(batch, emitted).numpy()  # (B, T, n)
     counted = target.step_mask(emitted).numpy().copy()
     counted[:, ROWS:] = False
     eligible = batch.source_mask.numpy()  # the declared cross rule: every real source key
     mass, hit = {}, {}
-    for layer, weights in enumerate(out.cross_attentions):
+    for layer, weights in enumerate(cross_attentions):
         w = weights.double().numpy()  # (B, H, T, n)
         site = f"model.decoder.layers.{layer}.encoder_attn:cross"
         region = (w * (expected & eligible[:, None])[:, None]).sum(-1)  # (B, H, T)
