@@ -64,6 +64,13 @@ def _passes(ref: Reference, step: torch.Tensor, *, grad: bool = False) -> int:
     return sum(1 for _ in item_chunks(ref, step, grad=grad))
 
 
+def _steps_with_another_key(ctx: BatchContext) -> torch.Tensor:
+    """The steps of ``ctx``'s rows that have a random other eligible key to edit (a row with
+    one eligible key has none and is left out of the random-key edits)."""
+    n_valid = ctx.ref.eligible[ctx.rows.example, ctx.rows.step].sum(-1)
+    return ctx.rows.step[n_valid > 1]
+
+
 def _items_at(ctx: BatchContext, copies: int) -> Cost:
     """``copies`` edited items per row of ``ctx``, run by ``run_items``."""
     step = ctx.rows.step.repeat_interleave(copies)
@@ -163,9 +170,7 @@ class Zeroing(InterventionProtocol):
                                    progress=ctx.settings.progress)}
 
     def cost(self, ctx: BatchContext) -> Cost:
-        # rows with one eligible key have no random other key and are left out
-        n_valid = ctx.ref.eligible[ctx.rows.example, ctx.rows.step].sum(-1)
-        step = ctx.rows.step[n_valid > 1].repeat_interleave(2)
+        step = _steps_with_another_key(ctx).repeat_interleave(2)
         return Cost(len(step), _passes(ctx.ref, step))
 
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
@@ -205,8 +210,7 @@ class ValueReplacement(InterventionProtocol):
     def cost(self, ctx: BatchContext) -> Cost:
         # one run: zero and mean at the top key of every row, then at the random other key
         # of the rows that have one (as value_replacement orders its items)
-        n_valid = ctx.ref.eligible[ctx.rows.example, ctx.rows.step].sum(-1)
-        at_random = ctx.rows.step[n_valid > 1]
+        at_random = _steps_with_another_key(ctx)
         step = torch.cat([ctx.rows.step, ctx.rows.step, at_random, at_random])
         return Cost(len(step), _passes(ctx.ref, step))
 
