@@ -13,6 +13,7 @@ from attnaudit.auditing.contribution_suite import contribution_tables, top_keys
 from attnaudit.auditing.intervention_suite import run_suite
 from attnaudit.contributions import measure_maps
 from attnaudit.targets.loading import load_target
+from tests.helpers.date_bart_eager import decoder_layer_output
 
 transformers = pytest.importorskip("transformers")
 
@@ -110,22 +111,7 @@ def _eager_bart_value_zeroing(batch, emitted) -> torch.Tensor:
     layers = model.model.decoder.layers
 
     def layer_output(layer, key=None) -> torch.Tensor:
-        seen: list[torch.Tensor] = []
-        handles = [layer.register_forward_hook(
-            lambda m, a, out: seen.append(out[0] if isinstance(out, tuple) else out))]
-        if key is not None:
-            def zero(m, a, out):
-                out = out.clone()
-                out[:, key] = 0.0
-                return out
-            handles.append(layer.encoder_attn.v_proj.register_forward_hook(zero))
-        try:
-            with torch.no_grad():
-                model(**inputs)
-        finally:
-            for handle in handles:
-                handle.remove()
-        return seen[0].double()
+        return decoder_layer_output(model, inputs, layer, key).double()
 
     per_layer = []
     for layer in layers:

@@ -14,6 +14,7 @@ from attnaudit.contributions import ALL_MEASURES, contributions, measure_maps, s
 from attnaudit.contributions.sinks import SINK_SHARE, SiteKeys, sink_rows
 from attnaudit.errors import ContributionError
 from attnaudit.targets.hf.loading import from_hf
+from tests.helpers.date_bart_eager import decoder_layer_output
 
 transformers = pytest.importorskip("transformers")
 
@@ -104,22 +105,7 @@ def test_value_zeroing_equals_a_re_run_with_that_value_zeroed(bart, monkeypatch)
               "decoder_input_ids": decoder_inputs(model, emitted[b:b + 1])}
 
     def layer_output(zero_key: int | None) -> torch.Tensor:
-        seen = []
-        handles = [layer.register_forward_hook(lambda m, a, o: seen.append(
-            o if isinstance(o, torch.Tensor) else o[0]))]
-        if zero_key is not None:
-            def zero(mod, args, out):
-                out = out.clone()
-                out[:, zero_key] = 0
-                return out
-            handles.append(layer.encoder_attn.v_proj.register_forward_hook(zero))
-        try:
-            with torch.no_grad():
-                model(**inputs)
-        finally:
-            for handle in handles:
-                handle.remove()
-        return seen[0][0]
+        return decoder_layer_output(model, inputs, layer, zero_key)[0]
 
     reference = layer_output(None)
     distances = []

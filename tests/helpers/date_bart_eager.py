@@ -28,3 +28,26 @@ def eager_cross_attentions(batch: Batch, emitted: torch.Tensor) -> tuple[torch.T
 def eager_cross_attention(batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
     """(B, T, S): the mean over layers and heads of :func:`eager_cross_attentions`."""
     return torch.stack(eager_cross_attentions(batch, emitted)).mean((0, 2))
+
+
+def decoder_layer_output(model: torch.nn.Module, inputs: dict, layer: torch.nn.Module,
+                         zero_key: int | None = None) -> torch.Tensor:
+    """(B, T, d): a Hugging Face encoder-decoder's decoder ``layer`` output in one eager
+    forward of ``inputs``; with ``zero_key``, the cross-attention's value of that source key
+    set to 0 (its ``v_proj`` output row, bias included): value zeroing by hand."""
+    seen: list[torch.Tensor] = []
+    handles = [layer.register_forward_hook(
+        lambda m, a, out: seen.append(out if isinstance(out, torch.Tensor) else out[0]))]
+    if zero_key is not None:
+        def zero(m, a, out):
+            out = out.clone()
+            out[:, zero_key] = 0.0
+            return out
+        handles.append(layer.encoder_attn.v_proj.register_forward_hook(zero))
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen[0]
