@@ -9,6 +9,7 @@ import torch
 
 from attnaudit.analysis.example_maps import MAX_MAP_SIDE, MapBuilder, example_maps
 from attnaudit.record import AttentionCall, AttentionRecord, Site
+from tests.helpers.map_runs import pooled, runs
 
 
 def record_of(name: str, kind: str, weights: torch.Tensor, *, calls: int = 1
@@ -18,18 +19,6 @@ def record_of(name: str, kind: str, weights: torch.Tensor, *, calls: int = 1
     for part in torch.tensor_split(weights, calls, dim=2):
         record.append(AttentionCall(part))
     return record
-
-
-def runs(n: int) -> list[np.ndarray]:
-    """Positions of each run when ``n`` positions are averaged into at most 512 runs."""
-    bins = np.arange(n) * min(MAX_MAP_SIDE, n) // n
-    return [np.flatnonzero(bins == b) for b in range(bins.max() + 1)]
-
-
-def pooled(array: np.ndarray, axis: int, n: int) -> np.ndarray:
-    if n <= MAX_MAP_SIDE:
-        return array
-    return np.stack([array.take(r, axis=axis).mean(axis=axis) for r in runs(n)], axis=axis)
 
 
 def test_a_long_source_is_averaged_in_runs_and_calls_add_up_to_the_record():

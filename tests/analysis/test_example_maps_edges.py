@@ -7,9 +7,8 @@
 - An axis of exactly the limit is exact (no run, every label its own, the words kept); one
   more position averages it.
 
-The reference runs are written from their definition, not from the code's formula: ``n``
-positions in ``k = min(512, n)`` runs, run ``b`` holding the positions ``i`` with
-``b * n / k <= i < (b + 1) * n / k``.
+The reference runs (tests/helpers/map_runs.py) are written from their definition, not from
+the code's formula.
 """
 
 from __future__ import annotations
@@ -22,16 +21,7 @@ import torch
 
 from attnaudit.analysis.example_maps import MAX_MAP_SIDE, MapBuilder, example_maps
 from attnaudit.record import AttentionCall, AttentionRecord, Site
-
-
-def _runs(n: int) -> list[np.ndarray]:
-    k = min(MAX_MAP_SIDE, n)
-    return [np.array([i for i in range(n) if b * n <= i * k < (b + 1) * n])
-            for b in range(k)]
-
-
-def _pooled(array: np.ndarray, axis: int, n: int) -> np.ndarray:
-    return np.stack([array.take(r, axis=axis).mean(axis=axis) for r in _runs(n)], axis=axis)
+from tests.helpers.map_runs import pooled, runs
 
 
 def _call(name: str, kind: str, weights: torch.Tensor,
@@ -61,18 +51,18 @@ def test_a_long_decoder_axis_arriving_over_uneven_calls_is_averaged_as_a_whole()
     assert got.row_sum is not None and got.masked_mass is not None and got.eligible is not None
     w = weights[0].double().numpy()  # (H, steps, n)
     eligible = declared.numpy()
-    runs = _runs(steps)
-    assert math.ceil(steps / MAX_MAP_SIDE) == 3 and len(runs) == MAX_MAP_SIDE
-    assert any(r[0] < c <= r[-1] for r in runs for c in cuts), "no run straddles a call"
-    np.testing.assert_allclose(got.weights, _pooled(w, 1, steps), atol=1e-6)
+    steps_runs = runs(steps)
+    assert math.ceil(steps / MAX_MAP_SIDE) == 3 and len(steps_runs) == MAX_MAP_SIDE
+    assert any(r[0] < c <= r[-1] for r in steps_runs for c in cuts), "no run straddles a call"
+    np.testing.assert_allclose(got.weights, pooled(w, 1, steps), atol=1e-6)
     sums = w.sum(-1)
     masked = np.where(eligible, 0.0, w).sum(-1)
-    np.testing.assert_allclose(got.row_sum, [[s[r][np.argmax(np.abs(s[r] - 1))] for r in runs]
+    np.testing.assert_allclose(got.row_sum, [[s[r][np.argmax(np.abs(s[r] - 1))] for r in steps_runs]
                                              for s in sums], rtol=1e-12)
-    np.testing.assert_allclose(got.masked_mass, [[m[r].max() for r in runs] for m in masked],
+    np.testing.assert_allclose(got.masked_mass, [[m[r].max() for r in steps_runs] for m in masked],
                                rtol=1e-12)
     np.testing.assert_array_equal(got.eligible[0], np.stack([eligible[r].any(0)
-                                                             for r in runs]))
+                                                             for r in steps_runs]))
     assert got.query_labels[0] == "t0…t2" and got.query_labels[-1] == "t1098…t1099"
 
 
@@ -132,10 +122,10 @@ def test_one_position_past_the_limit_averages_one_pair_and_drops_the_words():
     n = MAX_MAP_SIDE + 1
     maps, w, _, _ = _source_maps(n)
     got = maps.maps["e"]
-    runs = _runs(n)
-    assert [len(r) for r in runs].count(2) == 1 and len(runs) == MAX_MAP_SIDE
-    np.testing.assert_allclose(got.weights, _pooled(_pooled(w, 1, n), 2, n), atol=1e-6)
-    pair = next(r for r in runs if len(r) == 2)
+    pair_runs = runs(n)
+    assert [len(r) for r in pair_runs].count(2) == 1 and len(pair_runs) == MAX_MAP_SIDE
+    np.testing.assert_allclose(got.weights, pooled(pooled(w, 1, n), 2, n), atol=1e-6)
+    pair = next(r for r in pair_runs if len(r) == 2)
     assert f"s{pair[0]}…s{pair[1]}" in got.key_labels
     assert len(got.key_labels) == MAX_MAP_SIDE
     assert maps.words == [] and maps.word_rule == ""
