@@ -47,7 +47,7 @@ CONTRIBUTION_MEASURES = ("value_norm", "alti", "rollout")
 ZEROING = "value_zeroing"
 PER_LAYER = ("value_norm", ZEROING)  # read as the mean over layers, as the weights are
 READINGS = {"value_norm": "mean over the decoder layers' attention sites",
-            ZEROING: "mean over the decoder layers' attention sites (not in --quick)",
+            ZEROING: "mean over the decoder layers' attention sites",
             "alti": "ALTI+ composed through every layer (after the last)",
             "rollout": "attention rollout composed through every layer (after the last)"}
 EXAMPLE_COLUMNS = ["measure", "step", "target_token", "key", "source_token", "value"]
@@ -56,6 +56,8 @@ AER_COLUMNS = ["measure", "convention", "aer", "precision", "recall", "links", "
 SUMMARY_COLUMNS = ["measure", "reading", "rows", "top_differs_from_weights",
                    "top_differs_from_weights_low", "top_differs_from_weights_high",
                    "top_is_loo_top", "kendall_tau_vs_loo", "top_k_overlap_vs_loo"]
+NOT_IN_QUICK = ("not run: a quick audit leaves it out (one re-run per key and decoder layer); "
+                "the full report computes it")
 _Parts = dict[str, list[pd.DataFrame]]
 
 
@@ -167,7 +169,9 @@ def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
     found, reasons = contribution_importances(target, batch, ref.emitted, measures)
     _add(parts, "contribution_measures", pd.DataFrame(
         [{"measure": m, "reading": READINGS[m], "status": "computed" if m in found else
-          "not applicable", "reason": reasons.get(m, "")} for m in measures]))
+          "not applicable", "reason": reasons.get(m, "")} for m in measures]
+        + ([] if zeroing else [{"measure": ZEROING, "reading": READINGS[ZEROING],
+                                "status": "not run", "reason": NOT_IN_QUICK}])))
     every = {**importances, **found}
     keys = target.explain_keys(batch)
     rows = top_keys(every, keys, ref.steps)

@@ -231,6 +231,15 @@ def _row(table: pd.DataFrame, measure: str) -> pd.Series | None:
     return None if found.empty else found.iloc[0]
 
 
+def _why_not_computed(measures: pd.DataFrame | None) -> str:
+    """' (measure: reason; ...)' from the contribution_measures table, or '' without it."""
+    if measures is None or measures.empty:
+        return ""
+    missing = measures[measures["status"] != "computed"]
+    return " (" + "; ".join(f"{r.measure}: {r.reason}" for r in missing.itertuples(index=False)
+                            ) + ")" if len(missing) else ""
+
+
 def contribution_claim(tables: Mapping[str, pd.DataFrame]) -> Claim:
     """The misconception "a larger score always means a larger final contribution" as a
     claim: supported (not refuted here) when the top-weight key and the top key of the
@@ -242,7 +251,8 @@ def contribution_claim(tables: Mapping[str, pd.DataFrame]) -> Claim:
     found = {} if weights is None or table is None else {
         m: row for m in PREFERRED if (row := _row(table, m)) is not None}
     if not found or weights is None:
-        return _not_tested("top_key_contributes", "no contribution measure was computed")
+        return _not_tested("top_key_contributes", "no contribution measure was computed"
+                           + _why_not_computed(tables.get("contribution_measures")))
     name, best = next(iter(found.items()))
     column = "top_differs_from_weights"
     share = float(best[column])
