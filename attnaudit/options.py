@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -74,13 +74,22 @@ def _choice(name: str, value: Any, allowed: Sequence[str]) -> None:
         raise OptionError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
 
 
+def _flag(name: str, value: Any) -> None:
+    """Raise :class:`OptionError` unless ``value`` is True or False (a string such as "no" would
+    read as true)."""
+    if not isinstance(value, bool):
+        raise OptionError(f"{name} must be True or False, got {value!r}")
+
+
 def _names(name: str, value: Any, allowed: Sequence[Any] | None = None,
            kind: type = str) -> tuple[Any, ...] | None:
-    """``value`` as a tuple of distinct ``kind`` values (among ``allowed``), or None."""
+    """``value`` as a tuple of distinct ``kind`` values (among ``allowed``; a str not
+    empty), or None."""
     if value is None:
         return None
-    items = (value,) if isinstance(value, (str, int)) else tuple(value)
-    bad = [v for v in items if isinstance(v, bool) or not isinstance(v, kind)
+    iterable = isinstance(value, Iterable) and not isinstance(value, Mapping)
+    items = (value,) if isinstance(value, (str, int)) or not iterable else tuple(value)
+    bad = [v for v in items if isinstance(v, bool) or not isinstance(v, kind) or v == ""
            or (allowed is not None and v not in allowed)]
     if bad or not items or len(set(items)) != len(items):
         among = f" among {', '.join(map(str, allowed))}" if allowed is not None else ""
@@ -102,6 +111,7 @@ class Edits:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sites", _names("sites", self.sites))
+        _flag("sequence_effects", self.sequence_effects)
         heads = _names("heads", self.heads, kind=int)
         if heads is not None and min(heads) < 0:
             raise OptionError(f"heads must be head indices >= 0, got {self.heads!r}")
@@ -125,6 +135,7 @@ class AttributionSettings:
     def __post_init__(self) -> None:
         _choice("attribute", self.attribute, ATTRIBUTION_OUTPUTS)
         _choice("attribution_variant", self.attribution_variant, ATTRIBUTION_VARIANTS)
+        _flag("target_side", self.target_side)
         object.__setattr__(self, "methods",
                            _names("methods", self.methods, ATTRIBUTION_METHODS))
 
@@ -214,7 +225,7 @@ class AuditOptions:
 
     def __post_init__(self) -> None:
         if self.gold is not None:
-            if not isinstance(self.gold, (str, os.PathLike)):
+            if not isinstance(self.gold, (str, os.PathLike)) or os.fspath(self.gold) == "":
                 raise OptionError(f"gold must be the path of a Pharaoh file, got "
                                   f"{self.gold!r}")
             object.__setattr__(self, "gold", os.fspath(self.gold))
@@ -226,8 +237,10 @@ class AuditOptions:
         positive_count("limit", self.limit)
         positive_count("explorer_examples", self.explorer_examples, optional=False)
         _choice("dtype", self.dtype if isinstance(self.dtype, str) else None, DTYPES)
-        if isinstance(self.max_memory, bool) or (isinstance(self.max_memory, int)
-                                                 and self.max_memory < 1):
+        _flag("interventions", self.interventions)
+        memory = self.max_memory
+        if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, str))
+                                   or (isinstance(memory, int) and memory < 1)):
             raise OptionError(f"max_memory must be a byte count >= 1 or a size like 2GiB, "
                               f"got {self.max_memory!r}")
         for name, kind in (("edits", Edits), ("tolerances", Tolerances),
@@ -253,12 +266,21 @@ class AuditOptions:
         the modes as booleans, replaced: the one place where loose
         keywords and parsed flags become options. A setting given as None or at its
         default leaves ``base``'s value."""
+        if not isinstance(settings, Mapping):
+            raise OptionError(f"settings must be a mapping of setting names to values, got "
+                              f"{settings!r}")
+        if base is not None and not isinstance(base, AuditOptions):
+            raise OptionError(f"options must be an attnaudit.AuditOptions (or None), got "
+                              f"{base!r}")
         options = cls() if base is None else base
         unknown = (set(settings) - set(setting_names()) - {f.name for f in fields(cls)}
                    - {"quick", "checks_only"})
         if unknown:
             raise OptionError(f"unknown audit settings {sorted(unknown)}; the settings are "
                               f"{', '.join(setting_names())}")
+        for mode in ("quick", "checks_only"):
+            if settings.get(mode) is not None:
+                _flag(mode, settings[mode])
         if settings.get("quick") and settings.get("checks_only"):
             raise OptionError("quick and checks_only are two modes: give one")
         top = _given(cls, settings)

@@ -7,6 +7,7 @@ notebooks and the command line are views of that object.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +29,12 @@ from attnaudit.checklist import build_checklist
 from attnaudit.checklist.contributions import CONTRIBUTION_TABLES
 from attnaudit.checklist.explanation import claims_record
 from attnaudit.errors import AttnauditError, OptionError, TargetError
-from attnaudit.options import DEFAULT_EXPLORER_EXAMPLES, AttributionSettings, AuditOptions
+from attnaudit.options import (
+    DEFAULT_EXPLORER_EXAMPLES,
+    AttributionSettings,
+    AuditOptions,
+    setting_names,
+)
 from attnaudit.report.manifest import build_manifest
 from attnaudit.runtime.distributed import Shard, current_shard
 from attnaudit.runtime.progress import display, part
@@ -41,6 +47,11 @@ from attnaudit.validity.analysers import DEFAULT_MAX_MASKED_MASS, DEFAULT_ROW_SU
 from attnaudit.validity.pipeline import run_validity_audit
 
 _T = TypeVar("_T")
+# from_hf's keywords a model or folder takes through audit's **hf_options (the others are
+# audit's own: the model, data, tokenizer, device and dtype)
+FROM_HF_OPTIONS = tuple(name for name in inspect.signature(from_hf).parameters
+                        if name not in ("model_or_dir", "data", "tokenizer", "device",
+                                        "dtype"))
 
 
 def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
@@ -124,7 +135,7 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
         AlignmentError: the gold file cannot be read or does not pair up with the data
             (its line named).
     """
-    options = AuditOptions.from_settings(
+    options = _options(
         {"quick": quick, "checks_only": checks_only, "limit": limit,
          "interventions": interventions, "device": device, "dtype": dtype,
          "max_memory": max_memory, "max_masked_mass": max_masked_mass,
@@ -148,7 +159,8 @@ def intervene(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
               sequence_effects: bool = False, **hf_options: Any) -> InterventionSuite:
     """The intervention and attribution suite alone, as ``attnaudit intervene`` runs it:
     the same target, settings and process group arguments as :func:`audit` (those of the
-    validity audit and the report, the tolerances and ``explorer_examples``, do not apply).
+    validity audit and the report, the tolerances and ``explorer_examples``, do not apply;
+    ``options.gold`` gives the suite its alignment error rate table, as in :func:`audit`).
 
     Returns:
         The :class:`~attnaudit.auditing.intervention_suite.InterventionSuite`: ``tables``
@@ -157,7 +169,7 @@ def intervene(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
     Raises:
         OptionError: a bad setting, or ``options.mode`` checks (which runs no suite).
     """
-    options = AuditOptions.from_settings(
+    options = _options(
         {"quick": quick, "limit": limit, "sites": sites, "heads": heads, "device": device,
          "dtype": dtype, "max_memory": max_memory, "attribution": attribution,
          "sequence_effects": sequence_effects}, options)
@@ -167,7 +179,8 @@ def intervene(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
     shard = current_shard(process_group)
     progress = progress and shard.is_main
     return _on_target(target_or_model, data, tokenizer, options, shard, hf_options,
-                      lambda target: _planned_suite(target, options, progress, shard))
+                      lambda target: _planned_suite(target, options, progress, shard,
+                                                    _gold(options, target)))
 
 
 def plan(target_or_model: Seq2SeqTarget | nn.Module | str | Path, data: Any = None, *,
@@ -178,19 +191,40 @@ def plan(target_or_model: Seq2SeqTarget | nn.Module | str | Path, data: Any = No
     (:mod:`attnaudit.auditing.plan`), at the cost of the first batch's reference run and
     uniform edit. ``settings``: :func:`audit`'s keywords of the same names
     (``quick=True``, ``limit=``, ``checks_only=True`` ...). ``print(plan)`` shows it."""
-    options = AuditOptions.from_settings(settings, options)
+    options = _options(settings, options)
     shard = current_shard(None)
-    return _on_target(target_or_model, data, tokenizer, options, shard, {},
-                      lambda target: plan_audit(checked_target(target), options,
-                                                attribution_options(options.attribution)))
+
+    def planned(target: Seq2SeqTarget) -> Plan:
+        target = checked_target(target)
+        _gold(options, target)  # a gold file audit refuses before it runs: its plan too
+        return plan_audit(target, options, attribution_options(options.attribution))
+
+    return _on_target(target_or_model, data, tokenizer, options, shard, {}, planned)
+
+
+def _gold(options: AuditOptions, target: Seq2SeqTarget) -> tuple[Alignment, ...] | None:
+    """The alignments of ``options.gold``, checked against the audited examples, or None."""
+    return None if options.gold is None else checked_gold(options.gold, target, options.limit)
+
+
+def _options(settings: dict[str, Any], options: AuditOptions | None) -> AuditOptions:
+    """``options`` with the keywords ``settings`` (:meth:`AuditOptions.from_settings`), the
+    attribution setting's type checked too (the options module cannot see its classes)."""
+    options = AuditOptions.from_settings(settings, options)
+    attribution_options(options.attribution)
+    return options
 
 
 def attribution_options(settings: AttributionOptions | AttributionSettings | None
                         ) -> AttributionOptions | None:
     """What the suite takes: the flags' :class:`AttributionSettings` as options (the
     variant's reduction, baseline and detached methods); options or None as they are."""
-    if not isinstance(settings, AttributionSettings):
+    if settings is None or isinstance(settings, AttributionOptions):
         return settings
+    if not isinstance(settings, AttributionSettings):
+        raise OptionError(f"attribution must be an attnaudit.options.AttributionSettings, an "
+                          f"attnaudit.attribution.options.AttributionOptions or None, got "
+                          f"{settings!r}")
     return attribution_of(settings)
 
 
@@ -206,12 +240,21 @@ def _on_target(target_or_model: Seq2SeqTarget | nn.Module | str | Path, data: An
                hf_options: dict[str, Any], run: Callable[[Seq2SeqTarget], _T]) -> _T:
     """``run`` on the target: a ready one placed on the options' device and dtype for the
     call (and restored), or one :func:`attnaudit.from_hf` makes of a model and data."""
+    unknown = sorted(set(hf_options) - set(FROM_HF_OPTIONS))
+    if unknown:
+        raise OptionError(f"unknown keywords {unknown}: neither this call's nor from_hf's "
+                          f"({', '.join(FROM_HF_OPTIONS)}); every audit setting "
+                          f"({', '.join(setting_names())}) is a field of "
+                          "options=AuditOptions(...)")
     device = shard.device(options.device)
     loading = {**options.loading.given(), **hf_options}
     if isinstance(target_or_model, Seq2SeqTarget):
         if data is not None or tokenizer is not None or loading:
-            raise TargetError("data, tokenizer and from_hf options go with a model or a "
-                              "model folder, not with a Seq2SeqTarget")
+            given = [name for name, value in (("data", data), ("tokenizer", tokenizer))
+                     if value is not None] + sorted(loading)
+            raise TargetError(f"data, tokenizer and from_hf options go with a model or a "
+                              f"model folder, not with a Seq2SeqTarget (given: "
+                              f"{', '.join(given)})")
         with placed(target_or_model, device, options.dtype) as target:
             return run(target)
     if data is None:
@@ -227,7 +270,7 @@ def _run(target: Seq2SeqTarget, *, options: AuditOptions, progress: bool,
     started = time.perf_counter()
     target = checked_target(target)  # its data's errors name the target, from here on
     limit, checks_only = options.limit, options.checks_only
-    gold = None if options.gold is None else checked_gold(options.gold, target, limit)
+    gold = _gold(options, target)
     texts = [text for batch in target.iter_batches(limit) for text in batch.texts]
     suite_runs = options.interventions and not checks_only
     attribution = attribution_options(options.attribution)
@@ -319,15 +362,15 @@ def _suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: 
 
 
 def _planned_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool,
-                   shard: Shard) -> InterventionSuite:
+                   shard: Shard, gold: Sequence[Alignment] | None) -> InterventionSuite:
     """The suite alone, its plan printed first and followed by the progress display."""
     if not progress:
-        return _suite(target, options, progress, shard)
+        return _suite(target, options, progress, shard, gold)
     plan = plan_audit(checked_target(target), options, attribution_options(options.attribution))
     print(plan, file=sys.stderr, flush=True)
     with display(plan.examples, enabled=progress, name=f"interventions {target.name}"):
         expect_plan(plan, suite_only=True)
-        return _suite(target, options, progress, shard)
+        return _suite(target, options, progress, shard, gold)
 
 
 def _run_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: Shard,

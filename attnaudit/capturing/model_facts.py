@@ -45,9 +45,13 @@ PatternsArg = str | Iterable[str] | None  # what a caller may give: one pattern 
 def _patterns(value: PatternsArg, what: str) -> Patterns:
     if value is None:
         return ()
-    items = (value,) if isinstance(value, str) else tuple(value)
-    if not all(isinstance(p, str) and p for p in items):
+    if not isinstance(value, Iterable) or isinstance(value, Mapping):
         raise TypeError(f"{what} must be a pattern (str) or a list of patterns; got {value!r}")
+    items = (value,) if isinstance(value, str) else tuple(value)
+    if not all(isinstance(p, str) for p in items):
+        raise TypeError(f"{what} must be a pattern (str) or a list of patterns; got {value!r}")
+    if not all(items):
+        raise CaptureOptionError(f"{what}: an empty pattern matches no site; got {value!r}")
     return items
 
 
@@ -55,6 +59,8 @@ def _kinds(value: Mapping[str, str] | Iterable[tuple[str, str]] | None,
            what: str) -> tuple[tuple[str, Kind], ...]:
     if value is None:
         return ()
+    if not isinstance(value, Iterable):
+        raise TypeError(f"{what} must map patterns to 'self' or 'cross'; got {value!r}")
     pairs = tuple(value.items()) if isinstance(value, Mapping) else tuple(value)
     for pair in pairs:
         if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
@@ -138,15 +144,25 @@ class ModelFacts:
     sites: SiteRules = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.architecture, str) or not self.architecture:
+        if not isinstance(self.architecture, str):
             raise TypeError(f"architecture must be a model_type or class name, got "
                             f"{self.architecture!r}")
+        if not self.architecture.strip():
+            raise CaptureOptionError(f"architecture must be a model_type or class name, got "
+                                     f"{self.architecture!r}")
         if not isinstance(self.serves, str) or not self.serves.strip():
             raise CaptureOptionError(f"model facts for {self.architecture!r}: say which code the "
                                "entry serves (serves='...')")
         if not (isinstance(self.lead, str) or (type(self.lead) is int and self.lead >= 0)):
             raise CaptureOptionError(f"model facts for {self.architecture!r}: lead must be a "
                                f"non-negative int or a config attribute name, got {self.lead!r}")
+        if self.pad_id is not None and (type(self.pad_id) is not int or self.pad_id < 0):
+            raise CaptureOptionError(f"model facts for {self.architecture!r}: pad_id must be "
+                                     f"None or a token id >= 0, got {self.pad_id!r}")
+        for flag in ("whole_ids_per_step", "prefix_context"):
+            if not isinstance(getattr(self, flag), bool):
+                raise CaptureOptionError(f"model facts for {self.architecture!r}: {flag} must "
+                                         f"be True or False, got {getattr(self, flag)!r}")
         # held as tuples whatever was given, so that entries compare and hash
         attention, not_attention = (_patterns(self.attention, "attention"),
                                     _patterns(self.not_attention, "not_attention"))
@@ -206,6 +222,9 @@ def register_model_facts(facts: ModelFacts, *, replace: bool = False) -> None:
 
 def unregister_model_facts(architecture: str) -> ModelFacts:
     """Remove the registered entry for ``architecture`` (a built-in one is kept); return it."""
+    if architecture not in _REGISTERED and architecture in _BUILT_IN:
+        raise CaptureError(f"the model facts for {architecture!r} are built in and stay; "
+                           "register_model_facts an entry for it to override them")
     if architecture not in _REGISTERED:
         raise CaptureError(f"no model facts registered for {architecture!r}; registered: "
                            f"{sorted(_REGISTERED)}")

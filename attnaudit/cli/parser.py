@@ -239,12 +239,16 @@ def _add_align_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """The parsed command line; a usage error also for ``report`` with neither ``--out`` nor
-    ``--dry-run`` (``--out`` is optional only for the plan alone)."""
+    ``--dry-run`` (``--out`` is optional only for the plan alone), and for ``check`` with
+    ``--json`` and ``--dry-run`` (the plan is text: no check result to print as JSON)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "report" and args.out is None and not args.dry_run:
         parser.error("report writes a folder: give --out DIR (or --dry-run for the plan "
                      "alone)")
+    if args.command == "check" and args.json and args.dry_run:
+        parser.error("--json prints a check's result and --dry-run runs no check: give one "
+                     "of them")
     return args
 
 

@@ -25,10 +25,13 @@ gives every step's probability. The unique edits run in chunks sized by the memo
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 import torch
 
+from attnaudit.errors import InterventionError
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes
 from attnaudit.interventions.reference_run import Reference, RowIndex
 from attnaudit.interventions.runner import progress_bar
@@ -37,8 +40,20 @@ from attnaudit.targets.contract import Seq2SeqTarget
 FRACTIONS = (1, 5, 10, 20, 50)  # removal fractions, percent of the row's eligible keys
 
 
+def check_fractions(fractions: Sequence[float]) -> None:
+    """An :class:`InterventionError` unless ``fractions`` are removal fractions: one or
+    more numbers in (0, 100] (percent), increasing, no two the same (each is one bin of
+    the curve, and AOPC is their mean)."""
+    bad = [f for f in fractions if isinstance(f, bool) or not isinstance(f, (int, float))
+           or not 0 < f <= 100]
+    if bad or not len(fractions) or any(a >= b for a, b in pairwise(fractions)):
+        raise InterventionError(f"removal fractions must be increasing, distinct percentages "
+                                f"in (0, 100], at least one, got {tuple(fractions)!r}")
+
+
 def bin_sizes(n_eligible: int, fractions: tuple[int, ...] = FRACTIONS) -> list[int]:
     """Keys removed per bin: ``ceil(f / 100 * n)``, at least 1, at most n."""
+    check_fractions(fractions)
     return [min(n_eligible, max(1, math.ceil(f * n_eligible / 100))) for f in fractions]
 
 
@@ -97,6 +112,7 @@ def removal_curves(target: Seq2SeqTarget, ref: Reference, rows: RowIndex,
     (:func:`ranking`: eligible keys first). token: the id put in place of removed keys.
     chunk_size: edited sources per forward pass (default: from ``ref.budget``).
     """
+    check_fractions(fractions)
     eligible = ref.eligible[rows.example, rows.step]  # (N, n)
     n_rows, n_orders = orders.shape[:2]
     edits: dict[tuple[int, bytes], int] = {}

@@ -34,7 +34,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device | None:
         return None
     try:
         resolved = torch.device(device)
-    except (RuntimeError, ValueError) as exc:
+    except (RuntimeError, ValueError, TypeError) as exc:
         raise TargetError(f"unknown device {device!r}: use cpu, cuda, cuda:N, mps or "
                           "meta") from exc
     if resolved.type == "cuda":
