@@ -197,7 +197,8 @@ def plan(target_or_model: Seq2SeqTarget | nn.Module | str | Path, data: Any = No
     def planned(target: Seq2SeqTarget) -> Plan:
         target = checked_target(target)
         _gold(options, target)  # a gold file audit refuses before it runs: its plan too
-        return plan_audit(target, options, attribution_options(options.attribution))
+        return plan_audit(target, options, attribution_options(options.attribution),
+                          pilot=True)
 
     return _on_target(target_or_model, data, tokenizer, options, shard, {}, planned)
 

@@ -5,17 +5,27 @@ items, forward and backward passes) and how long it should take, from a timed fi
 (timed: seconds per forward pass and per edited item), asks every protocol the suite would
 run for its :meth:`~attnaudit.interventions.protocol.InterventionProtocol.cost` on that batch, and
 scales it to the data (exact with one batch; an estimate otherwise, and for protocols whose
-cost is itself one). The time estimate is passes x the timed seconds per pass plus
-items x the timed seconds per item (a backward pass counted as two forward ones; a rough
-first figure: the progress display replaces it with each part's measured rate as the audit
-runs). A protocol without a cost is listed as "unknown". The same plan feeds the progress
-display (:func:`expect_plan`), :func:`attnaudit.plan` and ``--dry-run``.
+cost is itself one). The time estimate is passes x the timed seconds per pass (a backward
+pass counted as two forward ones) plus items x seconds per item. With a *pilot* each
+protocol's seconds per item are its own: every protocol runs once, in the suite's order, on
+the first example of the first batch (row protocols on at most :data:`PILOT_ROWS` of its
+rows) and is timed; without one they are the uniform edit's. The pilot runs for
+:func:`attnaudit.plan` and ``--dry-run``, and before an audit whose data has at least
+:data:`PILOT_MIN_EXAMPLES` examples (on fewer it would be a large share of the audit
+itself). The progress display replaces the estimate with each part's measured rate as the
+audit runs. A protocol without a cost is listed as "unknown". The same plan feeds the
+progress display (:func:`expect_plan`), :func:`attnaudit.plan` and ``--dry-run``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
 
 from attnaudit.attribution.options import AttributionOptions
 from attnaudit.auditing.intervention_suite import (
@@ -24,16 +34,25 @@ from attnaudit.auditing.intervention_suite import (
     suite_plan,
 )
 from attnaudit.interventions.ablation import uniform_rows
-from attnaudit.interventions.protocol import BATCH, BatchContext, Cost, subset_rows
+from attnaudit.interventions.protocol import (
+    BATCH,
+    BatchContext,
+    Cost,
+    InterventionProtocol,
+    SuiteSettings,
+    subset_rows,
+)
 from attnaudit.interventions.reference_run import Reference, RowIndex, reference
 from attnaudit.interventions.runner import ItemEdit, item_chunks, run_items
 from attnaudit.options import AuditOptions
 from attnaudit.runtime.progress import expect
-from attnaudit.targets.contract import Seq2SeqTarget
+from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 VALIDITY = "validity"
 TIMED_COPIES = 4  # copies per row in the second timed uniform edit
 BACKWARD_FORWARDS = 2.0  # a backward pass costs about two forward passes
+PILOT_ROWS = 4  # rows of the pilot example each row protocol is timed on
+PILOT_MIN_EXAMPLES = 16  # an audit's own plan runs the pilot from this many examples on
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,7 @@ class Plan:
     protocols: tuple[ProtocolPlan, ...]
     seconds_per_pass: float
     seconds_per_item: float
+    piloted: bool = False
 
     @property
     def seconds(self) -> float:
@@ -66,7 +86,10 @@ class Plan:
     def __str__(self) -> str:
         lines = [f"plan of audit {self.target}: {self.examples} examples in {self.batches} "
                  f"batches; timed on the first batch: {self.seconds_per_pass * 1e3:.3g} ms "
-                 f"per forward pass + {self.seconds_per_item * 1e3:.3g} ms per edited item",
+                 f"per forward pass + "
+                 + ("each protocol's time per item from a pilot run on one example"
+                    if self.piloted else
+                    f"{self.seconds_per_item * 1e3:.3g} ms per edited item (no pilot run)"),
                  f"  {'part':<18} {'items':>10} {'forward':>9} {'backward':>9} {'estimate':>10}"]
         for p in (self.validity, *self.protocols):
             if p.cost is None:
@@ -85,10 +108,12 @@ class Plan:
 
 
 def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
-               attribution: AttributionOptions | None = None) -> Plan:
+               attribution: AttributionOptions | None = None, *,
+               pilot: bool | None = None) -> Plan:
     """The plan of ``audit(target, options=options)`` (its suite unless ``checks_only`` or
     not ``interventions``; ``attribution``: the suite's attribution options), at the cost of
-    the first batch's reference run and uniform edit."""
+    the first batch's reference run and uniform edit, and of the pilot (module docstring;
+    None: when the data has at least :data:`PILOT_MIN_EXAMPLES` examples)."""
     edits = options.edits
     batches, settings, _, _, planned = suite_plan(
         target, quick=options.quick, limit=options.limit, progress=False,
@@ -108,6 +133,10 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
                                            exact=False), ref_seconds * len(batches))
     protocols = []
     suite = options.interventions and not options.checks_only
+    if pilot is None:
+        pilot = settings.n_examples >= PILOT_MIN_EXAMPLES
+    rates = _pilot_rates(target, first, options, planned, settings, pass_s) \
+        if suite and pilot else {}
     for protocol, examples in (planned if suite else []):
         rows, factor = counted, scale
         if examples is not None:
@@ -123,10 +152,47 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
             continue
         cost = Cost(round(cost.items * factor), round(cost.forward * factor),
                     round(cost.backward * factor), cost.exact and single)
-        seconds = (cost.forward + BACKWARD_FORWARDS * cost.backward) * pass_s + cost.items * item_s
+        per_item = rates.get(protocol.name, item_s)
+        seconds = _passes(cost) * pass_s + cost.items * per_item
         protocols.append(ProtocolPlan(protocol.name, cost, seconds))
     return Plan(target.name, settings.n_examples, len(batches), validity, tuple(protocols),
-                pass_s, item_s)
+                pass_s, item_s, piloted=bool(rates))
+
+
+def _passes(cost: Cost) -> float:
+    """Forward passes, a backward one counted as :data:`BACKWARD_FORWARDS`."""
+    return cost.forward + BACKWARD_FORWARDS * cost.backward
+
+
+def _pilot_rates(target: Seq2SeqTarget, first: Batch, options: AuditOptions,
+                 planned: Sequence[tuple[InterventionProtocol, set[int] | None]],
+                 settings: SuiteSettings, pass_s: float) -> dict[str, float]:
+    """Protocol -> seconds per item beyond its passes (``pass_s`` each), from one timed run
+    of every planned protocol, in order, on the first example of the batch ``first`` (row
+    protocols on at most :data:`PILOT_ROWS` of its counted rows); a protocol whose pilot ran
+    no item is left out (it keeps the uniform edit's rate)."""
+    edits = options.edits
+    batch = first.select(torch.arange(1))
+    ref = reference(target, batch, sites=edits.sites, heads=edits.heads, first_example=0,
+                    max_memory=options.max_memory)
+    counted = ref.rows()
+    rows = counted.select(torch.arange(min(PILOT_ROWS, len(counted))))
+    running = frozenset(p.name for p, _ in planned)
+    earlier: dict[str, dict[str, pd.DataFrame]] = {}
+    shared: dict[str, Any] = {}
+    rates = {}
+    for protocol, _ in planned:
+        if protocol.scope != BATCH and not len(rows):
+            continue
+        ctx = BatchContext(target, batch, ref, counted if protocol.scope == BATCH else rows,
+                           settings, running, earlier, shared, {})
+        cost = protocol.cost(ctx)
+        started = time.perf_counter()
+        earlier[protocol.name] = protocol.run(ctx)
+        seconds = time.perf_counter() - started
+        if cost is not None and cost.items:
+            rates[protocol.name] = max(seconds - _passes(cost) * pass_s, 0.0) / cost.items
+    return rates
 
 
 def _timed_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, fallback: float

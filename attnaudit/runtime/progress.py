@@ -20,7 +20,8 @@ from their estimates). Without a plan it is the phase's average rate over the un
 On a terminal the display is a tqdm bar redrawn in place. When stderr is not a terminal (a
 log file, CI) it writes whole lines only, no carriage returns: one when a phase starts, at
 most one every :data:`LOG_INTERVAL_S` seconds in between, and with a plan one when the job
-ends, with each part's count done (``done: ...; permutation 80 items, ...``).
+ends, with each part's count done and the time it took (``done: ...; permutation 80 items
+in 00:03, ...``).
 """
 
 from __future__ import annotations
@@ -186,7 +187,8 @@ class Display:
         if self.bar is not None:
             self.bar.close()
         elif self.parts:
-            counts = [f"{name} {part.done:.0f} {part.unit}" for name, part in self.parts.items()]
+            counts = [f"{name} {part.done:.0f} {part.unit} in "
+                      f"{tqdm.format_interval(part.seconds)}" for name, part in self.parts.items()]
             elapsed = tqdm.format_interval(time.perf_counter() - self.started)
             print(f"{self.name}: done [{elapsed} elapsed]; " + ", ".join(counts),
                   file=self.stream, flush=True)

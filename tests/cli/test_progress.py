@@ -60,8 +60,9 @@ def test_a_logged_report_is_whole_lines_with_the_time_left(tmp_path):
     assert lines[-1].startswith("audit date: ") and lines[-1].endswith(" s in all")
     # the last display line: every part's count done, equal to what the tables hold
     [final] = [line for line in display if line.startswith("audit date: done [")]
-    counts = {name: n for name, n, _ in (part.rsplit(" ", 2)
-                                         for part in final.split("; ")[1].split(", "))}
+    counts = {name: n for name, n, _, _, _ in (part.rsplit(" ", 4)
+                                               for part in final.split("; ")[1].split(", "))}
+    assert all(" items in " in p or " examples in " in p for p in final.split("; ")[1].split(", "))
     assert counts["validity"] == "4"
     rows = pd.read_csv(tmp_path / "r" / "rows.csv")
     assert int(counts["permutation"]) == QUICK_PERMUTATIONS * len(rows)
@@ -199,4 +200,5 @@ def test_the_time_left_sums_every_part_of_the_plan():
         assert left == pytest.approx(4 * 0.5 + 5 * 2.0 * scale)
     lines = log.getvalue().splitlines()
     assert lines[-1].startswith("job: done [") and lines[-1].endswith(
-        "; validity 0 examples, a 10 items, b 0 items, c 0 items")
+        "; validity 0 examples in 00:00, a 10 items in 00:00, b 0 items in 00:00, "
+        "c 0 items in 00:00")
