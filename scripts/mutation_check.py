@@ -59,6 +59,13 @@ SEQUENCE_EDGES = "tests/interventions/test_sequence_effects_edges.py"
 ROW_EXPECTATIONS = "tests/validity/test_row_expectations_edges.py"
 EXTRACT_EDGES = "tests/alignments/test_extract_edges.py"
 ROLE_EDGES = "tests/capturing/test_role_rules_edges.py"
+EXPLORER_BROWSER = "tests/report/test_explorer_browser.py"
+EXPLORER_MEANS = (EXPLORER_BROWSER
+                  + "::test_the_mean_over_layers_and_over_heads_is_the_mean_of_the_csv")
+EXPLORER_POINTER = (EXPLORER_BROWSER
+                    + "::test_the_model_view_maps_the_pointer_to_cells_that_are_not_square")
+EXPLORER_OPENING = (EXPLORER_BROWSER
+                    + "::test_the_explorer_opens_on_the_most_concentrated_cross_attention_head")
 LSTM_CONTRIBUTIONS = (CONTRIBUTION_SUITE + "::test_the_date_lstm_computes_value_zeroing_and_says_"
                       "why_not_for_the_rest")
 
@@ -405,6 +412,36 @@ MUTATIONS = (
              "    return (mask.cumsum(-1) - 1).clamp_min(0)",
              "    return mask.cumsum(-1).clamp_min(0)",
              ("tests/targets/test_causal_positions_edges.py",)),
+    Mutation("explorer_mean_layers_count", "explorer: the mean over layers divides by the "
+             "head count (a sum over layers)", "attnaudit/report/static/explorer.js",
+             "    return sum / (ls.length * hs.length);", "    return sum / hs.length;",
+             (EXPLORER_MEANS,)),
+    Mutation("explorer_mean_heads_count", "explorer: the mean over heads divides by the "
+             "layer count (a sum over heads)", "attnaudit/report/static/explorer.js",
+             "    return sum / (ls.length * hs.length);", "    return sum / ls.length;",
+             (EXPLORER_MEANS,)),
+    Mutation("explorer_pointer_square_cells", "explorer: the pointer's row from the cell "
+             "width (cells taken as square)", "attnaudit/report/static/explorer.js",
+             "const q = hit.q0 + Math.floor((y - hit.y) / hit.ch),",
+             "const q = hit.q0 + Math.floor((y - hit.y) / hit.cw),", (EXPLORER_POINTER,)),
+    Mutation("explorer_opens_least_concentrated", "explorer: opens on the head with the "
+             "lowest mean max weight", "attnaudit/report/explorer.py",
+             "layer, head = np.unravel_index(int(np.argmax(concentration)), concentration.shape)",
+             "layer, head = np.unravel_index(int(np.argmin(concentration)), concentration.shape)",
+             (EXPLORER_OPENING,)),
+    Mutation("explorer_opens_on_mean_weight", "explorer: the opening statistic is the rows' "
+             "mean weight, not their max", "attnaudit/report/explorer.py",
+             "peaks = [np.where(f, np.nanmax(np.where(f[..., None], w, 0.0), -1), 0.0)",
+             "peaks = [np.where(f, np.nanmean(np.where(f[..., None], w, 0.0), -1), 0.0)",
+             (EXPLORER_OPENING,)),
+    Mutation("explorer_opens_on_first_view", "explorer: opens on the first view, not the "
+             "cross-attention (continuation over the prompt)", "attnaudit/report/explorer.py",
+             "v = next((i for i, view in enumerate(views) if view.role == Role.CROSS), 0)",
+             "v = 0", (EXPLORER_OPENING,)),
+    Mutation("explorer_scale_always_fixed", "explorer: every map coloured on the fixed "
+             "0-1 scale, whatever the control says", "attnaudit/report/static/explorer.js",
+             '    if (this.state.scale === "fixed") return m.scale;', "    return m.scale;",
+             (EXPLORER_OPENING,)),
 )
 
 

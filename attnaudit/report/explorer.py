@@ -20,6 +20,12 @@ at most 256 queries by 256 keys at once; longer sequences are shown through a mo
 window, never cut. The maps themselves are exact up to
 :data:`~attnaudit.analysis.example_maps.MAX_MAP_SIDE` (512) positions per axis and averaged
 in runs past that (:class:`~attnaudit.analysis.example_maps.MapBuilder`).
+
+The page opens where the information is (:func:`opening`): on the cell a validity finding
+points at when a kept map has one, else on the first example's cross-attention view (a
+decoder-only model's continuation over its prompt), on the (layer, head) whose attention is
+the most concentrated: the highest *mean max weight*, the mean over every query row of every
+kept example's map of that view of the row's largest weight.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import pandas as pd
 
 from attnaudit.analysis.example_maps import ExampleMaps
 from attnaudit.errors import ExplorerError
-from attnaudit.record import Role
+from attnaudit.record import Family, Role
 from attnaudit.report.figures import visible_token
 from attnaudit.targets.contract import role_title
 
@@ -50,6 +56,16 @@ MAP_COLUMNS = ["example", "view", "measure", "site", "layer", "head", "query", "
                "query_token", "key_token", "eligible", "value"]
 U8_MISSING = 255
 U8_LEVELS = 254
+OPENING_STATISTIC = "mean max weight"
+PLAIN_AXES = ("queries", "keys")
+AXES: dict[tuple[Family | None, str], tuple[str, str]] = {  # what a map's rows and columns are
+    (Family.ENCODER_DECODER, Role.ENCODER_SELF): ("source tokens", "source tokens"),
+    (Family.ENCODER_DECODER, Role.DECODER_SELF): ("emitted steps", "decoder inputs"),
+    (Family.ENCODER_DECODER, Role.CROSS): ("emitted steps", "source tokens"),
+    (Family.DECODER_ONLY, Role.PROMPT): ("continuation steps", "prompt tokens"),
+    (Family.DECODER_ONLY, Role.CONTINUATION): ("continuation steps", "continuation inputs"),
+    (Family.DECODER_ONLY, Role.SELF): ("tokens", "earlier tokens"),
+}
 
 
 @dataclass
@@ -57,8 +73,10 @@ class View:
     """One role of attention in one example, its sites stacked as layers.
 
     title: the role's title in the target's family. query_axis: what its queries are
-    (``Query token``, ``Decoding step``). query_labels, key_labels: the tokens as the
-    target names them (the page draws their spaces visible). measures: name -> float32
+    (``Query token``, ``Decoding step``). axes: what the map's rows and columns are in the
+    target's family (:data:`AXES`; ``queries``, ``keys`` where it names none).
+    query_labels, key_labels: the tokens as the target names them (the page draws their
+    spaces visible). measures: name -> float32
     (layers, heads or 1, queries, keys); NaN where a site lacks the measure. eligible:
     bool (layers, heads, queries, keys) or None (not known). row_sum, masked_mass: float64
     (layers, heads, queries) or None.
@@ -75,6 +93,7 @@ class View:
     eligible: np.ndarray | None = None
     row_sum: np.ndarray | None = None
     masked_mass: np.ndarray | None = None
+    axes: tuple[str, str] = PLAIN_AXES
 
 
 @dataclass
@@ -119,7 +138,8 @@ def _view(example: ExampleMaps, name: str, role: str, sites: list[str]) -> View:
                 list(first.query_labels), list(first.key_labels), measures,
                 _stack_known([m.eligible for m in maps]),
                 _stack_known([m.row_sum for m in maps]),
-                _stack_known([m.masked_mass for m in maps]))
+                _stack_known([m.masked_mass for m in maps]),
+                AXES.get((example.family, role), PLAIN_AXES))
 
 
 def _stack_known(arrays: list[np.ndarray | None]) -> np.ndarray | None:
@@ -188,12 +208,59 @@ def payload(examples: Sequence[ExampleViews], *, max_masked_mass: float | None,
     the file holding the same values, which the page names (None: there is none)."""
     cells = sum(a.size for e in examples for v in e.views for a in v.measures.values())
     encoding = "f32" if math.ceil(cells * 4 / 3) <= budget else "u8"
+    pages = [{"index": e.index, "source": e.source,
+              "views": [_view_payload(v, encoding, max_masked_mass, row_sum_tolerance)
+                        for v in e.views]} for e in examples]
     return {"version": 1, "encoding": encoding, "csv": csv,
-            "max_masked_mass": max_masked_mass,
-            "examples": [{"index": e.index, "source": e.source,
-                          "views": [_view_payload(v, encoding, max_masked_mass,
-                                                  row_sum_tolerance) for v in e.views]}
-                         for e in examples]}
+            "max_masked_mass": max_masked_mass, "opening": opening(examples, pages),
+            "examples": pages}
+
+
+def mean_max_weight(examples: Sequence[ExampleViews], name: str) -> tuple[np.ndarray, int]:
+    """Each (layer, head)'s mean over query rows of the row's largest weight, float64
+    (layers, heads), over every example's view called ``name`` whose shape is the first
+    one's (rows without a finite weight left out); and how many examples that is."""
+    views = [v for e in examples for v in e.views if v.name == name]
+    weights = [v.measures[WEIGHTS] for v in views
+               if v.measures[WEIGHTS].shape[:2] == views[0].measures[WEIGHTS].shape[:2]]
+    finite = [np.isfinite(w).any(-1) for w in weights]  # (layers, heads, queries)
+    peaks = [np.where(f, np.nanmax(np.where(f[..., None], w, 0.0), -1), 0.0)
+             for w, f in zip(weights, finite, strict=True)]
+    rows = sum(f.sum(-1) for f in finite)
+    total = sum(p.sum(-1, dtype=np.float64) for p in peaks)
+    return np.where(rows > 0, total / np.maximum(rows, 1), -np.inf), len(weights)
+
+
+def opening(examples: Sequence[ExampleViews], pages: Sequence[Mapping[str, Any]]
+            ) -> dict[str, Any]:
+    """Where the page opens (module docstring): example, view, layer, head, step and key
+    (positions in ``pages``, the payload's examples), with the reason in words and, when
+    chosen by concentration, the statistic and its value."""
+    for e, page in enumerate(pages):
+        for v, view in enumerate(page["views"]):
+            if view["masked_cells"]:
+                layer, head, query, key = view["masked_cells"][0]
+                return {"example": e, "view": v, "layer": layer, "head": head, "step": query,
+                        "key": key, "reason": "an ineligible key that received weight"}
+            if view["failing_rows"]:
+                row = view["failing_rows"][0]
+                return {"example": e, "view": v, "layer": row["layer"], "head": row["head"],
+                        "step": row["query"], "key": 0,
+                        "reason": "a row that fails the " + " and ".join(row["checks"])
+                                  + " check"}
+    views = examples[0].views if examples else []
+    v = next((i for i, view in enumerate(views) if view.role == Role.CROSS), 0)
+    out: dict[str, Any] = {"example": 0, "view": v, "layer": 0, "head": 0, "step": 0,
+                           "key": 0, "reason": "the first map"}
+    if views:
+        concentration, count = mean_max_weight(examples, views[v].name)
+        layer, head = np.unravel_index(int(np.argmax(concentration)), concentration.shape)
+        value = float(concentration[layer, head])
+        out.update(layer=int(layer), head=int(head), statistic=OPENING_STATISTIC,
+                   value=_number(value), reason=f"the most concentrated (the highest "
+                   f"{OPENING_STATISTIC}, {format(value, '.4g')}, over the query rows of "
+                   f"{count} example{'' if count == 1 else 's'})")
+    return out
 
 
 def _view_payload(view: View, encoding: str, max_masked_mass: float | None,
@@ -201,7 +268,7 @@ def _view_payload(view: View, encoding: str, max_masked_mass: float | None,
     weights = view.measures[WEIGHTS]
     out: dict[str, Any] = {
         "name": view.name, "role": view.role, "title": view.title,
-        "query_axis": view.query_axis, "sites": view.sites,
+        "query_axis": view.query_axis, "axes": list(view.axes), "sites": view.sites,
         "queries": [visible_token(t) for t in view.query_labels],
         "keys": [visible_token(t) for t in view.key_labels],
         "shape": list(weights.shape),

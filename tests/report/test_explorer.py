@@ -71,6 +71,40 @@ def test_the_page_holds_exactly_the_numbers_of_the_csv(bart_report):
     assert checked == 3 * DEFAULT_EXAMPLES
 
 
+def mean_max_weight_head(frame: pd.DataFrame, view: str) -> tuple[tuple[int, int], float]:
+    """From the maps' CSV rows, by hand: the (layer, head) of ``view`` with the highest mean
+    over every example's query rows of the row's largest weight (the first on a tie), and
+    that mean."""
+    rows = frame[(frame["view"] == view) & (frame["measure"] == "weights")]
+    best, top = (0, 0), -np.inf
+    for layer, head in sorted(set(zip(rows["layer"], rows["head"], strict=True))):
+        one = rows[(rows["layer"] == layer) & (rows["head"] == head)]
+        peaks = [one[one["example"] == e].pivot(index="query", columns="key",
+                                                 values="value").to_numpy().max(1)
+                 for e in sorted(set(one["example"]))]
+        mean = float(np.concatenate(peaks).mean())
+        if mean > top:
+            best, top = (int(layer), int(head)), mean
+    return best, top
+
+
+def test_the_page_opens_on_the_most_concentrated_cross_attention_head(bart_report):
+    data = page_data((bart_report / "index.html").read_text(encoding="utf-8"))
+    maps = pd.read_csv(bart_report / data["csv"], keep_default_na=False,
+                       dtype={"query_token": str, "key_token": str})
+    maps = maps[maps["example"].isin([e["index"] for e in data["examples"]])]
+    (layer, head), value = mean_max_weight_head(maps, "cross")
+    opening = data["opening"]
+    assert opening.pop("value") == pytest.approx(value, rel=1e-6)
+    assert opening.pop("reason").startswith("the most concentrated (the highest mean max weight")
+    assert opening == {"example": 0, "view": 2, "layer": layer, "head": head, "step": 0,
+                       "key": 0, "statistic": "mean max weight"}
+    assert {v["name"]: v["axes"] for v in data["examples"][0]["views"]} == {
+        "encoder_self": ["source tokens", "source tokens"],
+        "decoder_self": ["emitted steps", "decoder inputs"],
+        "cross": ["emitted steps", "source tokens"]}
+
+
 def test_the_csv_maps_are_the_models_own_attention(bart_report):
     transformers = pytest.importorskip("transformers")
     from attnaudit_examples.date_transformer.model import MAX_NEW_TOKENS, MODEL_DIR
@@ -158,6 +192,10 @@ def test_masked_mass_and_bad_row_sums_are_flagged_on_the_map():
     np.testing.assert_array_equal(bits.astype(bool), expected)
     assert view["queries"] == ["0", "1", "2"]  # 3 queries, 4 tokens: by position
     assert view["keys"] == list("abcd")
+    # the page opens on the first finding: the masked key that received weight
+    assert {k: data["opening"][k] for k in ("example", "view", "layer", "head", "step", "key")
+            } == {"example": 0, "view": 0, "layer": 0, "head": 1, "step": 2, "key": 3}
+    assert data["opening"]["reason"] == "an ineligible key that received weight"
 
 
 def test_a_bare_capture_with_an_extra_measure():
@@ -231,7 +269,7 @@ def test_the_notebook_view_of_an_audit_holds_the_explorer():
 
 def test_a_decoder_only_model_shows_its_prompt_and_continuation(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from attnaudit.report.explorer import explorer_views, maps_frame
+    from attnaudit.report.explorer import explorer_views, maps_frame, payload
     from tests.helpers.tiny_hf import VOCAB, save_checkpoint
 
     config = transformers.GPT2Config(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2,
@@ -251,7 +289,14 @@ def test_a_decoder_only_model_shows_its_prompt_and_continuation(tmp_path):
         assert cross.measures["weights"].shape[:2] == (2, 4)
         assert len(cross.key_labels) == len(prompt.split())  # the prompt's real tokens
         np.testing.assert_allclose(cross.measures["weights"].sum(-1), 1.0, atol=1e-5)
+        assert cross.axes == ("continuation steps", "prompt tokens")
     frame = maps_frame(examples)
     assert set(frame["view"]) == {"decoder_self", "cross"}
     assert len(frame) == sum(a.size for e in examples for v in e.views
                              for a in v.measures.values())
+    # the page opens on the continuation over the prompt, at its most concentrated head
+    opening = payload(examples, max_masked_mass=None, row_sum_tolerance={})["opening"]
+    (layer, head), value = mean_max_weight_head(frame, "cross")
+    assert [v.name for v in examples[0].views][opening["view"]] == "cross"
+    assert (opening["layer"], opening["head"]) == (layer, head)
+    assert opening["value"] == pytest.approx(value, rel=1e-6)

@@ -1,44 +1,15 @@
 """The report in headless Chromium: no console errors, every image loads, every section.
 
-Uses Debian's ``chromium`` and ``chromium-driver`` (installed by ``.ci/run``) through
-selenium; skipped, with the reason, only where they are not installed. selenium is a dev
-dependency: where the browser is installed and selenium is not, the test fails rather than
-skip. The full-page screenshot goes to pytest's temporary directory, outside the checkout.
+The ``browser`` fixture (``tests/report/conftest.py``) is skipped, with the reason, only
+where Debian's chromium and chromium-driver are not installed. The full-page screenshot
+goes to pytest's temporary directory, outside the checkout.
 """
 
 from __future__ import annotations
 
-import shutil
-
-import pytest
-
 import attnaudit
 from attnaudit.checklist import ITEM_KEYS, STATUSES
 from attnaudit.targets.loading import load_target
-
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="Debian chromium and chromium-driver are not installed "
-           "(apt-get install chromium chromium-driver; .ci/run does this)")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from selenium import webdriver
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1280,2000"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER),
-                              options=options)
-    yield driver
-    driver.quit()
 
 
 def test_report_renders_in_chromium(browser, tmp_path):
@@ -144,7 +115,7 @@ def _check_exports(browser) -> None:
     assert svg.findall(f"{ns}image") and len(svg.findall(f"{ns}text")) > 5
 
 
-TAB_ORDER = ["ax-example", "ax-view", "ax-measure", "ax-mode-model", "ax-mode-head",
+TAB_ORDER = ["ax-example", "ax-view", "ax-measure", "ax-scale", "ax-mode-model", "ax-mode-head",
              "ax-layer", "ax-head", "ax-step", "ax-export-png", "ax-export-svg", "ax-canvas"]
 
 

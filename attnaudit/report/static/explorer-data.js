@@ -84,19 +84,25 @@
     return stops[i].map((c, j) => Math.round(c + f * (stops[i + 1][j] - c)));
   }
 
-  /* The colour scale of one measure: weights on [0, 1] (viridis); any other measure on
-   * [0, max] (viridis) or, with negative values, on [-m, m] (blue-white-red). */
-  function scaleFor(name, values) {
+  /* A colour scale spanning finite values: [0, max] (viridis) or, with negative values,
+   * [-m, m] (blue-white-red); [0, 1] when none is finite. */
+  function spanScale(values) {
     let lo = Infinity, hi = -Infinity;
     for (const v of values) {
       if (Number.isFinite(v)) { if (v < lo) lo = v; if (v > hi) hi = v; }
     }
-    if (name === "weights" || !Number.isFinite(lo)) return {lo: 0, hi: 1, diverging: false};
+    if (!Number.isFinite(lo)) return {lo: 0, hi: 1, diverging: false};
     if (lo < 0) {
       const m = Math.max(-lo, hi, 1e-12);
       return {lo: -m, hi: m, diverging: true};
     }
     return {lo: 0, hi: Math.max(hi, 1e-12), diverging: false};
+  }
+
+  /* The fixed colour scale of one measure: weights on [0, 1], any other measure spanning
+   * all its values (spanScale). */
+  function scaleFor(name, values) {
+    return name === "weights" ? {lo: 0, hi: 1, diverging: false} : spanScale(values);
   }
 
   function colour(scale, value) {
@@ -107,6 +113,6 @@
 
   global.AttnauditExplorer = Object.assign(global.AttnauditExplorer || {}, {
     decodeMeasure: decodeMeasure, decodeBits: decodeBits, formatValue: formatValue,
-    scaleFor: scaleFor, colour: colour
+    scaleFor: scaleFor, spanScale: spanScale, colour: colour
   });
 })(window);

@@ -1,6 +1,7 @@
 /* attnaudit attention explorer: the views as scenes (maps, rectangles, text, lines) and
  * their two renderings, a canvas (on screen and PNG export) and SVG text (export; maps are
- * embedded as pixel images, everything else is vector). */
+ * embedded as pixel images, everything else is vector). Every scene opens with a title and
+ * a line naming what the rows and columns are, fitted to the scene's width. */
 (function (global) {
   "use strict";
   const X = global.AttnauditExplorer;
@@ -8,11 +9,12 @@
   const INELIGIBLE = [222, 225, 229];
   const ALERT = "#c62828";
   const INK = "#1d2329";
+  const HEADER = 36;  // the title and the axes line above every scene
   let measurer = null;
 
-  function textWidth(text) {
+  function textWidth(text, weight) {
     measurer = measurer || document.createElement("canvas").getContext("2d");
-    measurer.font = FONT;
+    measurer.font = (weight || "400") + " " + FONT;
     return measurer.measureText(text).width;
   }
 
@@ -25,7 +27,7 @@
     canvas.height = nq;
     const ctx = canvas.getContext("2d");
     const image = ctx.createImageData(nk, nq);
-    const scale = ex.measure(ex.state.measure).scale;
+    const scale = ex.scale(layer, head);
     for (let q = 0; q < nq; q += 1) {
       for (let k = 0; k < nk; k += 1) {
         const v = ex.value(layer, head, q0 + q, k0 + k);
@@ -41,10 +43,10 @@
   /* Labels of a window, thinned to one every `every` when cells are small. */
   function every(cell) { return Math.max(1, Math.ceil(11 / cell)); }
 
-  function shorten(text, width) {
-    if (textWidth(text) <= width) return text;
+  function shorten(text, width, weight) {
+    if (textWidth(text, weight) <= width) return text;
     let t = text;
-    while (t.length > 1 && textWidth(t + "\u2026") > width) t = t.slice(0, -1);
+    while (t.length > 1 && textWidth(t + "\u2026", weight) > width) t = t.slice(0, -1);
     return t + "\u2026";
   }
 
@@ -71,16 +73,19 @@
     }
   }
 
-  function colourBar(ex, scene, x, y, width) {
-    const m = ex.measure(ex.state.measure);
+  /* The colour bar of the selected map; `each`: every map has its own scale (the model
+   * view), so its ends read as each map's. */
+  function colourBar(ex, scene, x, y, width, each) {
+    const scale = ex.scale(ex.state.layer, ex.state.head);
     const n = 24;
     for (let i = 0; i < n; i += 1) {
-      const rgb = X.colour(m.scale, m.scale.lo + (i + 0.5) / n * (m.scale.hi - m.scale.lo));
+      const rgb = X.colour(scale, scale.lo + (i + 0.5) / n * (scale.hi - scale.lo));
       scene.items.push({t: "rect", x: x + i * width / n, y: y, w: width / n + 0.5, h: 8,
         fill: "rgb(" + rgb.join(",") + ")"});
     }
-    scene.items.push({t: "text", x: x, y: y + 20, text: X.formatValue(m.scale.lo), anchor: "start"});
-    scene.items.push({t: "text", x: x + width, y: y + 20, text: X.formatValue(m.scale.hi), anchor: "end"});
+    const lo = each ? (scale.diverging ? "\u2212max" : "0") : X.formatValue(scale.lo);
+    scene.items.push({t: "text", x: x, y: y + 20, text: lo, anchor: "start"});
+    scene.items.push({t: "text", x: x + width, y: y + 20, text: each ? "each map's max" : X.formatValue(scale.hi), anchor: "end"});
     return y + 26;
   }
 
@@ -92,8 +97,8 @@
     const qLabels = view.queries.slice(w.q0, w.q0 + w.nq), kLabels = view.keys.slice(w.k0, w.k0 + w.nk);
     const rows = Math.max(w.nq, w.nk);
     const rh = clamp(Math.floor(height / rows), 3, 16);
-    const m = ex.measure(s.measure);
-    const top = Math.max(Math.abs(m.scale.lo), Math.abs(m.scale.hi));
+    const scale = ex.scale(s.layer, s.head);
+    const top = Math.max(Math.abs(scale.lo), Math.abs(scale.hi));
     const rEvery = every(rh);
     qLabels.forEach((t, i) => {
       if (i % rEvery === 0 || w.q0 + i === s.step) {
@@ -125,7 +130,7 @@
     const layerText = s.layer === X.MEAN ? "mean over layers" : "layer " + s.layer + " (" + view.sites[s.layer] + ")";
     const heads = ex.measure(s.measure).heads;
     const headText = heads === 1 ? "" : s.head === X.MEAN ? ", mean over heads" : ", head " + s.head;
-    scene.items.push({t: "text", x: 0, y: 14, text: shorten(view.title + ": " + s.measure + ", " + layerText + headText, width), weight: "600"});
+    scene.title = view.title + ": " + s.measure + ", " + layerText + headText;
     const qLabels = view.queries.slice(w.q0, w.q0 + w.nq), kLabels = view.keys.slice(w.k0, w.k0 + w.nk);
     const labelW = clamp(Math.max(...qLabels.map(textWidth), ...kLabels.map(textWidth)) + 8, 24, 110);
     const linesW = 2 * labelW + 110;
@@ -134,7 +139,7 @@
     if (!beside) cell = Math.floor((width - labelW - 8) / w.nk);
     cell = clamp(cell, 2, 26);
     const cw = cell, ch = cell;
-    const x0 = labelW + 6, y0 = 24 + labelW;
+    const x0 = labelW + 6, y0 = HEADER + 10 + labelW;
     scene.items.push({t: "map", x: x0, y: y0, w: w.nk * cw, h: w.nq * ch,
       bitmap: bitmap(ex, s.layer, s.head, w.q0, w.nq, w.k0, w.nk)});
     scene.hits.push({x: x0, y: y0, w: w.nk * cw, h: w.nq * ch, cw: cw, ch: ch, q0: w.q0, k0: w.k0, layer: s.layer, head: s.head});
@@ -158,7 +163,7 @@
         scene.items.push({t: "rect", x: x0 + (s.key - w.k0) * cw, y: y0 + (s.step - w.q0) * ch, w: cw, h: ch, stroke: INK, lw: 2});
       }
     }
-    let bottom = colourBar(ex, scene, x0, y0 + w.nq * ch + 10, Math.min(200, Math.max(80, w.nk * cw)));
+    let bottom = colourBar(ex, scene, x0, y0 + w.nq * ch + 10, Math.min(200, Math.max(80, w.nk * cw)), false);
     const lx = beside ? x0 + w.nk * cw + 24 : 0;
     const ly = beside ? y0 : bottom + 10;
     bottom = Math.max(bottom, lines(ex, scene, w, lx, ly, labelW, Math.max(w.nq * ch, 200)));
@@ -172,8 +177,8 @@
     const [layers] = view.shape;
     const heads = ex.measure(s.measure).heads;
     const scene = {width: width, items: [], hits: []};
-    scene.items.push({t: "text", x: 0, y: 14, text: shorten(view.title + ": " + s.measure + ", every layer and head", width), weight: "600"});
-    const left = 56, top = 40, gap = 8;
+    scene.title = view.title + ": " + s.measure + ", every layer and head";
+    const left = 56, top = HEADER + 26, gap = 8;
     const size = clamp(Math.floor((width - left) / heads) - gap, 36, 150);
     const cw = size / w.nk, ch = size / w.nq;
     for (let h = 0; h < heads; h += 1) {
@@ -195,15 +200,20 @@
         }
       }
     }
-    const bottom = colourBar(ex, scene, left, top + layers * (size + gap) + 4, 200);
+    const bottom = colourBar(ex, scene, left, top + layers * (size + gap) + 4, 200, ex.state.scale !== "fixed");
     scene.width = Math.max(left + heads * (size + gap), 260);
     scene.height = bottom + 8;
     return scene;
   }
 
-  /* The scene of the current view, in whole CSS pixels (its PNG is that size). */
+  /* The scene of the current view, in whole CSS pixels (its PNG is that size), widened to
+   * hold its title and axes line where `width` allows, and they shortened to fit it. */
   function layout(ex, width) {
     const scene = ex.state.mode === "model" ? modelLayout(ex, width) : headLayout(ex, width);
+    const axes = ex.view().axes;
+    const lines = [[scene.title, "600", 14], ["rows: " + axes[0] + "; columns: " + axes[1], "400", 30]];
+    scene.width = Math.max(scene.width, ...lines.map(([text, weight]) => Math.min(width, Math.ceil(textWidth(text, weight)) + 2)));
+    scene.items.unshift(...lines.map(([text, weight, y]) => ({t: "text", x: 0, y: y, text: shorten(text, scene.width, weight), weight: weight})));
     scene.width = Math.ceil(scene.width);
     scene.height = Math.ceil(scene.height);
     return scene;

@@ -2,7 +2,9 @@
  * attention maps. Plain JavaScript, no dependencies, no network; reads the JSON in each
  * .ax-explorer element (explorer-data.js decodes it) and draws a model view (layers x heads
  * grid of small maps) or a head view (one map with token labels and the lines from the
- * current step to every key). Keyboard: Tab through the controls; on the map, arrows move
+ * current step to every key). It opens where the page data's `opening` says (explorer.py
+ * chooses it), each map coloured from 0 to its own maximum unless the colour scale is set
+ * to fixed. Keyboard: Tab through the controls; on the map, arrows move
  * the step and key (head view) or the layer and head (model view, Enter opens the head),
  * Page Up / Page Down move 10 steps, Home / End the first and last key. */
 (function (global) {
@@ -34,8 +36,10 @@
     this.root = root;
     this.data = data;
     this.cache = new Map();
-    this.state = {example: 0, view: 0, measure: "weights", mode: "head", layer: 0, head: 0,
-                  step: 0, key: 0, qStart: 0, kStart: 0};
+    const o = data.opening || {};
+    this.state = {example: o.example || 0, view: o.view || 0, measure: "weights", mode: "head",
+                  layer: o.layer || 0, head: o.head || 0, step: o.step || 0, key: o.key || 0,
+                  qStart: 0, kStart: 0, scale: "map"};
     this.hover = null;
     this.build();
     this.select({});
@@ -45,7 +49,8 @@
     const id = "ax" + (counter += 1);
     const c = this.controls = {
       example: el("select", {class: "ax-example"}), view: el("select", {class: "ax-view"}),
-      measure: el("select", {class: "ax-measure"}), layer: el("select", {class: "ax-layer"}),
+      measure: el("select", {class: "ax-measure"}), scale: el("select", {class: "ax-scale"}),
+      layer: el("select", {class: "ax-layer"}),
       head: el("select", {class: "ax-head"}),
       step: el("input", {type: "range", class: "ax-step", min: "0", value: "0"}),
       stepText: el("output", {class: "ax-step-text"}),
@@ -68,15 +73,18 @@
     this.canvas.setAttribute("aria-describedby", id + "-readout");
     this.tooltip = el("div", {class: "ax-tooltip", "aria-hidden": "true", hidden: ""});
     this.legend = el("p", {class: "ax-legend"});
+    this.opened = el("p", {class: "ax-opened"});
     this.root.append(
       el("div", {class: "ax-controls"}, [labelled("Example", c.example), labelled("Attention", c.view),
-        labelled("Measure", c.measure), modes, labelled("Layer", c.layer), labelled("Head", c.head),
+        labelled("Measure", c.measure), labelled("Colour scale", c.scale), modes, labelled("Layer", c.layer), labelled("Head", c.head),
         stepField, this.windowFields, exports]),
-      this.figure = el("div", {class: "ax-figure"}, [this.canvas, this.tooltip]), this.readout, this.legend);
-    options(c.example, this.data.examples.map((e, i) => [i, "#" + e.index + ": " + e.source]), 0);
+      this.figure = el("div", {class: "ax-figure"}, [this.canvas, this.tooltip]), this.readout, this.legend,
+      this.opened);
+    options(c.example, this.data.examples.map((e, i) => [i, "#" + e.index + ": " + e.source]), this.state.example);
     c.example.addEventListener("change", () => this.select({example: +c.example.value, view: 0}));
     c.view.addEventListener("change", () => this.select({view: +c.view.value}));
     c.measure.addEventListener("change", () => this.select({measure: c.measure.value}));
+    c.scale.addEventListener("change", () => this.select({scale: c.scale.value}));
     c.layer.addEventListener("change", () => this.select({layer: this.pick(c.layer.value)}));
     c.head.addEventListener("change", () => this.select({head: this.pick(c.head.value)}));
     c.step.addEventListener("input", () => this.select({step: +c.step.value}));
@@ -90,6 +98,7 @@
     this.canvas.addEventListener("mousemove", (e) => this.pointer(e));
     this.canvas.addEventListener("mouseleave", () => { this.hover = null; this.tooltip.hidden = true; this.describe(); });
     this.canvas.addEventListener("click", (e) => this.pointer(e, true));
+    this.describeOpening();
     if (global.ResizeObserver) {
       let width = 0;
       new global.ResizeObserver(() => {
@@ -112,9 +121,39 @@
     if (!decoded.measures[name]) {
       const m = X.decodeMeasure(view.measures[name], view.shape);
       m.scale = X.scaleFor(name, m.values);
+      m.maps = new Map();
       decoded.measures[name] = m;
     }
     return decoded.measures[name];
+  };
+
+  /* The colour scale of one (layer, head) map (either may be MEAN) of the current
+   * measure: from 0 (or -max) to the map's maximum over all its queries and keys, or the
+   * measure's fixed scale. */
+  Explorer.prototype.scale = function (layer, head) {
+    const m = this.measure(this.state.measure);
+    if (this.state.scale === "fixed") return m.scale;
+    const id = layer + "," + head;
+    if (!m.maps.has(id)) {
+      const [, , queries, keys] = m.shape;
+      const values = new Float64Array(queries * keys);
+      for (let q = 0; q < queries; q += 1) {
+        for (let k = 0; k < keys; k += 1) values[q * keys + k] = this.value(layer, head, q, k);
+      }
+      m.maps.set(id, X.spanScale(values));
+    }
+    return m.maps.get(id);
+  };
+
+  /* The sentence under the map saying where the page opened, and why. */
+  Explorer.prototype.describeOpening = function () {
+    const o = this.data.opening;
+    if (!o) return;
+    const example = this.data.examples[o.example], view = example.views[o.view];
+    this.opened.textContent = "Opened on example #" + example.index + ", " + view.title + ", layer " + o.layer +
+      " (" + view.sites[o.layer] + "), head " + o.head + ": " + o.reason + ".";
+    Object.assign(this.opened.dataset, {example: example.index, view: view.name, layer: o.layer, head: o.head,
+      statistic: o.statistic || "", value: o.value === undefined || o.value === null ? "" : String(o.value)});
   };
 
   Explorer.prototype.decoded = function (view) {
@@ -132,6 +171,8 @@
     const names = Object.keys(view.measures);
     if (!names.includes(s.measure)) s.measure = names[0];
     options(c.measure, names.map((n) => [n, n]), s.measure);
+    options(c.scale, [["map", "0 to each map's maximum"],
+      ["fixed", s.measure === "weights" ? "fixed, 0 to 1" : "fixed, the measure's range"]], s.scale);
     const [layers, heads, queries, keys] = view.shape;
     const mheads = this.measure(s.measure).heads;
     s.layer = s.layer === MEAN && layers > 1 ? MEAN : Math.min(s.layer === MEAN ? 0 : s.layer, layers - 1);
@@ -231,12 +272,12 @@
       this.data.examples[s.example].index + ".";
     const flags = this.flags(cell.layer, cell.head, cell.q, cell.k);
     this.readout.textContent = text + (flags.length ? " Finding: " + flags.join("; ") + "." : "");
-    Object.assign(this.readout.dataset, {value: X.formatValue(v), layer: cell.layer, head: cell.head,
+    Object.assign(this.readout.dataset, {value: X.formatValue(v), exact: String(v), layer: cell.layer, head: cell.head,
       query: cell.q, key: cell.k, measure: s.measure, view: view.name,
       example: this.data.examples[s.example].index, flags: flags.length});
     this.canvas.setAttribute("aria-label", (s.mode === "model" ? "Model view: " : "Head view: ") + view.title + ", " +
       s.measure + ", " + view.shape[0] + " layers by " + view.shape[1] + " heads, " + view.shape[2] +
-      " queries by " + view.shape[3] + " keys. Arrow keys move the selection; the value is read out below.");
+      " queries by " + view.shape[3] + " keys; rows: " + view.axes[0] + ", columns: " + view.axes[1] + ". Arrow keys move the selection; the value is read out below.");
     return text;
   };
 
@@ -297,13 +338,20 @@
     this.canvas.dataset.width = this.scene.width;
     this.canvas.dataset.height = this.scene.height;
     global.AttnauditExplorer.paint(this.canvas.getContext("2d"), this.scene, ratio);
-    const m = this.measure(this.state.measure);
-    const range = X.formatValue(m.scale.lo) + " to " + X.formatValue(m.scale.hi);
-    this.legend.textContent = "Colour: " + this.state.measure + " from " + range +
+    const s = this.state, m = this.measure(s.measure), scale = this.scale(s.layer, s.head);
+    const range = X.formatValue(scale.lo) + " to " + X.formatValue(scale.hi);
+    const selected = (s.layer === MEAN ? "the mean over layers" : "layer " + s.layer) +
+      (m.heads === 1 ? "" : s.head === MEAN ? ", mean over heads" : ", head " + s.head);
+    const largest = scale.diverging ? "largest magnitude" : "maximum";
+    const colour = s.scale === "fixed" ? "every map from " + range + " (fixed)"
+      : s.mode === "model" ? "each map on its own scale, up to its " + largest + "; " + selected + ": " + range
+      : "from " + range + ", the " + largest + " of this map (" + selected + ")";
+    this.legend.textContent = "Colour: " + s.measure + (s.mode === "model" ? ", " : " ") + colour +
       (m.encoding === "u8" ? " (stored with 8 bits per map: values are approximate)" : "") +
       ". Grey cells: keys the row may not attend; a red outline: an ineligible key that received weight; " +
       "a red bar left of a row: the row fails the row-sum or masked-mass check." +
       (this.data.csv ? " Every value: " + this.data.csv + "." : "");
+    Object.assign(this.legend.dataset, {scale: s.scale, lo: X.formatValue(scale.lo), hi: X.formatValue(scale.hi)});
   };
 
   /* The current view as PNG (data URL) or SVG (text), at its layout size. */
