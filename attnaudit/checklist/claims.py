@@ -52,8 +52,9 @@ FAITHFULNESS = "aopc_comprehensiveness"
 FLOOR, WEIGHTS = "random", "weights"
 FAITHFULNESS_TABLE = "faithfulness_summary"
 WEIGHTS_VS_CONTRIBUTIONS = "weights_vs_contributions"
-# The contribution measure the weights-vs-contributions claim quotes, the first computed.
-PREFERRED = ("alti", "value_norm", "rollout")
+# The contribution measure the weights-vs-contributions claim quotes, the first computed
+# (value zeroing last: the one measure a softmax-path model without values still gets).
+PREFERRED = ("alti", "value_norm", "rollout", "value_zeroing")
 
 HEADLINE = "weights_explain"
 REQUIRED = ("sensitivity", "top_key_matters", "unique_allocation", "above_random",
