@@ -66,6 +66,7 @@ EXPLORER_POINTER = (EXPLORER_BROWSER
                     + "::test_the_model_view_maps_the_pointer_to_cells_that_are_not_square")
 EXPLORER_OPENING = (EXPLORER_BROWSER
                     + "::test_the_explorer_opens_on_the_most_concentrated_cross_attention_head")
+OTHER_EXAMPLE = "tests/interventions/test_value_other_example.py"
 LSTM_CONTRIBUTIONS = (CONTRIBUTION_SUITE + "::test_the_date_lstm_computes_value_zeroing_and_says_"
                       "why_not_for_the_rest")
 
@@ -442,6 +443,30 @@ MUTATIONS = (
              "0-1 scale, whatever the control says", "attnaudit/report/static/explorer.js",
              '    if (this.state.scale === "fixed") return m.scale;', "    return m.scale;",
              (EXPLORER_OPENING,)),
+    Mutation("other_example_wrong_position", "other-example value: the donor's value read at "
+             "the next key position", "attnaudit/interventions/values.py",
+             "            kept[site.name] = call.values[:, chosen][where, :, key].float().cpu()",
+             "            kept[site.name] = call.values[:, chosen][where, :, (key + 1) "
+             "% call.values.shape[2]].float().cpu()", (OTHER_EXAMPLE,)),
+    Mutation("other_example_is_itself", "other-example value: the donor is the row's own "
+             "example", "attnaudit/interventions/values.py",
+             "        donor[has_key] = donor_examples(ref, rows.select(has_key), keys[has_key], "
+             "salt)",
+             "        donor[has_key] = rows.example[has_key]", (OTHER_EXAMPLE,)),
+    Mutation("other_example_any_length", "other-example value: donors drawn whatever their "
+             "source length", "attnaudit/interventions/values.py",
+             "    fits = ref.eligible[:, rows.step, key].T.clone()  # (N, B)",
+             "    fits = torch.ones_like(ref.eligible[:, rows.step, key].T)  # (N, B)",
+             (OTHER_EXAMPLE,)),
+    Mutation("other_example_every_row", "other-example value: the donor's value read by every "
+             "query row of the edited sequence, not only the edited step's",
+             "attnaudit/interventions/runner.py",
+             "            read[at, :, rows_at, :] = rows",
+             "            read[at] = rows[:, :, None]", (OTHER_EXAMPLE,)),
+    Mutation("value_edit_ignored", "capture: the value edit's read dropped, the model's own "
+             "weights @ values used", "attnaudit/capturing/sdpa.py",
+             "        return layout.read_from_record(read)",
+             "        return torch.matmul(used, self.value)", (OTHER_EXAMPLE,)),
 )
 
 

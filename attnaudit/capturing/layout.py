@@ -164,6 +164,16 @@ class Layout:
                              groups=(*lead, queries, keys))
         return as_weights.to_record(value.transpose(-2, -1)).transpose(-2, -1)
 
+    def read_from_record(self, read: torch.Tensor) -> torch.Tensor:
+        """A read ``(B, H, Q, d_v)`` — weights times values — back in the shape of the call's
+        output ``(..., Q, d_v)``, for a call whose weights are ``(..., Q, K)`` (keys last, as
+        in ``F.scaled_dot_product_attention``)."""
+        *lead, queries, _ = self.groups
+        d_v = read.shape[-1]
+        as_reads = replace(self, shape=(*self.shape[:-1], d_v),
+                           groups=(*lead, queries, (("k", d_v),)))
+        return as_reads.from_record(read)
+
 
 def _merged(letters: Sequence[tuple[str, int]]) -> tuple[int, int, int, int]:
     """``(B, H, Q, K)``: the product of the sizes under each letter."""

@@ -13,6 +13,11 @@ from attnaudit.capturing.layout import Layout
 from attnaudit.capturing.sites import SiteRegistry
 from attnaudit.record import Kind, Site
 
+# (site, weights (B, H, Q, K) as the model uses them, values (B, H, K, d_v)) -> the call's
+# read (B, H, Q, d_v) with the edit's own values (e.g. weights @ new_values, or some query
+# rows only), or None for the model's own weights @ values.
+ValueEdit = Callable[[Site, torch.Tensor, torch.Tensor], torch.Tensor | None]
+
 
 class MhaCall(NamedTuple):
     """An ``nn.MultiheadAttention`` call in progress, for the softmax it will make."""
@@ -26,14 +31,17 @@ class ActiveCapture(Protocol):
     """The capture an adapter reports to.
 
     busy: True while the capture's own code (an edit) runs, so its softmaxes are not
-    recorded. keep_values: record each call's values too. max_memory: bytes a block of
-    explicit attention may use. mha_stack: the
+    recorded. keep_values: record each call's values too. value_edit: the user's value
+    edit, or None (an adapter that holds a call's values hands them to :meth:`value_read`
+    only when there is one). max_memory: bytes a block of explicit attention may use.
+    mha_stack: the
     ``nn.MultiheadAttention`` calls in progress, innermost last. sites_registry: site
     naming and selection for the model.
     """
 
     busy: bool
     keep_values: bool
+    value_edit: ValueEdit | None
     max_memory: int
     mha_stack: list[MhaCall]
     sites_registry: SiteRegistry
@@ -51,6 +59,12 @@ class ActiveCapture(Protocol):
         """Store one call's weights (B, H, Q, K) and sink weight (B, H, Q, 1); the edit's
         replacement, or None. ``trailing``: the call's query rows after these (a query
         block)."""
+        ...
+
+    def value_read(self, weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor | None:
+        """The value edit's read ``(B, H, Q, d_v)`` of the call :meth:`record` just stored,
+        from its weights ``(B, H, Q, K)`` as the model uses them and its values
+        ``(B, H, K, d_v)``; None: the model's own ``weights @ values``."""
         ...
 
     def first_needed_row(self, site: Site, queries: int, keys: int) -> int:

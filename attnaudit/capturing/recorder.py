@@ -18,7 +18,7 @@ from attnaudit.capturing import hf, logsumexp, mha, sdpa, softmax
 from attnaudit.capturing.blocks import DEFAULT_MAX_MEMORY, parse_memory
 from attnaudit.capturing.layout import CallSite, Layout, int_locals, module_heads, resolve_layout
 from attnaudit.capturing.model_facts import PatternsArg, SiteRules, facts_for
-from attnaudit.capturing.protocol import MhaCall
+from attnaudit.capturing.protocol import MhaCall, ValueEdit
 from attnaudit.capturing.sites import SiteRegistry, SiteSelection, make_selector, site_base
 from attnaudit.capturing.state import ACTIVE, compiled_code_runs_eagerly
 from attnaudit.capturing.views import (
@@ -61,6 +61,8 @@ class Capture:
         sites: every site name found (selected or not), in order of first call.
         recorded: site name -> its :class:`Site` (layout filled in), for every site a
             call was recorded at, kept or not.
+        value_sites: the names of the sites at whose calls capture held the values (there
+            ``values=True`` keeps them and a ``value_edit`` applies), in order of first call.
     """
 
     def __init__(self, model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None,
@@ -70,7 +72,8 @@ class Capture:
                  heads: Mapping[str, int] | None = None, scores: bool = False,
                  values: bool = False, allow_invalid: bool = False,
                  on_call: OnCall | None = None, keep: bool = True,
-                 max_memory: int | str | None = None) -> None:
+                 max_memory: int | str | None = None,
+                 value_edit: ValueEdit | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"capture() needs a torch.nn.Module, got {type(model).__name__}")
         if isinstance(model, torch.jit.ScriptModule):
@@ -83,11 +86,14 @@ class Capture:
             raise TypeError("edit must be a callable (site, weights, key_mask) -> weights")
         if on_call is not None and not callable(on_call):
             raise TypeError("on_call must be a callable (site, call) -> None")
+        if value_edit is not None and not callable(value_edit):
+            raise TypeError("value_edit must be a callable (site, weights, values) -> read")
         self.on_call = on_call
         self.keep = keep
         self.max_memory = DEFAULT_MAX_MEMORY if max_memory is None else parse_memory(max_memory)
         self.model = model
         self.edit = edit
+        self.value_edit = value_edit
         self.keep_scores = scores
         self.keep_values = values
         self.allow_invalid = allow_invalid
@@ -100,6 +106,8 @@ class Capture:
             facts_for(m for _, m in self._modules))
         self.records: dict[str, AttentionRecord] = {}
         self.recorded: dict[str, Site] = {}
+        self._value_sites: dict[str, None] = {}  # an ordered set
+        self._read_site: Site | None = None  # the call value_read reads, if it may
         self._counts: dict[str, tuple[int, int]] = {}  # site -> (calls, queries) so far
         self.busy = False
         self.mha_stack: list[MhaCall] = []
@@ -111,6 +119,10 @@ class Capture:
     @property
     def sites(self) -> list[str]:
         return list(self.sites_registry.found)
+
+    @property
+    def value_sites(self) -> list[str]:
+        return list(self._value_sites)
 
     def __enter__(self) -> Capture:
         if ACTIVE.capture is not None:
@@ -143,6 +155,7 @@ class Capture:
         self._stack.close()
         self._stack = None
         self.busy = False
+        self._read_site = None
         self.mha_stack.clear()
         if exc_type is None:
             self._check_found()
@@ -209,6 +222,7 @@ class Capture:
         (:mod:`attnaudit.capturing.views`), a self-attention call on one stream of positions
         is stored as its views instead. ``trailing``: the call's query rows after these,
         when ``weights`` is one query block of it (:mod:`attnaudit.capturing.blocks`)."""
+        self._read_site = None
         views = None if site.kind == "cross" or not position_stream(layout) \
             else active_views(ACTIVE.views, tuple(weights.shape), trailing)
         if views is not None:
@@ -262,9 +276,13 @@ class Capture:
             share=None if share is None else share.detach(),
         )
         index, offset = self._append(known, call)
-        if self.edit is None and self.on_call is None:
+        if values is not None:
+            self._value_sites[site.name] = None
+        if self.edit is None and self.on_call is None and self.value_edit is None:
             return None
         here = replace(known, call=index, query_offset=offset)
+        if values is not None:
+            self._read_site = here
         was_busy, self.busy = self.busy, True  # their own softmaxes are not attention calls
         try:
             if self.on_call is not None:
@@ -273,6 +291,28 @@ class Capture:
         finally:
             self.busy = was_busy
         return _checked_edit(site, weights, new, self.allow_invalid)
+
+    def value_read(self, weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor | None:
+        """The value edit's read ``(B, H, Q, d_v)`` of the call :meth:`record` just stored
+        (None without a value edit, or where the call's values were not handed over), on the
+        values' device and in their dtype."""
+        site, self._read_site = self._read_site, None
+        if self.value_edit is None or site is None:
+            return None
+        was_busy, self.busy = self.busy, True
+        try:
+            read = self.value_edit(site, weights, values)
+        finally:
+            self.busy = was_busy
+        if read is None:
+            return None
+        expected = (*weights.shape[:-1], values.shape[-1])
+        if not isinstance(read, torch.Tensor) or tuple(read.shape) != expected \
+                or not read.is_floating_point():
+            got = tuple(read.shape) if isinstance(read, torch.Tensor) else type(read).__name__
+            raise EditError(f"value edit at site {site.name!r} returned {got}; the model needs "
+                            f"a floating read of shape {expected} (batch, heads, queries, d_v)")
+        return read.to(dtype=values.dtype, device=values.device)
 
     def _append(self, site: Site, call: AttentionCall) -> tuple[int, int]:
         """Count (and with ``keep``, store) a call at ``site``: its index and where its
@@ -424,7 +464,8 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
             kinds: Mapping[str, Kind] | None = None, heads: Mapping[str, int] | None = None,
             scores: bool = False, values: bool = False, allow_invalid: bool = False,
             on_call: OnCall | None = None, keep: bool = True,
-            max_memory: int | str | None = None) -> Capture:
+            max_memory: int | str | None = None,
+            value_edit: ValueEdit | None = None) -> Capture:
     """Capture (and optionally replace) attention weights of an unmodified model.
 
     Use as ``with attnaudit.capture(model) as cap: model(...)``; anything may run inside —
@@ -451,6 +492,15 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
             weights ``(batch, heads, queries, keys)``; what it returns is what the model's
             downstream computation uses (None leaves the weights unchanged). ``site.call``
             and ``site.query_offset`` say which call it is.
+        value_edit: ``(site, weights, values) -> read``, called at every selected call
+            whose values capture holds (the explicit ``F.scaled_dot_product_attention``
+            path; :attr:`Capture.value_sites` names them) after ``edit``, with the weights
+            ``(batch, heads, queries, keys)`` the model then uses and the values
+            ``(batch, heads, keys, d_v)`` (grouped-query values repeated per query head).
+            It returns the read ``(batch, heads, queries, d_v)`` that replaces
+            ``weights @ values`` (e.g. ``weights @ new_values``, or that with only some query
+            rows changed), or None to keep it. Where the model's own code multiplies by the
+            values (the softmax path, ``nn.MultiheadAttention``, taps) it is never called.
         kinds: override or supply kinds by exact site name without suffix, e.g.
             ``{"attend": "cross"}`` (beats ``roles``).
         heads: state the head count of sites whose code folds heads into the batch axis
@@ -479,4 +529,4 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
     return Capture(model, sites, edit, include=include, exclude=exclude, roles=roles,
                    kinds=kinds, heads=heads, scores=scores, values=values,
                    allow_invalid=allow_invalid, on_call=on_call, keep=keep,
-                   max_memory=max_memory)
+                   max_memory=max_memory, value_edit=value_edit)

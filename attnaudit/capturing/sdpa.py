@@ -1,7 +1,8 @@
 """Adapter for ``F.scaled_dot_product_attention``.
 
 Under capture a selected call is computed explicitly — scores, mask, softmax, dropout,
-weighted read — so the weights exist and an edit can replace them before the read. The
+weighted read — so the weights exist and an edit can replace them before the read, and the
+values are at hand, so a value edit can replace the read itself (``capture(value_edit=)``). The
 explicit path follows PyTorch's semantics: a bool ``attn_mask`` is True where a key may be
 attended, a float mask is added to the scores, ``is_causal`` is the top-left aligned lower
 triangle, and a row with every key masked yields zero weights (as the fused kernels give
@@ -107,7 +108,7 @@ def _explicit(cap: ActiveCapture, site: Site, names: Callable[[], Mapping[str, A
               dropout_p: float, is_causal: bool, scale: float | None,
               enable_gqa: bool) -> tuple[torch.Tensor, bool]:
     """query (..., L, E), key (..., S, E), value (..., S, Ev) -> output (..., L, Ev), and
-    whether an edit replaced any of its weights.
+    whether an edit replaced any of its weights or reads.
 
     ``names``: the caller's locals, for a layout that folds heads into the batch. Rows no
     record needs (prompt rows outside every prompt view) run the model's own kernel; the
@@ -209,7 +210,7 @@ class _Call:
                 return layout.to_record(eligible_from_scores(mask))
             return torch.ones(1, 1, 1, n_k, dtype=torch.bool, device=weights.device)
 
-        if cap.keep_values and self.values4 is None:
+        if self.values4 is None:  # a view of the call's values in most layouts
             self.values4 = layout.values_to_record(self.value)
         edited = cap.record(self.site, layout, layout.to_record(weights), eligibility,
                             layout.to_record(scores), self.values4, trailing=n_q - stop)
@@ -217,7 +218,12 @@ class _Call:
         used = weights if edited is None else layout.from_record(edited)
         if self.dropout_p > 0.0:
             used = F.dropout(used, p=self.dropout_p, training=True)
-        return torch.matmul(used, self.value)
+        read = None if cap.value_edit is None else cap.value_read(layout.to_record(used),
+                                                                  self.values4)
+        if read is None:
+            return torch.matmul(used, self.value)
+        self.edited = True
+        return layout.read_from_record(read)
 
 
 def install(stack: ExitStack, namespaces: list[dict[str, Any]]) -> None:

@@ -21,6 +21,7 @@ from attnaudit.interventions.ablation import (
     RANDOM_DRAWS,
     cumulative_summary,
     cumulative_test,
+    random_other_key,
     uniform_test,
     zeroing_flip_table,
     zeroing_test,
@@ -51,9 +52,14 @@ from attnaudit.interventions.protocol import (
 )
 from attnaudit.interventions.reference_run import Reference
 from attnaudit.interventions.registry import register_protocol
-from attnaudit.interventions.runner import item_chunks
+from attnaudit.interventions.runner import item_chunks, key_level_top
 from attnaudit.interventions.sequence import SEQUENCE_PROTOCOLS, sequence_effects
-from attnaudit.interventions.values import merge_controls, value_replacement
+from attnaudit.interventions.values import (
+    merge_controls,
+    other_example_items,
+    unreachable,
+    value_replacement,
+)
 
 SEQUENCE = "sequence_effects"  # its name: the permutation test keeps its median draw for it
 
@@ -193,8 +199,9 @@ class Zeroing(InterventionProtocol):
 
 @register_protocol
 class ValueReplacement(InterventionProtocol):
-    """Replace the value at the top-weighted key and at a random one (zero, mean; another
-    example's: not reachable)."""
+    """Replace the value at the top-weighted key and at a random one (zero, mean: weight
+    edits; another example's: a value edit where capture holds the values, else not
+    reachable, with each site's reason)."""
 
     name = "values"
     columns: ClassVar[Columns] = {ROWS: ("value_zero_tvd", "value_zero_flip", "value_mean_tvd",
@@ -209,10 +216,20 @@ class ValueReplacement(InterventionProtocol):
 
     def cost(self, ctx: BatchContext) -> Cost:
         # one run: zero and mean at the top key of every row, then at the random other key
-        # of the rows that have one (as value_replacement orders its items)
+        # of the rows that have one (as value_replacement orders its items); then, where
+        # reachable, one pass for the donors' values and a run of the other-example items
         at_random = _steps_with_another_key(ctx)
         step = torch.cat([ctx.rows.step, ctx.rows.step, at_random, at_random])
-        return Cost(len(step), _passes(ctx.ref, step))
+        cost = Cost(len(step), _passes(ctx.ref, step))
+        if unreachable(ctx.ref) is not None:
+            return cost
+        top = key_level_top(ctx.ref, ctx.rows)
+        others = other_example_items(ctx.ref, ctx.rows, top,
+                                     random_other_key(ctx.ref, ctx.rows, top))
+        other_step = ctx.rows.step[torch.cat([at for _, at, _, _ in others])]
+        if not len(other_step):
+            return cost
+        return cost + Cost(len(other_step), _passes(ctx.ref, other_step) + 1)
 
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
                  ) -> dict[str, pd.DataFrame]:
@@ -228,7 +245,11 @@ class ValueReplacement(InterventionProtocol):
             return []
         controls = [c[len("value_"):-len("_tvd")] for c in rows.columns
                     if c.startswith("value_") and c.endswith("_tvd")]
-        parts = [f"{c}: mean TVD {rows[f'value_{c}_tvd'].mean():.3g}"
+        status = tables.get("value_controls")
+        unreached = set() if status is None or "status" not in status.columns else set(
+            status.loc[status["status"] != "run", "control"])
+        parts = [f"{c}: not reachable (value_controls says why)" if c in unreached
+                 else f"{c}: mean TVD {rows[f'value_{c}_tvd'].mean():.3g}"
                  + (f", flips {rate(rows[f'value_{c}_flip']):.0%}"
                     if f"value_{c}_flip" in rows.columns else "") for c in controls]
         return [("Value replacement at the top-weighted key — " + "; ".join(parts)

@@ -11,7 +11,7 @@ picked by index (:class:`RowIndex`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -51,7 +51,9 @@ class Reference:
     no output is empty); negligible: bool (B, T), rows whose edited prompt views hold a
     negligible share of the row, or None; see :mod:`attnaudit.analysis.degenerate`.
     cache_note: why edited items re-run the prefix although the target offers a cached
-    step (None: they do not, or it was not offered).
+    step (None: they do not, or it was not offered). mechanisms: site -> the capture
+    mechanism its calls came through (``sdpa``, ``softmax``, ``mha``, ``tap``...);
+    value_sites: the edited sites whose values capture held, where a value edit applies.
     """
 
     batch: Batch
@@ -70,6 +72,8 @@ class Reference:
     empty_output: torch.Tensor | None = None
     cache_note: str | None = None
     negligible: torch.Tensor | None = None
+    mechanisms: dict[str, str] = field(default_factory=dict)
+    value_sites: tuple[str, ...] = ()
 
     @property
     def heads(self) -> dict[str, int]:
@@ -210,6 +214,8 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
         if mask is not None:
             eligible = eligible & mask.all(1)
     probs = torch.softmax(logits.float(), -1).cpu()
+    mechanisms = {n: cap.records[n].site.mechanism for n in names}
+    value_sites = tuple(n for n in names if n in cap.value_sites)
     del logits, cap
     budget = _budget(target, encoded, states, n_examples, n_keys,
                      vocab=int(probs.shape[-1]),
@@ -221,6 +227,7 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
                      seed=target.seed, budget=budget, encoded=encoded,
                      head_index=None if heads is None else tuple(heads), states=states,
                      cache_note=cache_note,
+                     mechanisms=mechanisms, value_sites=value_sites,
                      empty_output=(emitted[:, 0] == target.eos_id).cpu() if n_steps
                      else torch.ones(n_examples, dtype=torch.bool),
                      negligible=negligible_rows(shares) if len(shares) == len(names) else None)

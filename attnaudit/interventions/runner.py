@@ -6,7 +6,10 @@ greedy output, intervene at target step ``t`` only — the query row ``t`` of ea
 site — and compare ``p(. | y_<t, x)`` at step ``t`` before and after.
 
 An *item* is one edited re-run of one ``(example, step)`` row: permutation ``r`` of a row,
-candidate ``k``, removal of ``k`` keys... Items are folded into the batch dimension
+candidate ``k``, removal of ``k`` keys... An item edits the row's weights (a
+:data:`RowEdit`, such as :class:`ItemEdit`) or, where capture holds the values
+(``Reference.value_sites``), what the row reads from them (an :class:`ItemRead`). Items are
+folded into the batch dimension
 (examples repeated with :meth:`Batch.select`), so one forward pass serves many
 interventions. How an item runs depends on what the target offers:
 
@@ -29,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attnaudit.capturing.recorder import capture
+from attnaudit.capturing.protocol import ValueEdit
+from attnaudit.capturing.recorder import Edit, capture
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.outputs import flip, jsd, tvd
 from attnaudit.interventions.reference_run import Reference, RowIndex
@@ -39,6 +43,25 @@ from attnaudit.targets.contract import Seq2SeqTarget, select_state
 
 # (site name, rows (m, H, n) at the edited step, item ids (m,)) -> new rows (m, H, n).
 RowEdit = Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class ItemRead:
+    """A value edit of each item's row that reads per-item tensors:
+    ``fn(site name, weight rows (m, H, n), value rows (m, H, n, d_v), *[t[items] for t in
+    tensors])`` -> the rows' reads (m, H, d_v), which replace ``sum_j w_j v_j`` there.
+
+    Every tensor has the item axis first. Rows come as float32 on the CPU, the edited heads
+    only (``Reference.head_index``); it runs only at ``Reference.value_sites``.
+    """
+
+    def __init__(self, fn: Callable[..., torch.Tensor], *tensors: torch.Tensor) -> None:
+        self.fn, self.tensors = fn, tensors
+
+    def __call__(self, site: str, weights: torch.Tensor, values: torch.Tensor,
+                 items: torch.Tensor) -> torch.Tensor:
+        return self.fn(site, weights, values, *(t[items] for t in self.tensors))
+
+
 
 
 @dataclass(frozen=True)
@@ -57,32 +80,63 @@ class OutputChange:
 
 
 
-def _row_editor(ref: Reference, query_row: torch.Tensor, row_edit: RowEdit,
-                items: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """A capture edit applying ``row_edit`` at each sequence's query row ``query_row`` (m,)
+def _hit_rows(site: Site, query_row: torch.Tensor, n_queries: int, device: torch.device
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The sequences whose query row ``query_row`` (m,) lies in this call of ``n_queries``
+    rows: their indices (CPU, and on ``device``) and their rows in the call; None if none."""
+    query = query_row - site.query_offset
+    hit = ((query >= 0) & (query < n_queries)).nonzero().squeeze(1)
+    if hit.numel() == 0:
+        return None
+    return hit, hit.to(device), query[hit].to(device)
+
+
+def _capture_edits(ref: Reference, query_row: torch.Tensor, row_edit: RowEdit | ItemRead,
+                   items: torch.Tensor) -> tuple[Edit | None, ValueEdit | None]:
+    """Capture's ``edit`` (for a :data:`RowEdit`) or ``value_edit`` (for an
+    :class:`ItemRead`) applying ``row_edit`` at each sequence's query row ``query_row`` (m,)
     of the run (the step in a re-run, 0 in a one-step run). ``row_edit`` sees float32 CPU
     rows; what it returns goes back in the model's dtype and device."""
+    chosen = slice(None) if ref.head_index is None else list(ref.head_index)
+    if isinstance(row_edit, ItemRead):
+        read_edit = row_edit
+
+        def value_edit(site: Site, weights: torch.Tensor, values: torch.Tensor
+                       ) -> torch.Tensor | None:
+            hit = _hit_rows(site, query_row, weights.shape[2], weights.device)
+            if hit is None:
+                return None
+            hit_cpu, at, rows_at = hit
+            read = torch.matmul(weights, values)  # (B, H, Q, d_v)
+            edited = read_edit(site.name, weights[at, :, rows_at, :][:, chosen].float().cpu(),
+                               values[at][:, chosen].float().cpu(), items[hit_cpu])
+            rows = read[at, :, rows_at, :]  # (m, H, d_v), a copy
+            rows[:, chosen] = edited.to(device=read.device, dtype=read.dtype)
+            read[at, :, rows_at, :] = rows
+            return read
+
+        return None, value_edit
+    weight_edit = row_edit
 
     def edit(site: Site, weights: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-        query = query_row - site.query_offset
-        hit = ((query >= 0) & (query < weights.shape[2])).nonzero().squeeze(1)
-        if hit.numel() == 0:
+        hit = _hit_rows(site, query_row, weights.shape[2], weights.device)
+        if hit is None:
             return weights
-        at, rows_at = hit.to(weights.device), query[hit].to(weights.device)
+        hit_cpu, at, rows_at = hit
         old = weights[at, :, rows_at, :]  # (m, H, n)
-        chosen = slice(None) if ref.head_index is None else list(ref.head_index)
-        edited = row_edit(site.name, old[:, chosen].float().cpu(), items[hit])
+        edited = weight_edit(site.name, old[:, chosen].float().cpu(), items[hit_cpu])
         rows = old.clone()
         rows[:, chosen] = edited.to(device=weights.device, dtype=weights.dtype)
         new = weights.clone()
         new[at, :, rows_at, :] = rows
         return new
 
-    return edit
+    return edit, None
 
 
 def edited_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
-                 step: torch.Tensor, row_edit: RowEdit, items: torch.Tensor) -> torch.Tensor:
+                 step: torch.Tensor, row_edit: RowEdit | ItemRead, items: torch.Tensor
+                 ) -> torch.Tensor:
     """Output probabilities (m, V) float32 on the CPU at each item's own step, with
     ``row_edit`` applied there.
 
@@ -100,11 +154,13 @@ def edited_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
 
 
 def _rerun_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
-                 step: torch.Tensor, row_edit: RowEdit, items: torch.Tensor) -> torch.Tensor:
+                 step: torch.Tensor, row_edit: RowEdit | ItemRead, items: torch.Tensor
+                 ) -> torch.Tensor:
     batch = ref.batch.select(example)
     emitted = ref.emitted[example, : int(step.max()) + 1]
-    edit = _row_editor(ref, step, row_edit, items)
-    with capture(target.model, sites=list(ref.sites), edit=edit, kinds=target.kinds):
+    edit, value_edit = _capture_edits(ref, step, row_edit, items)
+    with capture(target.model, sites=list(ref.sites), edit=edit, value_edit=value_edit,
+                 kinds=target.kinds):
         if ref.encoded is None:
             logits = target.teacher_forced(batch, emitted)
         else:
@@ -116,10 +172,11 @@ def _rerun_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
 
 
 def _one_step_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor, step: int,
-                    row_edit: RowEdit, items: torch.Tensor) -> torch.Tensor:
+                    row_edit: RowEdit | ItemRead, items: torch.Tensor) -> torch.Tensor:
     assert target.decode_step is not None
-    edit = _row_editor(ref, torch.zeros_like(example), row_edit, items)
-    with capture(target.model, sites=list(ref.sites), edit=edit, kinds=target.kinds):
+    edit, value_edit = _capture_edits(ref, torch.zeros_like(example), row_edit, items)
+    with capture(target.model, sites=list(ref.sites), edit=edit, value_edit=value_edit,
+                 kinds=target.kinds):
         logits = target.decode_step(ref.batch.select(example), select_state(ref.encoded, example),
                                     select_state(ref.states, example), ref.emitted[example], step)
     if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (len(example),
@@ -163,7 +220,8 @@ def item_chunks(ref: Reference, step: torch.Tensor, chunk_size: int | None = Non
 
 
 def run_items(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
-              step: torch.Tensor, row_edit: RowEdit, *, chunk_size: int | None = None,
+              step: torch.Tensor, row_edit: RowEdit | ItemRead, *,
+              chunk_size: int | None = None,
               progress: Counter | None = None) -> OutputChange:
     """How each of M edited items changes its step's output distribution, in chunks.
 

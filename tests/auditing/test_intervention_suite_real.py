@@ -8,7 +8,7 @@ from attnaudit.cli.commands import intervene_command
 from tests.helpers.fingerprints import assert_unchanged, model_fingerprint
 
 
-def _check_suite(suite, n_examples):
+def _check_suite(suite, n_examples, values_reachable):
     tables = suite.tables
     assert suite.metadata["examples"] == n_examples
     rows = tables["rows"]
@@ -16,7 +16,11 @@ def _check_suite(suite, n_examples):
         assert rows[column].between(0, 1).all(), column
     assert not tables["summary"]["value"].isna().any()
     assert tables["permutation_bins"]["n"].iloc[:4].sum() == len(rows)
-    assert set(tables["value_controls"]["status"]) == {"run", "not reachable"}
+    # another example's value: a value edit where capture holds the values (SDPA)
+    status = tables["value_controls"].set_index("control")["status"]
+    other = {"run"} if values_reachable else {"not reachable"}
+    assert set(status[["other_example", "other_example_random"]]) == other
+    assert set(status.drop(["other_example", "other_example_random"])) == {"run"}
 
 
 def test_date_model_small_run(tmp_path):
@@ -26,7 +30,7 @@ def test_date_model_small_run(tmp_path):
     before = model_fingerprint(target.model)
     suite = run_suite(target, quick=True, progress=False, n_permutations=5,
                       cumulative_examples=1)
-    _check_suite(suite, 3)
+    _check_suite(suite, 3, values_reachable=False)
     assert suite.metadata["sites"] == ["attend:cross"]
     assert_unchanged(target.model, before)
     paths = suite.write_csv(tmp_path)
@@ -42,7 +46,7 @@ def test_date_transformer_small_run():
     before = model_fingerprint(target.model)
     suite = run_suite(target, quick=True, limit=2, progress=False, n_permutations=4,
                       cumulative_examples=1)
-    _check_suite(suite, 2)
+    _check_suite(suite, 2, values_reachable=True)
     assert len(suite.metadata["sites"]) == 2 and all(
         s.endswith(":cross") for s in suite.metadata["sites"])
     assert suite.metadata["heads"] == {s: 4 for s in suite.metadata["sites"]}

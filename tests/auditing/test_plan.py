@@ -82,12 +82,15 @@ def test_exact_costs_equal_the_passes_and_items_run(make):
         per_row = tables["rows"]
         # items: one per (row, edited copy), from the tables the protocol wrote
         # uniform: the paper's and the eligible-mass variant; values: zero and mean at the
-        # top key of every row and at the random other key of the rows that have one
+        # top key of every row and at the random other key of the rows that have one, and
+        # another example's value at each of those with a donor
         copies = {"permutation": settings.n_permutations, "uniform": 2, "zeroing": 2,
                   "values": 2}[protocol.name]
         expected = copies * len(per_row)
         if protocol.name == "values":
             expected += 2 * int(per_row["value_zero_random_tvd"].notna().sum())
+            expected += sum(int((per_row[f"value_other_example{s}_donor"] >= 0).sum())
+                            for s in ("", "_random"))
         assert cost.items == expected, protocol.name
         checked.append(protocol.name)
     assert set(checked) == {"permutation", "uniform", "zeroing", "values"}

@@ -120,7 +120,7 @@ def test_value_replacement_reads_zero_and_the_mean_of_eligible_values(toy):
     assert padded > 0  # rows with padding keys, which must read nothing
     assert frame["value_mean_tvd"].max() > 1e-3
     assert list(status["control"]) == ["zero", "mean", "zero_random", "mean_random",
-                                       "other_example"]
+                                       "other_example", "other_example_random"]
 
 
 def test_value_replacement_at_the_random_key_is_one_other_eligible_key(toy):

@@ -90,7 +90,7 @@ def _check(target, model, batch) -> None:
         moved = max(moved, row.value_zero_tvd, row.value_zero_random_tvd)
     assert moved > 1e-3
     assert list(status["control"]) == ["zero", "mean", "zero_random", "mean_random",
-                                       "other_example"]
+                                       "other_example", "other_example_random"]
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
