@@ -16,8 +16,8 @@ from attnaudit.validity.findings import site_findings
 REPORT = Path(__file__).resolve().parents[2] / "reports" / "date"
 PUBLISHED_STATUSES = {"qkv": "pass", "scoring": "pass", "eligibility": "pass", "masks": "pass",
                       "positions": "not recorded", "distributions": "pass",
-                      "performance": "pass", "interventions": "warn"}
-PUBLISHED_VERDICTS = {"validity": "pass", "explanation": "warn"}
+                      "performance": "pass", "interventions": "fail"}
+PUBLISHED_VERDICTS = {"validity": "pass", "explanation": "not supported"}
 
 
 def test_committed_statuses_and_verdicts_are_the_published_ones():
@@ -33,8 +33,8 @@ def test_checklist_logic_gives_them_from_the_committed_tables():
     assert len(rows) == 4400 and len(adversarial) == 22
     # Today's rule (docs/metrics.md, "Explanation status"): the adversarial search found
     # very different weights that keep the output (mean eps-max JSD 0.58, interval wholly
-    # above 0.1), so that claim and the headline are not supported: fail. The committed
-    # verdicts.csv/checklist.csv were written under the old rule (warn) until regenerated.
+    # above 0.1), so that claim and the headline are not supported: fail, as the committed
+    # verdicts.csv and checklist.csv say.
     assert explanation_status({"rows": rows, "adversarial": adversarial}) == "fail"
     # README: half of all rows (50.5 %) barely move under permutation; sharp rows 0.95
     assert (rows["perm_median_tvd"] < 0.05).mean() == pytest.approx(0.505, abs=0.005)

@@ -17,7 +17,7 @@ REPORT = ROOT / "reports" / "date"
 # README row label -> the measure's name in the report's tables
 MEASURES = {"weights": "weights", "value norms": "value_norm", "ALTI+": "alti",
             "rollout": "rollout", "value zeroing": "value_zeroing", "saliency": "saliency",
-            "input × gradient": "input_x_gradient",
+            "input \u00d7 gradient": "input_x_gradient",
             "integrated gradients": "integrated_gradients", "leave-one-out": "loo"}
 CONTRIBUTIONS = {"value_norm", "alti", "rollout", "value_zeroing"}
 
