@@ -45,7 +45,11 @@ import pytest
 import torch
 
 import attnaudit
-from attnaudit.auditing.contribution_suite import CONTRIBUTION_MEASURES, add_contribution_parts
+from attnaudit.auditing.contribution_suite import (
+    CONTRIBUTION_MEASURES,
+    ZEROING,
+    add_contribution_parts,
+)
 from attnaudit.interventions.ablation import uniform_test
 from attnaudit.interventions.reference_run import reference
 
@@ -354,7 +358,10 @@ def test_contribution_suite_computes_or_says_why(built: Built) -> None:
         add_contribution_parts(target, batch, ref, {"attention": ref.attention,
                                                     "loo": stand_in}, parts, zeroing=False)
     measures = parts["contribution_measures"][0].set_index("measure")
-    assert list(measures.index) == list(CONTRIBUTION_MEASURES)
+    # the quick report's suite: value zeroing listed as not run
+    assert list(measures.index) == [*CONTRIBUTION_MEASURES, ZEROING]
+    assert measures.loc[ZEROING, "status"] == "not run"
+    measures = measures.drop(ZEROING)
     example = parts["contribution_example"][0]
     for measure, row in measures.iterrows():
         if row["status"] == "computed":
