@@ -265,6 +265,8 @@ def _spread(prefix: str, change: OutputChange, at: torch.Tensor, n_rows: int
     tvd[at], jsd[at] = change.tvd, change.jsd
     if len(at) == n_rows:
         flips: object = change.flip.numpy()
+    elif not len(at):  # no row ran: NaN, a float column as a CSV reads it back
+        flips = np.full(n_rows, np.nan)
     else:
         flips = np.full(n_rows, np.nan, dtype=object)
         flips[at.numpy()] = change.flip.numpy()
