@@ -73,7 +73,9 @@ def test_protocols_run_on_the_other_rows_only_and_summaries_have_no_nan(suite):
     rows = suite.tables["rows"].sort_values(["example", "step"], ignore_index=True)
     assert rows[["example", "step"]].values.tolist() == counted.values.tolist()
     assert (rows["n_valid"] >= 2).all()
-    assert not rows.drop(columns=["zero_top_tvd"]).filter(like="_tvd").isna().any().any()
+    # the other-example control needs values, which this softmax-path site does not expose
+    tvd = rows.drop(columns=["zero_top_tvd"]).filter(like="_tvd")
+    assert not tvd.drop(columns=tvd.filter(like="value_other_example").columns).isna().any().any()
     summary = suite.tables["summary"]
     assert not summary["value"].isna().any()
     assert (summary.set_index("metric").loc["perm_median_tvd", "n"]) == len(counted)
