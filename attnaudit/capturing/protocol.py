@@ -54,11 +54,12 @@ class ActiveCapture(Protocol):
 
     def record(self, site: Site, layout: Layout, weights: torch.Tensor,
                mask_source: Callable[[], torch.Tensor | None] | None,
-               scores: torch.Tensor | None, values: torch.Tensor | None,
+               scores: torch.Tensor | None, values: Callable[[], torch.Tensor] | None,
                sink: torch.Tensor | None = None, trailing: int = 0) -> torch.Tensor | None:
         """Store one call's weights (B, H, Q, K) and sink weight (B, H, Q, 1); the edit's
-        replacement, or None. ``trailing``: the call's query rows after these (a query
-        block)."""
+        replacement, or None. ``values``: where the adapter holds the call's values, a
+        function giving them as (B, H, K, d_v), called only when they are kept or edited.
+        ``trailing``: the call's query rows after these (a query block)."""
         ...
 
     def value_read(self, weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor | None:

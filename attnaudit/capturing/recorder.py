@@ -214,7 +214,7 @@ class Capture:
 
     def record(self, site: Site, layout: Layout, weights: torch.Tensor,
                mask_source: Callable[[], torch.Tensor | None] | None,
-               scores: torch.Tensor | None, values: torch.Tensor | None,
+               scores: torch.Tensor | None, values: Callable[[], torch.Tensor] | None,
                sink: torch.Tensor | None = None, trailing: int = 0) -> torch.Tensor | None:
         """Store one call's weights ``(B, H, Q, K)`` (mapped from the call by ``layout``) and
         the weight its rows put on sink columns ``(B, H, Q, 1)``, if any; return the edit's
@@ -255,7 +255,7 @@ class Capture:
 
     def _store(self, site: Site, layout: Layout, weights: torch.Tensor,
                mask_source: Callable[[], torch.Tensor | None] | None,
-               scores: torch.Tensor | None, values: torch.Tensor | None,
+               scores: torch.Tensor | None, values: Callable[[], torch.Tensor] | None,
                sink: torch.Tensor | None = None, share: torch.Tensor | None = None
                ) -> torch.Tensor | None:
         if self.edit is not None and weights.is_meta:
@@ -271,7 +271,7 @@ class Capture:
             weights=weights.detach(),
             mask_source=mask_source,
             scores=scores.detach() if self.keep_scores and scores is not None else None,
-            values=values.detach() if self.keep_values and values is not None else None,
+            values=values().detach() if self.keep_values and values is not None else None,
             sink=None if sink is None else sink.detach(),
             share=None if share is None else share.detach(),
         )

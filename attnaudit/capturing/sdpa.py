@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from attnaudit.capturing import parity
 from attnaudit.capturing.blocks import block_rows, query_blocks
-from attnaudit.capturing.layout import eligible_from_scores
+from attnaudit.capturing.layout import Layout, eligible_from_scores
 from attnaudit.capturing.protocol import ActiveCapture
 from attnaudit.capturing.softmax import ORIGINAL_TORCH_SOFTMAX
 from attnaudit.capturing.state import ACTIVE, patch_attr, patch_references, refuse_tracing
@@ -170,6 +170,13 @@ class _Call:
         self.values4: torch.Tensor | None = None  # one tensor shared by every block
         self.edited = False  # did an edit replace any block's weights?
 
+    def values(self, layout: Layout) -> torch.Tensor:
+        """The call's values as ``(B, H, K, d_v)``, made when first asked for (only a
+        capture that keeps values or edits them asks) and shared by every block."""
+        if self.values4 is None:
+            self.values4 = layout.values_to_record(self.value)
+        return self.values4
+
     def block(self, start: int, stop: int) -> torch.Tensor:
         """Output rows ``start:stop`` (..., stop - start, Ev), their weights recorded."""
         n_q, n_k = self.query.shape[-2], self.key_t.shape[-1]
@@ -210,16 +217,15 @@ class _Call:
                 return layout.to_record(eligible_from_scores(mask))
             return torch.ones(1, 1, 1, n_k, dtype=torch.bool, device=weights.device)
 
-        if self.values4 is None:  # a view of the call's values in most layouts
-            self.values4 = layout.values_to_record(self.value)
         edited = cap.record(self.site, layout, layout.to_record(weights), eligibility,
-                            layout.to_record(scores), self.values4, trailing=n_q - stop)
+                            layout.to_record(scores), lambda: self.values(layout),
+                            trailing=n_q - stop)
         self.edited |= edited is not None
         used = weights if edited is None else layout.from_record(edited)
         if self.dropout_p > 0.0:
             used = F.dropout(used, p=self.dropout_p, training=True)
         read = None if cap.value_edit is None else cap.value_read(layout.to_record(used),
-                                                                  self.values4)
+                                                                  self.values(layout))
         if read is None:
             return torch.matmul(used, self.value)
         self.edited = True

@@ -27,6 +27,7 @@ from attnaudit.interventions.runner import (
     row_columns,
     row_generator,
     run_items,
+    seeded_picks,
     spread_over_eligible,
     stacked_rows,
 )
@@ -98,15 +99,7 @@ def random_other_key(ref: Reference, rows: RowIndex, top: torch.Tensor) -> torch
     """(N,) long: per row a seeded random eligible key other than ``top`` (-1 if none)."""
     eligible = ref.eligible[rows.example, rows.step].clone()
     eligible[torch.arange(len(rows)), top] = False
-    picks = []
-    for i in range(len(rows)):
-        choices = eligible[i].nonzero().squeeze(1)
-        if choices.numel() == 0:
-            picks.append(-1)
-            continue
-        gen = row_generator(ref, int(rows.example[i]), int(rows.step[i]), _SALT_ZERO)
-        picks.append(int(choices[torch.randint(choices.numel(), (1,), generator=gen)]))
-    return torch.tensor(picks, dtype=torch.long)
+    return seeded_picks(ref, rows, eligible, _SALT_ZERO)
 
 
 def zeroing_test(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | None = None, *,

@@ -62,8 +62,6 @@ class ItemRead:
         return self.fn(site, weights, values, *(t[items] for t in self.tensors))
 
 
-
-
 @dataclass(frozen=True)
 class OutputChange:
     """Per edited item, its step's output distribution against the reference's.
@@ -254,6 +252,21 @@ def row_generator(ref: Reference, example: int, step: int, salt: int) -> torch.G
     """A generator seeded by (target seed, global example index, step, purpose), so each
     row's random draws do not depend on how the data was batched or chunked."""
     return seeded_generator(ref.seed, ref.first_example + example, step, salt)
+
+
+def seeded_picks(ref: Reference, rows: RowIndex, candidates: torch.Tensor, salt: int
+                 ) -> torch.Tensor:
+    """(N,) long: per row one index drawn uniformly from its True ``candidates`` (N, C) with
+    :func:`row_generator` (``salt``: the draw's purpose); -1 for a row without one."""
+    picks = []
+    for i in range(len(rows)):
+        choices = candidates[i].nonzero().squeeze(1)
+        if choices.numel() == 0:
+            picks.append(-1)
+            continue
+        gen = row_generator(ref, int(rows.example[i]), int(rows.step[i]), salt)
+        picks.append(int(choices[torch.randint(choices.numel(), (1,), generator=gen)]))
+    return torch.tensor(picks, dtype=torch.long)
 
 
 def seeded_generator(seed: int, example: int, step: int, salt: int) -> torch.Generator:

@@ -49,8 +49,8 @@ from attnaudit.interventions.runner import (
     key_level_top,
     progress_bar,
     row_columns,
-    row_generator,
     run_items,
+    seeded_picks,
 )
 from attnaudit.record import AttentionCall, Site
 from attnaudit.targets.contract import Seq2SeqTarget, select_state
@@ -115,15 +115,7 @@ def donor_examples(ref: Reference, rows: RowIndex, key: torch.Tensor, salt: int
     ``key`` (N,) is eligible at the row's step (-1 if none; see the module docstring)."""
     fits = ref.eligible[:, rows.step, key].T.clone()  # (N, B)
     fits[torch.arange(len(rows)), rows.example] = False
-    picks = []
-    for i in range(len(rows)):
-        choices = fits[i].nonzero().squeeze(1)
-        if choices.numel() == 0:
-            picks.append(-1)
-            continue
-        gen = row_generator(ref, int(rows.example[i]), int(rows.step[i]), salt)
-        picks.append(int(choices[torch.randint(choices.numel(), (1,), generator=gen)]))
-    return torch.tensor(picks, dtype=torch.long)
+    return seeded_picks(ref, rows, fits, salt)
 
 
 def other_example_items(ref: Reference, rows: RowIndex, top: torch.Tensor,
