@@ -80,6 +80,7 @@ from attnaudit.attribution.options import (
     DETACHABLE,
     DETACHED_BY_DEFAULT,
     GRADIENT_METHODS,
+    INTEGRATION_POINTS,
     METHODS,
     PREFIX_METHODS,
     SHAP_SAMPLES,
@@ -101,7 +102,7 @@ from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 
 def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
-              methods: Sequence[str] = METHODS, *, n_steps: int = 50,
+              methods: Sequence[str] = METHODS, *, n_steps: int = INTEGRATION_POINTS,
               internal_batch_size: int | None = None, pad_id: int | None = None,
               baseline: str | int = "pad",
               detach_attention: Collection[str] = DETACHED_BY_DEFAULT, output: str = "prob",

@@ -21,6 +21,11 @@ from attnaudit.analysis.words import word_importance_table
 from attnaudit.attribution.agreement import agreement, summarise_agreement
 from attnaudit.attribution.loo import leave_one_out
 from attnaudit.attribution.methods import attribute
+from attnaudit.attribution.options import (
+    DETACHED_BY_DEFAULT,
+    GRADIENT_METHODS,
+    INTEGRATION_POINTS,
+)
 from attnaudit.auditing.contribution_suite import add_contribution_parts, contribution_tables
 from attnaudit.interventions.protocol import (
     BATCH,
@@ -71,11 +76,21 @@ class Attribution(InterventionProtocol):
 
     def cost(self, ctx: BatchContext) -> Cost:
         """An estimate: one forward and backward pass per method over the batch, and one
-        left-out token per eligible key (leave-one-out folds a batch's worth per pass)."""
-        n_methods, examples = len(ctx.settings.methods), len(ctx.batch)
+        left-out token per eligible key (leave-one-out folds a batch's worth per pass). In
+        whole sequences: the embedded pass, one forward per gradient group and per
+        integration point, each with a backward pass per step; a sequence per left-out key;
+        and the contribution trace's pass."""
+        methods, examples = ctx.settings.methods, len(ctx.batch)
         left_out = int(ctx.target.explain_keys(ctx.batch).sum())
         loo = -(-left_out // max(examples, 1))
-        return Cost(examples * n_methods + left_out, n_methods + loo, n_methods, exact=False)
+        detached = (DETACHED_BY_DEFAULT if ctx.settings.attribution is None
+                    else ctx.settings.attribution.detach_attention)
+        gradients = (len({m in detached for m in methods if m in GRADIENT_METHODS})
+                     + INTEGRATION_POINTS * ("integrated_gradients" in methods))
+        steps = int(ctx.ref.emitted.shape[1])
+        return Cost(examples * len(methods) + left_out, len(methods) + loo, len(methods),
+                    exact=False, sequences=examples * (2 + gradients) + left_out,
+                    backward_sequences=examples * steps * gradients)
 
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
         target, batch, ref, options = ctx.target, ctx.batch, ctx.ref, ctx.settings.attribution

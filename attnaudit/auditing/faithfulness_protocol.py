@@ -127,12 +127,13 @@ class Faithfulness(InterventionProtocol):
     def cost(self, ctx: BatchContext) -> Cost:
         """A bound: each ordering's removal and keep-only source at every fraction, for every
         row (identical edited sources of one example run once, so fewer run), in chunks the
-        memory budget holds; the measures' traced pass besides."""
+        memory budget holds, each a whole teacher-forced sequence; the measures' traced pass
+        besides."""
         orderings = (len(ctx.ref.sites) + 1 + len(CONTRIBUTION_MEASURES)
                      + (0 if ctx.settings.quick else 1) + len(ctx.settings.methods) + 3)
         items = len(ctx.rows) * orderings * len(FRACTIONS) * 2
         chunk = max(1, ctx.ref.budget.sequences(int(ctx.ref.emitted.shape[1])))
-        return Cost(items, -(-items // chunk) + 1, exact=False)
+        return Cost(items, -(-items // chunk) + 1, exact=False, sequences=items)
 
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
         ref, rows = ctx.ref, ctx.rows

@@ -6,7 +6,10 @@ items, forward and backward passes) and how long it should take, from a timed fi
 run for its :meth:`~attnaudit.interventions.protocol.InterventionProtocol.cost` on that batch, and
 scales it to the data (exact with one batch; an estimate otherwise, and for protocols whose
 cost is itself one). The time estimate is passes x the timed seconds per pass (a backward
-pass counted as two forward ones) plus items x seconds per item. With a *pilot* each
+pass counted as two forward ones) plus items x seconds per item; for a protocol that runs
+whole edited sequences (faithfulness, attribution: its cost's ``sequences``) it is those
+sequences x the seconds per sequence of a timed teacher-forced pass of the first batch (a
+backward sequence counted as two). With a *pilot* each
 protocol's seconds per item are its own: every protocol runs once, in the suite's order, on
 the first example of the first batch (row protocols on at most :data:`PILOT_ROWS` of its
 rows) and is timed; without one they are the uniform edit's. The pilot runs for
@@ -77,6 +80,7 @@ class Plan:
     seconds_per_pass: float
     seconds_per_item: float
     piloted: bool = False
+    seconds_per_sequence: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -89,7 +93,9 @@ class Plan:
                  f"per forward pass + "
                  + ("each protocol's time per item from a pilot run on one example"
                     if self.piloted else
-                    f"{self.seconds_per_item * 1e3:.3g} ms per edited item (no pilot run)"),
+                    f"{self.seconds_per_item * 1e3:.3g} ms per edited item (no pilot run)")
+                 + f"; {self.seconds_per_sequence * 1e3:.3g} ms per teacher-forced sequence "
+                 "(the protocols that run whole edited sequences)",
                  f"  {'part':<18} {'items':>10} {'forward':>9} {'backward':>9} {'estimate':>10}"]
         for p in (self.validity, *self.protocols):
             if p.cost is None:
@@ -128,6 +134,7 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
     decoding = int(ref.emitted.shape[1]) + 1  # greedy steps and one teacher-forced pass
     counted = ref.rows()
     pass_s, item_s = _timed_items(target, ref, counted, ref_seconds / decoding)
+    sequence_s = _timed_sequence(target, first, ref.emitted)
     scale, single = settings.n_examples / len(first), len(batches) == 1
     validity = ProtocolPlan(VALIDITY, Cost(settings.n_examples, round(decoding * len(batches)),
                                            exact=False), ref_seconds * len(batches))
@@ -150,13 +157,14 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
         if cost is None:
             protocols.append(ProtocolPlan(protocol.name, None, None))
             continue
-        cost = Cost(round(cost.items * factor), round(cost.forward * factor),
-                    round(cost.backward * factor), cost.exact and single)
-        per_item = rates.get(protocol.name, item_s)
-        seconds = _passes(cost) * pass_s + cost.items * per_item
+        cost = cost.scaled(factor, single)
+        if cost.sequences:
+            seconds = (cost.sequences + BACKWARD_FORWARDS * cost.backward_sequences) * sequence_s
+        else:
+            seconds = _passes(cost) * pass_s + cost.items * rates.get(protocol.name, item_s)
         protocols.append(ProtocolPlan(protocol.name, cost, seconds))
     return Plan(target.name, settings.n_examples, len(batches), validity, tuple(protocols),
-                pass_s, item_s, piloted=bool(rates))
+                pass_s, item_s, piloted=bool(rates), seconds_per_sequence=sequence_s)
 
 
 def _passes(cost: Cost) -> float:
@@ -170,7 +178,8 @@ def _pilot_rates(target: Seq2SeqTarget, first: Batch, options: AuditOptions,
     """Protocol -> seconds per item beyond its passes (``pass_s`` each), from one timed run
     of every planned protocol, in order, on the first example of the batch ``first`` (row
     protocols on at most :data:`PILOT_ROWS` of its counted rows); a protocol whose pilot ran
-    no item is left out (it keeps the uniform edit's rate)."""
+    no item is left out (it keeps the uniform edit's rate), and one that runs whole
+    sequences is not run (the timed teacher-forced pass prices it)."""
     edits = options.edits
     batch = first.select(torch.arange(1))
     ref = reference(target, batch, sites=edits.sites, heads=edits.heads, first_example=0,
@@ -187,12 +196,26 @@ def _pilot_rates(target: Seq2SeqTarget, first: Batch, options: AuditOptions,
         ctx = BatchContext(target, batch, ref, counted if protocol.scope == BATCH else rows,
                            settings, running, earlier, shared, {})
         cost = protocol.cost(ctx)
+        if cost is not None and cost.sequences:
+            continue
         started = time.perf_counter()
         earlier[protocol.name] = protocol.run(ctx)
         seconds = time.perf_counter() - started
         if cost is not None and cost.items:
             rates[protocol.name] = max(seconds - _passes(cost) * pass_s, 0.0) / cost.items
     return rates
+
+
+def _timed_sequence(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) -> float:
+    """Seconds per example-sequence of one teacher-forced pass over ``batch`` (the second of
+    two runs: the first warms up)."""
+    seconds = 0.0
+    with torch.no_grad():
+        for _ in range(2):
+            started = time.perf_counter()
+            target.teacher_forced(batch, emitted)
+            seconds = time.perf_counter() - started
+    return seconds / max(len(batch), 1)
 
 
 def _timed_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, fallback: float

@@ -84,17 +84,30 @@ class Cost:
     items: the edited copies it runs (the units of its progress counters); forward,
     backward: the model's forward and backward passes (a chunk of items is one pass);
     exact: False when the counts are an estimate (a test that stops early, such as the
-    cumulative removal, runs at most ``items``).
+    cumulative removal, runs at most ``items``); sequences, backward_sequences: for a
+    protocol that runs whole teacher-forced passes (an edited source, not one cached step),
+    how many example-sequences its forward and backward passes hold in all, the unit the
+    plan times with one teacher-forced pass (0: its passes are cached steps).
     """
 
     items: int
     forward: int
     backward: int = 0
     exact: bool = True
+    sequences: int = 0
+    backward_sequences: int = 0
 
     def __add__(self, other: Cost) -> Cost:
         return Cost(self.items + other.items, self.forward + other.forward,
-                    self.backward + other.backward, self.exact and other.exact)
+                    self.backward + other.backward, self.exact and other.exact,
+                    self.sequences + other.sequences,
+                    self.backward_sequences + other.backward_sequences)
+
+    def scaled(self, factor: float, exact: bool) -> Cost:
+        """Every count times ``factor`` (rounded); ``exact`` and'ed with this one's."""
+        return Cost(round(self.items * factor), round(self.forward * factor),
+                    round(self.backward * factor), self.exact and exact,
+                    round(self.sequences * factor), round(self.backward_sequences * factor))
 
 
 @dataclass
