@@ -52,7 +52,7 @@ from attnaudit.interventions.runner import (
     run_items,
     seeded_picks,
 )
-from attnaudit.record import AttentionCall, Site
+from attnaudit.record import Site
 from attnaudit.targets.contract import Seq2SeqTarget, select_state
 
 _SALT_DONOR, _SALT_DONOR_RANDOM = 6, 7
@@ -144,13 +144,14 @@ def donor_values(target: Seq2SeqTarget, ref: Reference, donor: torch.Tensor,
     chosen = slice(None) if ref.head_index is None else list(ref.head_index)
     kept: dict[str, torch.Tensor] = {}
 
-    def keep(site: Site, call: AttentionCall) -> None:
-        if site.name not in kept and call.values is not None:
-            kept[site.name] = call.values[:, chosen][where, :, key].float().cpu()
+    def keep(site: Site, weights: torch.Tensor, values: torch.Tensor) -> None:
+        if site.name not in kept:
+            kept[site.name] = values[:, chosen][where, :, key].float().cpu()
 
     batch, emitted = ref.batch.select(used), ref.emitted[used, :1]
-    with torch.no_grad(), capture(target.model, sites=list(ref.value_sites), values=True,
-                                  keep=False, on_call=keep, kinds=target.kinds):
+    # the values as a value edit sees them (a prompt view's are the view's keys'), read only
+    with torch.no_grad(), capture(target.model, sites=list(ref.value_sites), keep=False,
+                                  value_edit=keep, kinds=target.kinds):
         if ref.encoded is None:
             target.teacher_forced(batch, emitted)
         else:
