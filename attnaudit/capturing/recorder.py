@@ -62,7 +62,8 @@ class Capture:
         recorded: site name -> its :class:`Site` (layout filled in), for every site a
             call was recorded at, kept or not.
         value_sites: the names of the sites at whose calls capture held the values (there
-            ``values=True`` keeps them and a ``value_edit`` applies), in order of first call.
+            a ``value_edit`` applies and ``values=True`` keeps them, except at prompt
+            views), in order of first call.
     """
 
     def __init__(self, model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None,
@@ -528,13 +529,15 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
             and ``site.query_offset`` say which call it is.
         value_edit: ``(site, weights, values) -> read``, called at every selected call
             whose values capture holds (the explicit ``F.scaled_dot_product_attention``
-            path; :attr:`Capture.value_sites` names them) after ``edit``, with the weights
-            ``(batch, heads, queries, keys)`` the model then uses and the values
-            ``(batch, heads, keys, d_v)`` (grouped-query values repeated per query head).
-            It returns the read ``(batch, heads, queries, d_v)`` that replaces
-            ``weights @ values`` (e.g. ``weights @ new_values``, or that with only some query
-            rows changed), or None to keep it. Where the model's own code multiplies by the
-            values (the softmax path, ``nn.MultiheadAttention``, taps) it is never called.
+            path, ``nn.MultiheadAttention``'s Python path; :attr:`Capture.value_sites`
+            names them) after ``edit``, with the weights ``(batch, heads, queries, keys)``
+            the model then uses and the values ``(batch, heads, keys, d_v)`` (grouped-query
+            values repeated per query head). It returns the read
+            ``(batch, heads, queries, d_v)`` that replaces ``weights @ values`` (e.g.
+            ``weights @ new_values``, or that with only some query rows changed), or None to
+            keep it. At a prompt view it is called per view with the view's weights and
+            values (:meth:`Capture.value_read`). Where the model's own code multiplies by
+            the values (the softmax path, taps) it is never called.
         kinds: override or supply kinds by exact site name without suffix, e.g.
             ``{"attend": "cross"}`` (beats ``roles``).
         heads: state the head count of sites whose code folds heads into the batch axis
@@ -542,7 +545,8 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
             site name with or without suffix, e.g. ``{"decoder.attn": 8}``. Each record's
             ``site.layout`` / ``site.layout_source`` say how its layout was determined.
         scores: also keep pre-softmax scores.
-        values: also keep values ``(batch, heads, keys, d_v)`` where the mechanism exposes them.
+        values: also keep values ``(batch, heads, keys, d_v)`` where the mechanism exposes
+            them (not at prompt views, whose weights are renormalised).
         allow_invalid: let an edit put NaN, inf or negative weights where the model's own were
             valid (refused with :class:`EditError` otherwise; bool or integer results are
             always refused).

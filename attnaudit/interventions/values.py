@@ -15,16 +15,23 @@ donor's value, the row's weights as the model computes them. The donor rule:
   example index, step, purpose) — salt 6 at the top key, 7 at the random key — among the
   examples whose key ``j`` is eligible at the same step (length-compatible: the position
   exists in the donor's source and may be attended there); a row with no such example
-  gets NaN. The draw depends on which examples share the batch;
+  gets NaN. The draw depends on which examples share the batch; no values are kept from
+  other batches (the pool is the batch, so memory does not grow with the audit);
 - the value is the donor's own, unedited value vector at key position ``j`` in the same
   site (layer) and head; with grouped-query attention, its key/value head's (the value
   every query head of the group reads).
-It needs the values inside the forward pass, which capture holds only on the explicit
-``F.scaled_dot_product_attention`` path (``Reference.value_sites``); at any other site (the
-softmax path: the model's own code multiplies the weights with the values, as in the date
-LSTM; ``nn.MultiheadAttention``; taps) it is reported as not reachable, with each site's
-reason, never approximated; zero and mean stay exact weight edits there. The donor values
-come from one extra forward pass of the donor examples (one decoder position).
+It needs the values inside the forward pass, which capture holds on the explicit
+``F.scaled_dot_product_attention`` path and on ``nn.MultiheadAttention``'s Python path
+(``Reference.value_sites``), and at a decoder-only model's prompt view of either: there
+``j`` is a prompt position of the left-padded batch, and the step's row reads the donor's
+value at ``j`` among the call's keys, the cached prefix's included — the value the cache
+holds at ``j`` replaced for that step only, the cache itself unchanged, so a one-step run
+from the cached prefix and a prefix re-run agree. At any other site (the softmax path: the
+model's own code multiplies the weights with the values, as in the date LSTM or Hugging
+Face's ``eager`` backend; taps) it is reported as not reachable, with each site's reason,
+never approximated; zero and mean stay exact weight edits there. The donor values come
+from one extra forward pass of the donor examples (one decoder position), read through a
+value edit that changes nothing.
 Each control runs at the top key (``value_{zero,mean,other_example}_*``; chosen on the
 site-and-head mean attention) and at a seeded random other eligible key
 (``value_{zero,mean,other_example}_random_*``: the key the single zeroing test's
@@ -63,11 +70,7 @@ VALUE_EDIT = ("value edit: the key's value replaced by a seeded other example's 
 NO_VALUES = {
     "softmax": "capture sees only the softmax's output; the model's own code multiplies it "
                "with the values",
-    "mha": "nn.MultiheadAttention's Python path: capture sees only its softmax; PyTorch's "
-           "code multiplies it with the values",
     "tap": "attnaudit.tap() hands capture the weights only",
-    "sdpa": "a prompt view of the call: capture edits the view's weights, not the call's "
-            "values",
 }
 
 
