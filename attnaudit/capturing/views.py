@@ -24,7 +24,8 @@ constant: no gradient flows through it), and the rest of the row is left as it w
 and the self view is cut from the result. Where the adapter holds the call's values, a
 value edit (``capture(value_edit=)``) sees each view's weights and values (:meth:`View.values`)
 and what it changes in a view's read reaches the call's rows scaled by the view's share
-(:meth:`attnaudit.capturing.recorder.Capture.value_read`). At a cached step the call's
+(:meth:`attnaudit.capturing.recorder.Capture.value_read`; key ``P-1``'s value edited in
+both views changes the call's read twice, once per view). At a cached step the call's
 values include the cache's, so an edit of a prompt key's value changes what the step's
 rows read from the cache; the cache itself is left as it is.
 
