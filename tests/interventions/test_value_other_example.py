@@ -305,3 +305,45 @@ def test_a_value_edit_on_multihead_attention_equals_a_hand_written_forward():
     assert (out - plain).abs().max() > 1e-3  # the edit moved it
     torch.testing.assert_close(out[:, 0], plain[:, 0], rtol=0, atol=0)  # example 0 untouched
     torch.testing.assert_close(out[[0, 2], 1], plain[[0, 2], 1], rtol=0, atol=0)  # rows 0, 2
+
+
+def test_a_value_edit_reaches_both_attentions_of_a_transformer_decoder_layer():
+    """Inside ``nn.TransformerDecoderLayer`` (need_weights=False, a causal mask): the edit
+    sees each call's weights and values (the projected ``x_v W_v + b_v``); reading them
+    unchanged keeps the layer's output, and zeroing key 0's value at the cross-attention
+    changes that module's output by ``W_o`` of ``-w_0 v_0`` per head, written out here."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerDecoderLayer(16, 4, 32, batch_first=True, dropout=0.0).eval()
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(5)
+    attention, seen, outputs = layer.multihead_attn, {}, []
+
+    def unchanged(site, weights, values):
+        seen[site.name] = (weights, values)
+        return weights @ values
+
+    def zeroed(site, weights, values):
+        values = values.clone()
+        values[:, :, 0] = 0.0
+        return weights @ values
+
+    handle = attention.register_forward_hook(lambda m, a, out: outputs.append(out[0]))
+    try:
+        with torch.no_grad():
+            plain = layer(x, memory, tgt_mask=mask, tgt_is_causal=True)
+            with capture(layer, value_edit=unchanged) as cap:
+                same = layer(x, memory, tgt_mask=mask, tgt_is_causal=True)
+            with capture(layer, sites=["multihead_attn:cross"], value_edit=zeroed):
+                edited = layer(x, memory, tgt_mask=mask, tgt_is_causal=True)
+    finally:
+        handle.remove()
+    assert cap.value_sites == ["self_attn:self", "multihead_attn:cross"]
+    torch.testing.assert_close(same, plain, rtol=1e-5, atol=1e-6)
+    weights, values = seen["multihead_attn:cross"]
+    w_v, b_v = attention.in_proj_weight[32:], attention.in_proj_bias[32:]
+    v = (memory @ w_v.T + b_v).view(2, 7, 4, 4).transpose(1, 2)
+    torch.testing.assert_close(values, v)
+    change = (weights[..., :1] * -v[:, :, None, 0]).transpose(1, 2).reshape(2, 5, 16)
+    torch.testing.assert_close(outputs[2], outputs[0] + change @ attention.out_proj.weight.T,
+                               rtol=1e-5, atol=1e-6)
+    assert (edited - plain).abs().max() > 1e-3
