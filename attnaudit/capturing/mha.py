@@ -6,10 +6,18 @@ materialise weights. During capture the MHA fast path is switched off (restored 
 and a pre-hook asks each selected module for weights, so ``F.multi_head_attention_forward``
 takes its Python path, whose softmax the softmax adapter records per head. A post-hook
 hands the caller exactly what it asked for: ``(output, None)`` when it did not want weights.
+
+The values are the Python path's own ``v`` (batch * heads, keys, d_v), read off its frame
+at the softmax (:mod:`attnaudit.capturing.softmax`). With a value edit
+(``capture(value_edit=)``) ``torch.bmm`` is routed through capture too, and the one product
+of a selected call's weights with that ``v`` — the call's read — is the edit's read
+instead; the output projection then maps it as it maps the model's own. Every other
+``torch.bmm`` runs unchanged.
 """
 
 from __future__ import annotations
 
+import sys
 from contextlib import ExitStack
 from typing import Any
 
@@ -17,6 +25,10 @@ import torch
 from torch import nn
 
 from attnaudit.capturing.protocol import ActiveCapture, MhaCall
+from attnaudit.capturing.softmax import MHA_CODE
+from attnaudit.capturing.state import patch_attr
+
+ORIGINAL_BMM = torch.bmm
 
 _NEED_WEIGHTS_POS = 4  # forward(query, key, value, key_padding_mask, need_weights, ...)
 
@@ -33,6 +45,25 @@ def install(stack: ExitStack, cap: ActiveCapture, modules: list[nn.Module]) -> N
         stack.callback(module.register_forward_pre_hook(_pre_hook(cap), with_kwargs=True).remove)
         stack.callback(module.register_forward_hook(_post_hook(cap), with_kwargs=True,
                                                     always_call=True).remove)
+    if cap.value_edit is not None:
+        patch_attr(stack, torch, "bmm", _read(cap))
+
+
+def _read(cap: ActiveCapture):
+    """``torch.bmm`` that, for the product of a selected call's weights with its values
+    ``v`` (:attr:`MhaCall.read`), returns the value edit's read: ``(B * H, Q, d_v)``."""
+
+    def bmm(input: torch.Tensor, mat2: torch.Tensor, *args: Any, **kwargs: Any
+            ) -> torch.Tensor:
+        call = cap.mha_stack[-1] if cap.mha_stack and not cap.busy else None
+        if call is None or call.read is None or mat2 is not call.read[1] or args or kwargs \
+                or sys._getframe(1).f_code is not MHA_CODE:
+            return ORIGINAL_BMM(input, mat2, *args, **kwargs)
+        (layout, value), call.read = call.read, None
+        read = cap.value_read(layout.to_record(input), layout.values_to_record(value))
+        return ORIGINAL_BMM(input, mat2) if read is None else layout.read_from_record(read)
+
+    return bmm
 
 
 def _pre_hook(cap: ActiveCapture):

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -19,12 +20,18 @@ from attnaudit.record import Kind, Site
 ValueEdit = Callable[[Site, torch.Tensor, torch.Tensor], torch.Tensor | None]
 
 
-class MhaCall(NamedTuple):
-    """An ``nn.MultiheadAttention`` call in progress, for the softmax it will make."""
+@dataclass
+class MhaCall:
+    """An ``nn.MultiheadAttention`` call in progress, for the softmax it will make.
+
+    read: set by the softmax adapter when a value edit applies to the call: its layout and
+    its values ``v`` (batch * heads, keys, d_v), for the weights-times-values product that
+    follows (:mod:`attnaudit.capturing.mha`); None once that read is made."""
 
     module: nn.Module
     site: Site
     asked: bool  # did the caller ask for weights itself?
+    read: tuple[Layout, torch.Tensor] | None = None
 
 
 class ActiveCapture(Protocol):

@@ -62,7 +62,8 @@ class Capture:
         recorded: site name -> its :class:`Site` (layout filled in), for every site a
             call was recorded at, kept or not.
         value_sites: the names of the sites at whose calls capture held the values (there
-            ``values=True`` keeps them and a ``value_edit`` applies), in order of first call.
+            a ``value_edit`` applies and ``values=True`` keeps them, except at prompt
+            views), in order of first call.
     """
 
     def __init__(self, model: nn.Module, sites: SiteSelection = None, edit: Edit | None = None,
@@ -107,7 +108,8 @@ class Capture:
         self.records: dict[str, AttentionRecord] = {}
         self.recorded: dict[str, Site] = {}
         self._value_sites: dict[str, None] = {}  # an ordered set
-        self._read_site: Site | None = None  # the call value_read reads, if it may
+        # the value reads of the call just recorded: its site, or each view's site and view
+        self._reads: list[tuple[Site, View | None]] = []
         self._counts: dict[str, tuple[int, int]] = {}  # site -> (calls, queries) so far
         self.busy = False
         self.mha_stack: list[MhaCall] = []
@@ -155,7 +157,7 @@ class Capture:
         self._stack.close()
         self._stack = None
         self.busy = False
-        self._read_site = None
+        self._reads = []
         self.mha_stack.clear()
         if exc_type is None:
             self._check_found()
@@ -222,20 +224,24 @@ class Capture:
         (:mod:`attnaudit.capturing.views`), a self-attention call on one stream of positions
         is stored as its views instead. ``trailing``: the call's query rows after these,
         when ``weights`` is one query block of it (:mod:`attnaudit.capturing.blocks`)."""
-        self._read_site = None
+        self._reads = []
         views = None if site.kind == "cross" or not position_stream(layout) \
             else active_views(ACTIVE.views, tuple(weights.shape), trailing)
         if views is not None:
             return self._record_views(views, site, layout, weights, mask_source, sink,
-                                      trailing)
+                                      trailing, values)
         return self._store(site, layout, weights, mask_source, scores, values, sink)
 
     def _record_views(self, views: list[View], site: Site, layout: Layout,
                       weights: torch.Tensor,
                       mask_source: Callable[[], torch.Tensor | None] | None,
-                      sink: torch.Tensor | None, trailing: int) -> torch.Tensor | None:
+                      sink: torch.Tensor | None, trailing: int,
+                      values: Callable[[], torch.Tensor] | None) -> torch.Tensor | None:
         """Store each selected view of one call; return the call's weights with the edited
-        views written back, or None when nothing was edited."""
+        views written back, or None when nothing was edited. Where the adapter holds the
+        call's ``values``, a value edit applies to each view (:meth:`value_read`); the
+        views' values are not kept (a view's weights are renormalised: its values read with
+        them are no read of the model's)."""
         registry, current = self.sites_registry, weights
         shared_mask = _once(mask_source)
         base = (run_name(ACTIVE.views, site_base(site.name), tuple(weights.shape), trailing)
@@ -247,8 +253,8 @@ class Capture:
             if not self._select(name):
                 continue
             edited = self._store(view_site, layout, view.of(current),
-                                 view_mask_source(view, shared_mask), None, None,
-                                 view.sink(sink, current), view.share(current))
+                                 view_mask_source(view, shared_mask), None, values,
+                                 view.sink(sink, current), view.share(current), view)
             if edited is not None:
                 current = view.write(current, edited)
         return None if current is weights else current
@@ -256,8 +262,11 @@ class Capture:
     def _store(self, site: Site, layout: Layout, weights: torch.Tensor,
                mask_source: Callable[[], torch.Tensor | None] | None,
                scores: torch.Tensor | None, values: Callable[[], torch.Tensor] | None,
-               sink: torch.Tensor | None = None, share: torch.Tensor | None = None
-               ) -> torch.Tensor | None:
+               sink: torch.Tensor | None = None, share: torch.Tensor | None = None,
+               view: View | None = None) -> torch.Tensor | None:
+        """Store one call (or ``view`` of one) at ``site``; the edit's replacement or None.
+        ``values``: the call's, where the adapter holds them (kept with ``values=True``
+        unless this is a view; a value edit applies)."""
         if self.edit is not None and weights.is_meta:
             raise EditError(
                 f"site {site.name!r}: the weights are on the meta device, which holds shapes "
@@ -271,7 +280,8 @@ class Capture:
             weights=weights.detach(),
             mask_source=mask_source,
             scores=scores.detach() if self.keep_scores and scores is not None else None,
-            values=values().detach() if self.keep_values and values is not None else None,
+            values=values().detach() if self.keep_values and values is not None
+            and view is None else None,
             sink=None if sink is None else sink.detach(),
             share=None if share is None else share.detach(),
         )
@@ -281,8 +291,8 @@ class Capture:
         if self.edit is None and self.on_call is None and self.value_edit is None:
             return None
         here = replace(known, call=index, query_offset=offset)
-        if values is not None:
-            self._read_site = here
+        if values is not None and self.value_edit is not None:
+            self._reads.append((here, view))
         was_busy, self.busy = self.busy, True  # their own softmaxes are not attention calls
         try:
             if self.on_call is not None:
@@ -295,10 +305,35 @@ class Capture:
     def value_read(self, weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor | None:
         """The value edit's read ``(B, H, Q, d_v)`` of the call :meth:`record` just stored
         (None without a value edit, or where the call's values were not handed over), on the
-        values' device and in their dtype."""
-        site, self._read_site = self._read_site, None
-        if self.value_edit is None or site is None:
+        values' device and in their dtype. A call stored as prompt views hands the edit each
+        view — its weights (as :meth:`View.of` makes them from ``weights``) and values
+        (:meth:`View.values`) — and the call's rows read what they read plus, per edited
+        view, the view's share of the row times the change the edit made to the view's
+        read: ``share * (read' - view weights @ view values)``, exact since a view's raw
+        block is its weights times its share."""
+        reads, self._reads = self._reads, []
+        if self.value_edit is None or not reads:
             return None
+        if reads[0][1] is None:
+            return self._edited_read(reads[0][0], weights, values)
+        total = None
+        for site, view in reads:
+            assert view is not None
+            own_weights, own_values = view.of(weights), view.values(values)
+            read = self._edited_read(site, own_weights, own_values)
+            if read is None:
+                continue
+            total = torch.matmul(weights, values) if total is None else total
+            change = (read - torch.matmul(own_weights, own_values)) \
+                * view.share(weights).to(read.dtype)
+            total[:, :, view.rows:] += change
+        return total
+
+    def _edited_read(self, site: Site, weights: torch.Tensor, values: torch.Tensor
+                     ) -> torch.Tensor | None:
+        """The value edit's read at ``site`` of ``weights`` (B, H, Q, K) and ``values``
+        (B, H, K, d_v), checked, on the values' device and in their dtype; or None."""
+        assert self.value_edit is not None
         was_busy, self.busy = self.busy, True
         try:
             read = self.value_edit(site, weights, values)
@@ -494,13 +529,15 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
             and ``site.query_offset`` say which call it is.
         value_edit: ``(site, weights, values) -> read``, called at every selected call
             whose values capture holds (the explicit ``F.scaled_dot_product_attention``
-            path; :attr:`Capture.value_sites` names them) after ``edit``, with the weights
-            ``(batch, heads, queries, keys)`` the model then uses and the values
-            ``(batch, heads, keys, d_v)`` (grouped-query values repeated per query head).
-            It returns the read ``(batch, heads, queries, d_v)`` that replaces
-            ``weights @ values`` (e.g. ``weights @ new_values``, or that with only some query
-            rows changed), or None to keep it. Where the model's own code multiplies by the
-            values (the softmax path, ``nn.MultiheadAttention``, taps) it is never called.
+            path, ``nn.MultiheadAttention``'s Python path; :attr:`Capture.value_sites`
+            names them) after ``edit``, with the weights ``(batch, heads, queries, keys)``
+            the model then uses and the values ``(batch, heads, keys, d_v)`` (grouped-query
+            values repeated per query head). It returns the read
+            ``(batch, heads, queries, d_v)`` that replaces ``weights @ values`` (e.g.
+            ``weights @ new_values``, or that with only some query rows changed), or None to
+            keep it. At a prompt view it is called per view with the view's weights and
+            values (:meth:`Capture.value_read`). Where the model's own code multiplies by
+            the values (the softmax path, taps) it is never called.
         kinds: override or supply kinds by exact site name without suffix, e.g.
             ``{"attend": "cross"}`` (beats ``roles``).
         heads: state the head count of sites whose code folds heads into the batch axis
@@ -508,7 +545,8 @@ def capture(model: nn.Module, sites: SiteSelection = None, edit: Edit | None = N
             site name with or without suffix, e.g. ``{"decoder.attn": 8}``. Each record's
             ``site.layout`` / ``site.layout_source`` say how its layout was determined.
         scores: also keep pre-softmax scores.
-        values: also keep values ``(batch, heads, keys, d_v)`` where the mechanism exposes them.
+        values: also keep values ``(batch, heads, keys, d_v)`` where the mechanism exposes
+            them (not at prompt views, whose weights are renormalised).
         allow_invalid: let an edit put NaN, inf or negative weights where the model's own were
             valid (refused with :class:`EditError` otherwise; bool or integer results are
             always refused).

@@ -1,6 +1,7 @@
 """Adapter for attention written as ``softmax(scores)``: ``torch.softmax``, ``F.softmax``,
 ``Tensor.softmax`` — from a module's ``forward``, a plain method called by the user's own
-decoding loop, or ``nn.MultiheadAttention``'s Python path.
+decoding loop, or ``nn.MultiheadAttention``'s Python path (whose values, the function's
+local ``v``, capture then holds too: :mod:`attnaudit.capturing.mha`).
 
 Eligibility is read off the scores: keys whose score was filled with a masking value
 (``-inf``, ``finfo.min``, ``-1e9``) are ineligible. A model that masks by filling 0, or masks
@@ -21,7 +22,7 @@ from weakref import WeakKeyDictionary
 import torch
 import torch.nn.functional as F
 
-from attnaudit.capturing.layout import eligible_from_scores
+from attnaudit.capturing.layout import Layout, eligible_from_scores
 from attnaudit.capturing.protocol import ActiveCapture
 from attnaudit.capturing.roles import sink_columns
 from attnaudit.capturing.state import ACTIVE, patch_attr, patch_references, refuse_tracing
@@ -80,12 +81,26 @@ def on_softmax(cap: ActiveCapture, scores: torch.Tensor, out: torch.Tensor, dim:
     layout = cap.layout(site, tuple(weights.shape), dim, names, from_call=in_mha)
     scores4 = layout.to_record(scores)
     sink4 = None if sink is None else layout.to_record(sink.sum(dim, keepdim=True))
+    values = _mha_values(cap, frame, layout) if in_mha and cap.mha_stack and not n_sinks \
+        else None
     edited = cap.record(site, layout, layout.to_record(weights),
-                        lambda: eligible_from_scores(scores4), scores4, None, sink4)
+                        lambda: eligible_from_scores(scores4), scores4, values, sink4)
     if edited is None:
         return out
     new = layout.from_record(edited)
     return new if sink is None else torch.cat([new, sink], dim)
+
+
+def _mha_values(cap: ActiveCapture, frame: FrameType, layout: Layout
+                ) -> Callable[[], torch.Tensor]:
+    """The values of the ``F.multi_head_attention_forward`` call in ``frame``, whose softmax
+    the capture records: its local ``v`` (batch * heads, keys, d_v), final by then (biases and
+    zero attention appended), as ``(B, H, K, d_v)`` on demand. With a value edit, the call's
+    layout and ``v`` go to its :class:`~attnaudit.capturing.protocol.MhaCall` for the
+    ``torch.bmm(weights, v)`` that follows (:mod:`attnaudit.capturing.mha`)."""
+    if cap.value_edit is not None:
+        cap.mha_stack[-1].read = (layout, frame.f_locals["v"])
+    return lambda: layout.values_to_record(frame.f_locals["v"])
 
 
 class _Names:

@@ -21,7 +21,13 @@ and finiteness checks see it. The share of the raw row a view holds is left out.
 a view is written back scaled by the view's original mass over the row's total (held
 constant: no gradient flows through it), and the rest of the row is left as it was. Key
 ``P-1`` is in both views; when both are edited in one call the cross view is written first
-and the self view is cut from the result.
+and the self view is cut from the result. Where the adapter holds the call's values, a
+value edit (``capture(value_edit=)``) sees each view's weights and values (:meth:`View.values`)
+and what it changes in a view's read reaches the call's rows scaled by the view's share
+(:meth:`attnaudit.capturing.recorder.Capture.value_read`; key ``P-1``'s value edited in
+both views changes the call's read twice, once per view). At a cached step the call's
+values include the cache's, so an edit of a prompt key's value changes what the step's
+rows read from the cache; the cache itself is left as it is.
 
 Views are in absolute positions: a call that sees only the last K positions (a
 sliding-window cache; ``prompt_views(..., positions=)`` says how many the pass has seen)
@@ -152,6 +158,12 @@ class View:
             return own
         held = _widened(weights[:, :, self.rows:, : self.lead]).sum(-1, keepdim=True)
         return held if own is None else held + own
+
+    def values(self, values: torch.Tensor) -> torch.Tensor:
+        """The view's keys' values (B, H, K_view, d_v) of the call's ``values``
+        (B, H, K, d_v), zero for the ``pad`` unseen keys (which have zero weight)."""
+        block = values[:, :, self.keys]
+        return F.pad(block, (0, 0, self.pad, 0)) if self.pad else block
 
     def mask(self, key_mask: torch.Tensor | None) -> torch.Tensor | None:
         """A key mask broadcastable to the call's weights cut to the block's."""

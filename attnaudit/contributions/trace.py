@@ -300,7 +300,8 @@ def trace(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
         values, reason = record.values, ""
         if values is None:
             reason = (f"the {record.site.mechanism} path does not expose values (capture keeps "
-                      f"them for F.scaled_dot_product_attention calls): {_values_hint(model)}")
+                      f"them for F.scaled_dot_product_attention and nn.MultiheadAttention "
+                      f"calls): {_values_hint(model)}")
         elif len(record.calls) != 1:
             values, reason = None, (f"called {len(record.calls)} times in one pass (one "
                                     "call per site is decomposed)")

@@ -15,16 +15,23 @@ donor's value, the row's weights as the model computes them. The donor rule:
   example index, step, purpose) — salt 6 at the top key, 7 at the random key — among the
   examples whose key ``j`` is eligible at the same step (length-compatible: the position
   exists in the donor's source and may be attended there); a row with no such example
-  gets NaN. The draw depends on which examples share the batch;
+  gets NaN. The draw depends on which examples share the batch; no values are kept from
+  other batches (the pool is the batch, so memory does not grow with the audit);
 - the value is the donor's own, unedited value vector at key position ``j`` in the same
   site (layer) and head; with grouped-query attention, its key/value head's (the value
   every query head of the group reads).
-It needs the values inside the forward pass, which capture holds only on the explicit
-``F.scaled_dot_product_attention`` path (``Reference.value_sites``); at any other site (the
-softmax path: the model's own code multiplies the weights with the values, as in the date
-LSTM; ``nn.MultiheadAttention``; taps) it is reported as not reachable, with each site's
-reason, never approximated; zero and mean stay exact weight edits there. The donor values
-come from one extra forward pass of the donor examples (one decoder position).
+It needs the values inside the forward pass, which capture holds on the explicit
+``F.scaled_dot_product_attention`` path and on ``nn.MultiheadAttention``'s Python path
+(``Reference.value_sites``), and at a decoder-only model's prompt view of either: there
+``j`` is a prompt position of the left-padded batch, and the step's row reads the donor's
+value at ``j`` among the call's keys, the cached prefix's included — the value the cache
+holds at ``j`` replaced for that step only, the cache itself unchanged, so a one-step run
+from the cached prefix and a prefix re-run agree. At any other site (the softmax path: the
+model's own code multiplies the weights with the values, as in the date LSTM or Hugging
+Face's ``eager`` backend; taps) it is reported as not reachable, with each site's reason,
+never approximated; zero and mean stay exact weight edits there. The donor values come
+from one extra forward pass of the donor examples (one decoder position), read through a
+value edit that changes nothing.
 Each control runs at the top key (``value_{zero,mean,other_example}_*``; chosen on the
 site-and-head mean attention) and at a seeded random other eligible key
 (``value_{zero,mean,other_example}_random_*``: the key the single zeroing test's
@@ -52,7 +59,7 @@ from attnaudit.interventions.runner import (
     run_items,
     seeded_picks,
 )
-from attnaudit.record import AttentionCall, Site
+from attnaudit.record import Site
 from attnaudit.targets.contract import Seq2SeqTarget, select_state
 
 _SALT_DONOR, _SALT_DONOR_RANDOM = 6, 7
@@ -63,11 +70,7 @@ VALUE_EDIT = ("value edit: the key's value replaced by a seeded other example's 
 NO_VALUES = {
     "softmax": "capture sees only the softmax's output; the model's own code multiplies it "
                "with the values",
-    "mha": "nn.MultiheadAttention's Python path: capture sees only its softmax; PyTorch's "
-           "code multiplies it with the values",
     "tap": "attnaudit.tap() hands capture the weights only",
-    "sdpa": "a prompt view of the call: capture edits the view's weights, not the call's "
-            "values",
 }
 
 
@@ -144,13 +147,14 @@ def donor_values(target: Seq2SeqTarget, ref: Reference, donor: torch.Tensor,
     chosen = slice(None) if ref.head_index is None else list(ref.head_index)
     kept: dict[str, torch.Tensor] = {}
 
-    def keep(site: Site, call: AttentionCall) -> None:
-        if site.name not in kept and call.values is not None:
-            kept[site.name] = call.values[:, chosen][where, :, key].float().cpu()
+    def keep(site: Site, weights: torch.Tensor, values: torch.Tensor) -> None:
+        if site.name not in kept:
+            kept[site.name] = values[:, chosen][where, :, key].float().cpu()
 
     batch, emitted = ref.batch.select(used), ref.emitted[used, :1]
-    with torch.no_grad(), capture(target.model, sites=list(ref.value_sites), values=True,
-                                  keep=False, on_call=keep, kinds=target.kinds):
+    # the values as a value edit sees them (a prompt view's are the view's keys'), read only
+    with torch.no_grad(), capture(target.model, sites=list(ref.value_sites), keep=False,
+                                  value_edit=keep, kinds=target.kinds):
         if ref.encoded is None:
             target.teacher_forced(batch, emitted)
         else:

@@ -7,7 +7,8 @@ eager forward. The step's cross-attention keys and values are recomputed (a fres
 cross-attention cache), so only query row t reads the edited value, as the protocol edits.
 On the date BART (HF BART under SDPA) and a tiny Marian built from a config; on the date
 LSTM (the softmax path) the control is not reachable, with its reason; and capture's value
-edit on SDPA and nn.MultiheadAttention calls directly."""
+edit on SDPA and nn.MultiheadAttention calls directly, against attention written out from the
+modules' parameters."""
 
 from __future__ import annotations
 
@@ -242,9 +243,107 @@ def test_a_value_edit_on_sdpa_equals_attention_over_the_replaced_values(kv_heads
 
 
 def test_a_value_edit_is_never_called_where_capture_holds_no_values():
-    attention = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
-    x = torch.randn(2, 5, 16)
+    from tests.helpers.toys.attention import TinyAttention
+
+    model = TinyAttention().eval()
+    src = torch.tensor([[2, 3, 4]])
     called = []
-    with torch.no_grad(), capture(attention, value_edit=lambda *a: called.append(a)) as cap:
-        attention(x, x, x)
-    assert cap.sites and cap.value_sites == [] and called == []
+    with torch.no_grad(), capture(model, value_edit=lambda *a: called.append(a)) as cap:
+        model(src, src > 0, src)
+    assert cap.sites and cap.value_sites == [] and called == []  # the softmax path
+
+
+def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(L, B, E) -> (B, heads, L, E / heads)."""
+    length, batch, width = t.shape
+    return t.reshape(length, batch, heads, width // heads).permute(1, 2, 0, 3)
+
+
+def test_a_value_edit_on_multihead_attention_equals_a_hand_written_forward():
+    """Cross-attention (kdim = vdim != embed_dim: separate projections), a key padding mask,
+    bias_k / bias_v appended as a key, sequence-first: x_q W_q, x_k W_k, x_v W_v (+ the
+    bias key), the value of example 1's key 2 replaced for query row 1 only, softmax, P V,
+    the output projection; from the module's parameters, never through capture."""
+    torch.manual_seed(0)
+    attention = torch.nn.MultiheadAttention(8, 2, kdim=6, vdim=6, add_bias_kv=True).eval()
+    query, memory = torch.randn(3, 2, 8), torch.randn(5, 2, 6)  # (L, B, E), (S, B, kdim)
+    padding = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    new_value = torch.randn(2, 4)  # per head
+    seen = {}
+
+    def value_edit(site, weights, values):
+        seen["weights"], seen["values"] = weights, values
+        replaced = values.clone()
+        replaced[1, :, 2] = new_value
+        read = weights @ values
+        read[1, :, 1] = (weights @ replaced)[1, :, 1]
+        return read
+
+    with torch.no_grad(), capture(attention, value_edit=value_edit) as cap:
+        out, _ = attention(query, memory, memory, key_padding_mask=padding)
+    assert cap.value_sites == cap.sites == ["forward:cross"]
+    with torch.no_grad():
+        plain, _ = attention(query, memory, memory, key_padding_mask=padding)
+        b_q, b_k, b_v = attention.in_proj_bias.chunk(3)
+        q = _heads(query @ attention.q_proj_weight.T + b_q, 2)
+        k = _heads(torch.cat([memory @ attention.k_proj_weight.T + b_k,
+                              attention.bias_k.expand(1, 2, 8)]), 2)
+        v = _heads(torch.cat([memory @ attention.v_proj_weight.T + b_v,
+                              attention.bias_v.expand(1, 2, 8)]), 2)
+        allowed = torch.cat([~padding, torch.ones(2, 1, dtype=torch.bool)], 1)
+        scores = (q @ k.transpose(-2, -1) / 2.0).masked_fill(~allowed[:, None, None], -torch.inf)
+        w = torch.softmax(scores, -1)
+        read = w @ v
+        v_new = v.clone()
+        v_new[1, :, 2] = new_value
+        read[1, :, 1] = (w @ v_new)[1, :, 1]
+        expected = (read.permute(2, 0, 1, 3).reshape(3, 2, 8) @ attention.out_proj.weight.T
+                    + attention.out_proj.bias)
+    torch.testing.assert_close(seen["values"], v)  # (B, H, S + 1, d): the bias key's too
+    torch.testing.assert_close(seen["weights"], w)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    assert (out - plain).abs().max() > 1e-3  # the edit moved it
+    torch.testing.assert_close(out[:, 0], plain[:, 0], rtol=0, atol=0)  # example 0 untouched
+    torch.testing.assert_close(out[[0, 2], 1], plain[[0, 2], 1], rtol=0, atol=0)  # rows 0, 2
+
+
+def test_a_value_edit_reaches_both_attentions_of_a_transformer_decoder_layer():
+    """Inside ``nn.TransformerDecoderLayer`` (need_weights=False, a causal mask): the edit
+    sees each call's weights and values (the projected ``x_v W_v + b_v``); reading them
+    unchanged keeps the layer's output, and zeroing key 0's value at the cross-attention
+    changes that module's output by ``W_o`` of ``-w_0 v_0`` per head, written out here."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerDecoderLayer(16, 4, 32, batch_first=True, dropout=0.0).eval()
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(5)
+    attention, seen, outputs = layer.multihead_attn, {}, []
+
+    def unchanged(site, weights, values):
+        seen[site.name] = (weights, values)
+        return weights @ values
+
+    def zeroed(site, weights, values):
+        values = values.clone()
+        values[:, :, 0] = 0.0
+        return weights @ values
+
+    handle = attention.register_forward_hook(lambda m, a, out: outputs.append(out[0]))
+    try:
+        with torch.no_grad():
+            plain = layer(x, memory, tgt_mask=mask, tgt_is_causal=True)
+            with capture(layer, value_edit=unchanged) as cap:
+                same = layer(x, memory, tgt_mask=mask, tgt_is_causal=True)
+            with capture(layer, sites=["multihead_attn:cross"], value_edit=zeroed):
+                edited = layer(x, memory, tgt_mask=mask, tgt_is_causal=True)
+    finally:
+        handle.remove()
+    assert cap.value_sites == ["self_attn:self", "multihead_attn:cross"]
+    torch.testing.assert_close(same, plain, rtol=1e-5, atol=1e-6)
+    weights, values = seen["multihead_attn:cross"]
+    w_v, b_v = attention.in_proj_weight[32:], attention.in_proj_bias[32:]
+    v = (memory @ w_v.T + b_v).view(2, 7, 4, 4).transpose(1, 2)
+    torch.testing.assert_close(values, v)
+    change = (weights[..., :1] * -v[:, :, None, 0]).transpose(1, 2).reshape(2, 5, 16)
+    torch.testing.assert_close(outputs[2], outputs[0] + change @ attention.out_proj.weight.T,
+                               rtol=1e-5, atol=1e-6)
+    assert (edited - plain).abs().max() > 1e-3
