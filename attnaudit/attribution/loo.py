@@ -17,12 +17,13 @@ compared) and gives every step at once.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from typing import Any
 
 import torch
 
 from attnaudit.attribution.inputs import resolve_pad_id
 from attnaudit.errors import InterventionError
+from attnaudit.interventions.edited_sources import EditedSourcePasses
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes
 from attnaudit.interventions.outputs import tvd
 from attnaudit.interventions.runner import progress_bar
@@ -51,7 +52,8 @@ def replacement_id(target: Seq2SeqTarget, batch: Batch, replace_with: str | int,
 def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                   replace_with: str | int = "pad", *, pad_id: int | None = None,
                   chunk_size: int | None = None, reference_probs: torch.Tensor | None = None,
-                  max_memory: int | str | None = None, progress: bool = False) -> torch.Tensor:
+                  max_memory: int | str | None = None, progress: bool = False,
+                  states: Any = None) -> torch.Tensor:
     """Leave-one-out importance (B, T, n) in TVD units, [0, 1].
 
     Args:
@@ -65,6 +67,9 @@ def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         max_memory: the budget of one chunk (bytes or "2GiB"; default
             :data:`~attnaudit.capturing.blocks.DEFAULT_MAX_MEMORY`).
         progress: show a progress bar over the replaced sequences.
+        states: the batch's unedited decoder states (``Reference.states``), from which a
+            decoder-only target runs each replaced prompt from the left-out position on
+            (:class:`~attnaudit.interventions.edited_sources.EditedSourcePasses`).
 
     Returns 0 for keys that are not eligible (``target.explain_keys``) and for steps after the
     first end-of-sequence (``target.step_mask``).
@@ -84,6 +89,9 @@ def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                                     f"expected ({n_examples}, {n_steps}, V)")
         reference_probs = reference_probs.float().cpu()
         example, key = target.explain_keys(batch).cpu().nonzero(as_tuple=True)
+        by_key = torch.argsort(key, stable=True)  # a chunk's prompts share a longer prefix
+        example, key = example[by_key], key[by_key]
+        passes = EditedSourcePasses(target, batch, states)
         n_keys = batch.source_ids.shape[1]
         if chunk_size is None:
             budget = ChunkBudget.of(target.model, vocab=int(reference_probs.shape[-1]),
@@ -91,14 +99,14 @@ def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                                     state_bytes=encoder_bytes(target.model, n_keys),
                                     max_memory=max_memory)
             chunk_size = budget.sequences(n_steps, compared=n_steps)
+        chunk_size = passes.chunk_size(len(example), chunk_size)
         importance = torch.zeros(n_examples, n_steps, n_keys)
         with progress_bar(len(example), "leave-one-out", progress) as bar:
             for at in range(0, len(example), chunk_size):
                 rows, keys = example[at : at + chunk_size], key[at : at + chunk_size]
-                folded = batch.select(rows)
-                ids = folded.source_ids.clone()
+                ids = batch.source_ids[rows.to(batch.source_ids.device)].clone()
                 ids[torch.arange(len(rows)), keys] = token
-                logits = target.teacher_forced(replace(folded, source_ids=ids), emitted[rows])
+                logits = passes.logits(rows, ids, emitted[rows])
                 probs = torch.softmax(logits.float(), -1).cpu()
                 importance[rows, :, keys] = tvd(probs, reference_probs[rows])
                 bar.update(len(rows))

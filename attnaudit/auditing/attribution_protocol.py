@@ -103,7 +103,8 @@ class Attribution(InterventionProtocol):
                           max_memory=ref.budget.max_memory, seed=ref.seed,
                           first_example=ref.first_example)
         loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
-                            max_memory=ref.budget.max_memory, progress=progress)
+                            max_memory=ref.budget.max_memory, progress=progress,
+                            states=ref.states)
         importances = {"attention": ref.attention, **found.importance, "loo": loo}
         if ctx.shared is not None:
             ctx.shared[IMPORTANCES] = importances

@@ -88,7 +88,7 @@ def _suite_importances(ctx: BatchContext) -> dict[str, torch.Tensor]:
                       baseline=options.baseline, max_memory=ref.budget.max_memory,
                       seed=ref.seed, first_example=ref.first_example)
     loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
-                        max_memory=ref.budget.max_memory)
+                        max_memory=ref.budget.max_memory, states=ref.states)
     return {"attention": ref.attention, **found.importance, "loo": loo}
 
 

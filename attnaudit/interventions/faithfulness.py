@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import pairwise
 
 import torch
 
 from attnaudit.errors import InterventionError
+from attnaudit.interventions.edited_sources import EditedSourcePasses, first_changes
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes
 from attnaudit.interventions.reference_run import Reference, RowIndex
 from attnaudit.interventions.runner import progress_bar
@@ -162,20 +163,22 @@ def _edited_probabilities(target: Seq2SeqTarget, ref: Reference, edit_rows: list
     out = torch.zeros(len(edit_rows), n_steps, dtype=torch.float64)
     if not edit_rows:
         return out
-    example = torch.tensor(edit_rows)
     masks = torch.stack(edit_masks)
+    # by first removed key, so that a chunk's sources share the longest unedited prefix
+    order = torch.argsort(first_changes(torch.zeros_like(masks), masks), stable=True)
+    example, masks = torch.tensor(edit_rows)[order], masks[order]
+    passes = EditedSourcePasses(target, ref.batch, ref.states)
+    chunk_size = passes.chunk_size(len(edit_rows), chunk_size)
     with torch.no_grad(), progress_bar(len(edit_rows), "faithfulness", progress) as bar:
         for at in range(0, len(edit_rows), chunk_size):
             chunk = example[at : at + chunk_size]
-            folded = ref.batch.select(chunk)
-            ids = folded.source_ids.clone()
+            ids = ref.batch.source_ids[chunk.to(ref.batch.source_ids.device)].clone()
             ids[masks[at : at + chunk_size].to(ids.device)] = token
             emitted = ref.emitted[chunk]
-            logits = target.teacher_forced(replace(folded, source_ids=ids),
-                                           emitted.to(ids.device))
+            logits = passes.logits(chunk, ids, emitted.to(ids.device))
             probs = torch.softmax(logits.float(), -1)
             picked = probs.gather(-1, emitted.to(probs.device)[..., None]).squeeze(-1)
-            out[at : at + len(chunk)] = picked.double().cpu()
+            out[order[at : at + len(chunk)]] = picked.double().cpu()
             bar.update(len(chunk))
     return out
 

@@ -294,10 +294,17 @@ class DecoderOnlyTarget(Seq2SeqTarget):
             contribution measures trace (:mod:`attnaudit.contributions.trace`).
         first_prefix_input: 1: input 0 of the steps, the prompt's last token, is a prompt
             token, scored on the source side.
+        teacher_forced_from: optional, (batch, decoder states, emitted (B, T), start) ->
+            logits (B, T, V) equal to ``teacher_forced(batch, emitted)`` for a batch whose
+            prompt ids differ from those the states (``decode_states`` of the unedited
+            batch, its rows selected) were taken on only at positions ``start`` on: the
+            positions before come from the states' cache, the rest run (edited prompts:
+            leave-one-out, faithfulness).
     """
 
     sequence: Callable[[Batch, torch.Tensor], dict[str, torch.Tensor]] | None = None
     raw_pass: Callable[[Batch, torch.Tensor], Any] | None = None
+    teacher_forced_from: Callable[[Batch, Any, torch.Tensor, int], torch.Tensor] | None = None
     first_prefix_input: int = 1
 
     family: ClassVar[Family] = Family.DECODER_ONLY

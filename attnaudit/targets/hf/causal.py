@@ -250,6 +250,26 @@ class CausalLM:
                                 **self._logits_of(emitted.shape[1]))
         return out.logits[:, -emitted.shape[1]:]
 
+    def teacher_forced_from(self, batch: Batch, states: dict[str, Any], emitted: torch.Tensor,
+                            start: int) -> torch.Tensor:
+        """Logits (B, T, V) of :meth:`teacher_forced` for ``batch``, whose prompt differs
+        from the one ``states`` (:meth:`decode_states` of the unedited batch, the rows
+        selected) were taken on only at positions ``start`` on: positions ``< start`` come
+        from a copy of the states' cache, the rest of prompt + ``emitted[:, :-1]`` runs."""
+        inputs = self.sequence(batch, emitted)
+        ids = inputs.pop("input_ids")
+        prompt = batch.source_ids.shape[1]
+        run = {k: v[:, start:] for k, v in self._inputs(batch.source_ids, ids[:, prompt:]).items()}
+        if "position_ids" in inputs:
+            inputs["position_ids"] = inputs["position_ids"][..., start:]
+        cache = cache_before(states, self.own.lead + start)
+        with prompt_views(prompt, positions=ids.shape[1], lead=self.own.lead), \
+                self.own.context(self.model, prompt):
+            out = self.model(**run, **inputs, use_cache=True,
+                             **{cache_argument(self.model): cache},
+                             **self._logits_of(emitted.shape[1]))
+        return out.logits[:, -emitted.shape[1]:]
+
     def raw_pass(self, batch: Batch, emitted: torch.Tensor) -> Any:
         """The model's output of the teacher-forced pass on :meth:`sequence`'s ids, *without*
         prompt views (the raw self-attention over every earlier position); the last
@@ -355,6 +375,7 @@ class CausalLM:
             encode=self.encode, decode=self.decode, decode_states=self.decode_states,
             decode_step=self.decode_step, cached_decode=self.cached_decode,
             sequence=self.sequence, raw_pass=self.raw_pass,
+            teacher_forced_from=None if self.own.whole_ids_per_step else self.teacher_forced_from,
             source_embedding=embedding, source_tokens=self.prompt_tokens,
             target_tokens=self.tokens, eos_id=self.eos_id, special_ids=self.special_ids,
             description=self.description(origin), device=where,

@@ -1,0 +1,79 @@
+"""Teacher-forced passes over edited copies of a batch's sources (leave-one-out, the
+faithfulness curves), from the unedited pass's cache where the family allows it.
+
+A decoder-only target's prompt is read left to right, so an edited prompt whose first
+changed position is ``s`` has the unedited keys and values before ``s``: with the reference
+run's decoder states and the target's ``teacher_forced_from``, only positions ``s`` onward
+run (on a long prompt with edits late in it, most of the pass). Edited copies are taken in
+order of their first changed position, so a chunk's copies start near one another; a chunk
+runs from the earliest, and the copies are split into at least :data:`CACHED_CHUNKS` chunks
+(a chunk from position 0 saves nothing; on a model large enough for the cache to matter, a
+smaller chunk costs little more per copy). The first cached chunk of every
+:class:`EditedSourcePasses` is also run whole and compared (total variation within
+:func:`~attnaudit.analysis.cached_decoding.step_tolerance` of the logits' dtype, on every
+step); a gap, or a target without the states, runs every chunk whole. Encoder-decoder
+targets always run whole (the encoder reads the whole source).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from attnaudit.analysis.cached_decoding import step_tolerance
+from attnaudit.targets.contract import Batch, DecoderOnlyTarget, Seq2SeqTarget, select_state
+
+
+def first_changes(original: torch.Tensor, edited: torch.Tensor) -> torch.Tensor:
+    """(E,) long: each edited row's first position differing from ``original`` (E, P)
+    (P where none does)."""
+    differs = edited != original
+    return torch.where(differs.any(-1), differs.int().argmax(-1),
+                       torch.full_like(differs[:, 0], edited.shape[1], dtype=torch.long))
+
+
+CACHED_CHUNKS = 8  # the fewest chunks edited copies run in when the cache serves them
+
+
+class EditedSourcePasses:
+    """Logits of edited copies of ``batch`` (module docstring). states: the reference run's
+    decoder states of ``batch`` (``Reference.states``), or None."""
+
+    def __init__(self, target: Seq2SeqTarget, batch: Batch, states: Any) -> None:
+        self.target, self.batch, self.states = target, batch, states
+        self.cached = (isinstance(target, DecoderOnlyTarget) and states is not None
+                       and target.teacher_forced_from is not None)
+        self.checked = False
+
+    def chunk_size(self, copies: int, budget: int) -> int:
+        """Copies per pass: ``budget`` (the memory budget's), or fewer so that ``copies``
+        run in at least :data:`CACHED_CHUNKS` passes when the cache serves them."""
+        if not self.cached:
+            return budget
+        return max(1, min(budget, -(-copies // CACHED_CHUNKS)))
+
+    def logits(self, rows: torch.Tensor, ids: torch.Tensor, emitted: torch.Tensor
+               ) -> torch.Tensor:
+        """(R, T, V): teacher-forced logits of examples ``rows`` (R,) of the batch with their
+        source ids replaced by ``ids`` (R, P), on ``emitted`` (R, T)."""
+        edited = replace(self.batch.select(rows), source_ids=ids)
+        start = int(first_changes(self.batch.source_ids[rows.to(ids.device)], ids).min()) \
+            if self.cached else 0
+        start = min(start, ids.shape[1] - 1)  # the prompt's last position feeds step 0
+        if start <= 0:
+            return self.target.teacher_forced(edited, emitted)
+        assert isinstance(self.target, DecoderOnlyTarget)
+        assert self.target.teacher_forced_from is not None
+        out = self.target.teacher_forced_from(edited, select_state(self.states, rows),
+                                              emitted, start)
+        if not self.checked:
+            self.checked = True
+            whole = self.target.teacher_forced(edited, emitted)
+            gap = 0.5 * (torch.softmax(out.float(), -1)
+                         - torch.softmax(whole.float(), -1)).abs().sum(-1).max()
+            if not gap <= step_tolerance(whole.dtype):
+                self.cached = False
+                return whole
+        return out

@@ -1,0 +1,118 @@
+"""Edited prompts of a decoder-only model run from the unedited pass's cache: leave-one-out
+equals an independent computation (the checkpoint loaded again with the eager backend, each
+edited prompt run whole, never through attnaudit), the faithfulness curves equal those of
+whole passes, and the cached path is what ran (from the first edited position on)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from attnaudit.attribution.loo import leave_one_out, replacement_id
+from attnaudit.interventions.edited_sources import EditedSourcePasses, first_changes
+from attnaudit.interventions.faithfulness import ranking, removal_curves
+from attnaudit.interventions.reference_run import reference
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+
+PROMPTS = [" ".join(f"w{5 + (3 * i + k) % 60}" for i in range(n)) for k, n in
+           ((0, 14), (1, 6), (2, 11))]
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from attnaudit.targets.hf.loading import from_hf
+    from tests.helpers.tiny_targets import eager_model, save_tiny
+
+    folder = save_tiny("llama", tmp_path_factory.mktemp("llama"))
+    target = from_hf(folder, PROMPTS, max_new_tokens=4)
+    batch = next(target.iter_batches())
+    return target, batch, reference(target, batch), eager_model("llama", folder)
+
+
+def _counting(target):
+    """The target with ``teacher_forced_from`` wrapped: the list of starts it ran from."""
+    starts: list[int] = []
+    inner = target.teacher_forced_from
+
+    def counted(batch, states, emitted, start):
+        starts.append(start)
+        return inner(batch, states, emitted, start)
+
+    return dataclasses.replace(target, teacher_forced_from=counted), starts
+
+
+def _eager_probs(model, ids, mask, emitted) -> torch.Tensor:
+    """(T, V) float64: the eager model's whole pass over prompt ``ids`` + emitted[:-1]."""
+    seq = torch.cat([ids, emitted[:-1]])[None]
+    full = torch.cat([mask.long(), torch.ones(len(emitted) - 1, dtype=torch.long)])[None]
+    with torch.no_grad():
+        out = model(input_ids=seq, attention_mask=full,
+                    position_ids=(full.cumsum(-1) - 1).clamp_min(0))
+    return torch.softmax(out.logits[0, -len(emitted):].double(), -1)
+
+
+def test_first_changes():
+    original = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4]])
+    edited = torch.tensor([[1, 9, 3, 9], [1, 2, 3, 4], [9, 2, 3, 4]])
+    assert first_changes(original, edited).tolist() == [1, 4, 0]
+
+
+def test_leave_one_out_from_the_cache_equals_whole_eager_passes(llama):
+    target, batch, ref, eager = llama
+    assert ref.states is not None
+    counted, starts = _counting(target)
+    loo = leave_one_out(counted, batch, ref.emitted, reference_probs=ref.probs,
+                        states=ref.states)
+    assert starts and max(starts) > 0  # chunks ran from a later position
+    token = replacement_id(target, batch, "pad")
+    explain, steps = target.explain_keys(batch), target.step_mask(ref.emitted)
+    for b in range(len(batch)):
+        ids, mask, emitted = batch.source_ids[b], batch.source_mask[b], ref.emitted[b]
+        plain = _eager_probs(eager, ids, mask, emitted)
+        for j in explain[b].nonzero().flatten().tolist():
+            edited = ids.clone()
+            edited[j] = token
+            moved = 0.5 * (_eager_probs(eager, edited, mask, emitted) - plain).abs().sum(-1)
+            expected = moved * steps[b].double()
+            torch.testing.assert_close(loo[b, :, j].double(), expected, atol=TOL, rtol=0)
+
+
+def test_faithfulness_curves_from_the_cache_equal_whole_passes(llama):
+    target, batch, ref, _ = llama
+    rows = ref.rows()
+    eligible = ref.eligible[rows.example, rows.step]
+    scores = torch.arange(eligible.shape[-1], dtype=torch.float32).expand_as(eligible)
+    orders = torch.stack([ranking(scores, eligible), ranking(-scores, eligible)], 1)
+    token = replacement_id(target, batch, "pad")
+    counted, starts = _counting(target)
+    cached = removal_curves(counted, ref, rows, orders, token, chunk_size=3)
+    assert starts and max(starts) > 0
+    whole = removal_curves(dataclasses.replace(target, teacher_forced_from=None), ref, rows,
+                           orders, token, chunk_size=3)
+    torch.testing.assert_close(cached.comprehensiveness, whole.comprehensiveness,
+                               atol=TOL, rtol=0)
+    torch.testing.assert_close(cached.sufficiency, whole.sufficiency, atol=TOL, rtol=0)
+
+
+def test_a_cached_pass_that_disagrees_falls_back_to_whole_passes(llama):
+    target, batch, ref, _ = llama
+
+    def wrong(batch, states, emitted, start):  # a cache that is not the batch's
+        return target.teacher_forced(batch, emitted) + 5.0 * torch.randn(
+            len(batch), emitted.shape[1], ref.probs.shape[-1], generator=torch.Generator()
+            .manual_seed(0))
+
+    passes = EditedSourcePasses(dataclasses.replace(target, teacher_forced_from=wrong), batch,
+                                ref.states)
+    ids = batch.source_ids.clone()
+    ids[:, -2] = replacement_id(target, batch, "pad")
+    rows = torch.arange(len(batch))
+    got = passes.logits(rows, ids, ref.emitted)
+    whole = target.teacher_forced(dataclasses.replace(batch, source_ids=ids), ref.emitted)
+    torch.testing.assert_close(got, whole)
+    assert not passes.cached
