@@ -182,7 +182,7 @@ def paired_heatmaps(name: str, panels: Sequence[tuple[np.ndarray, Sequence[str],
         fig = MplFigure(figsize=(max(sum(widths[i] for i in row) for row in rows),
                                  height * len(rows) + 0.3 * (len(rows) - 1)))
         columns = max(sum(cuts[i] + 2 for i in row) for row in rows)
-        grid = fig.add_gridspec(len(rows), columns, hspace=0.9)
+        grid = fig.add_gridspec(len(rows), columns, hspace=0.45)
         first = None
         for r, row in enumerate(rows):
             start = 0
