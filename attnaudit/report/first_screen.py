@@ -94,7 +94,7 @@ def validity_numbers(tables: Mapping[str, pd.DataFrame]) -> list[KeyNumber]:
     error = _largest(summary, "row_sum_error_max")
     if error is not None:
         tolerance = None if sites is None else _largest(sites, "row_sum_tolerance")
-        out.append(KeyNumber("largest |row sum − 1|", format_cell(error),
+        out.append(KeyNumber("largest |row sum - 1|", format_cell(error),
                              "" if tolerance is None else f"tolerance {tolerance:g}"))
     mass = _largest(summary, "masked_mass_max")
     out.append(KeyNumber("largest weight on ineligible keys",

@@ -57,7 +57,7 @@ def check_against_csvs(folder: Path) -> None:
     assert numbers["attention sites checked"] == str(len(sites))
     assert numbers["counted rows"] == f"{sum(int(s['rows']) for s in sites):,}"
     error = max(float(s["row_sum_error_max"]) for s in sites)
-    assert float(numbers["largest |row sum − 1|"]) == pytest.approx(error, rel=1e-3)
+    assert float(numbers["largest |row sum - 1|"]) == pytest.approx(error, rel=1e-3)
     for column, label in (("non_finite_rows", "rows with non-finite weights"),
                           ("negative_rows", "rows with negative weights"),
                           ("all_masked_rows", "rows with no eligible key")):
@@ -110,3 +110,13 @@ def test_parts_without_their_tables_are_left_out():
     assert (screen.validity, screen.claims, screen.tested, screen.not_tested) == ([], [], [], [])
     assert screen.headline is None
     assert [link.href for link in screen.read_next] == ["#misconceptions"]
+
+
+def test_long_text_shows_its_first_sentence():
+    from attnaudit.report.html import LEAD_CHARS, split_lead
+
+    short = "One sentence. Two."
+    assert split_lead(short) == (short, "")
+    long = "First part here. " + "x" * LEAD_CHARS
+    assert split_lead(long) == ("First part here.", "x" * LEAD_CHARS)
+    assert split_lead("y" * (LEAD_CHARS + 5)) == ("y" * (LEAD_CHARS + 5), "")
