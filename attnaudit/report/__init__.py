@@ -92,7 +92,8 @@ def write_report(out_dir: str | Path, *, checklist: Checklist,
                        row_sum_tolerance=site_tolerances(tables.get("sites")))
         context["explorer"] = {"csv": CSV_NAME, "examples": len(explored),
                                "block": explorer_block(data)}
-    context["first_screen"] = first_screen(tables, explorer=bool(explored))
+    context["first_screen"] = first_screen(tables, explorer=bool(explored),
+                                           quick=bool(manifest["options"].get("quick")))
     with folder.assembling() as out:
         write_csvs(tables, out)
         if explored:

@@ -146,15 +146,18 @@ def tested_lines(tables: Mapping[str, pd.DataFrame]) -> list[str]:
         out.append("contribution measures computed: " + (", ".join(computed) or "none"))
     faithfulness = tables.get("faithfulness_summary")
     if faithfulness is not None and len(faithfulness):
-        out.append(f"{len(faithfulness)} importance measures compared for faithfulness: "
-                   + ", ".join(map(str, faithfulness["measure"])))
+        out.append(f"{len(faithfulness)} importance measures ranked by faithfulness")
     return out
 
 
-def gaps(tables: Mapping[str, pd.DataFrame]) -> list[Gap]:
+QUICK_OMITS = "integrated_gradients"  # the attribution a quick audit leaves out
+
+
+def gaps(tables: Mapping[str, pd.DataFrame], *, quick: bool = False) -> list[Gap]:
     """What was not tested, with why: the claims not tested, the checklist items not
-    recorded, the contribution measures not computed and, when the explanation verdict
-    itself is not tested (no intervention suite), its answer."""
+    recorded, the contribution measures not computed, in a quick audit the attribution it
+    leaves out (when the faithfulness table has no row of it) and, when the explanation
+    verdict itself is not tested (no intervention suite), its answer."""
     out = []
     _, claims = claim_lines(tables)
     frame = tables.get("claims")
@@ -177,6 +180,10 @@ def gaps(tables: Mapping[str, pd.DataFrame]) -> list[Gap]:
         for m in measures[measures["status"] != "computed"].itertuples(index=False):
             out.append(Gap(f"contribution measure {m.measure}",
                            not_computed_text(str(m.status), str(m.reason))))
+    faithfulness = tables.get("faithfulness_summary")
+    if quick and faithfulness is not None and QUICK_OMITS not in set(faithfulness["measure"]):
+        out.append(Gap(f"importance measure {QUICK_OMITS}",
+                       "not run: a quick audit leaves it out; the full report computes it"))
     return out
 
 
@@ -207,10 +214,11 @@ def read_next(tables: Mapping[str, pd.DataFrame], *, explorer: bool) -> list[Lin
     return out
 
 
-def first_screen(tables: Mapping[str, pd.DataFrame], *, explorer: bool) -> FirstScreen:
+def first_screen(tables: Mapping[str, pd.DataFrame], *, explorer: bool,
+                 quick: bool = False) -> FirstScreen:
     """The first screen's content from the audit's tables by CSV name; explorer: whether
-    the page has the attention explorer."""
+    the page has the attention explorer; quick: whether the audit ran with ``--quick``."""
     headline, claims = claim_lines(tables)
     return FirstScreen(validity=validity_numbers(tables), headline=headline, claims=claims,
-                       tested=tested_lines(tables), not_tested=gaps(tables),
+                       tested=tested_lines(tables), not_tested=gaps(tables, quick=quick),
                        read_next=read_next(tables, explorer=explorer))

@@ -36,8 +36,9 @@ def number_text(estimate: str, low: str, high: str) -> str:
 
 
 def screen_of(folder: Path, explorer: bool = True):
-    schema = json.loads((folder / "manifest.json").read_text(encoding="utf-8")).get("tables")
-    return first_screen(read_csvs(folder, schema), explorer=explorer)
+    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    return first_screen(read_csvs(folder, manifest.get("tables")), explorer=explorer,
+                        quick=manifest["options"]["quick"])
 
 
 def check_against_csvs(folder: Path) -> None:
@@ -76,10 +77,14 @@ def check_against_csvs(folder: Path) -> None:
         assert (what in gaps) == (measure["status"] != "computed")
         if what in gaps:
             assert measure["reason"] in gaps[what] and "{'" not in gaps[what]
+    faithfulness = {r["measure"] for r in rows(folder, "faithfulness_summary")}
+    quick = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))["options"]["quick"]
+    omitted = quick and bool(faithfulness) and "integrated_gradients" not in faithfulness
+    assert ("importance measure integrated_gradients" in gaps) == omitted
     assert len(gaps) == (sum(c["status"] == "not tested" for c in others)
                          + sum(i["status"] == "not recorded" for i in items)
                          + sum(m["status"] != "computed"
-                               for m in rows(folder, "contribution_measures")))
+                               for m in rows(folder, "contribution_measures")) + omitted)
     recorded = [i for i in items if i["status"] != "not recorded"]
     assert f"{len(recorded)} of {len(items)} checklist items recorded" in screen.tested[0]
     tested = [c for c in others if c["status"] != "not tested"]
@@ -103,6 +108,7 @@ def test_a_quick_report_first_screen_is_its_tables(cli_reports):
     adversarial = "No very different weights give the same output (adversarial search)"
     assert gaps[adversarial].startswith("the adversarial search did not run")
     assert gaps["contribution measure value_zeroing"].startswith("not run: a quick audit")
+    assert gaps["importance measure integrated_gradients"].startswith("not run: a quick audit")
 
 
 def test_parts_without_their_tables_are_left_out():
