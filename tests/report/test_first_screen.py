@@ -1,6 +1,6 @@
 """The first screen's numbers are the tables': read here from the CSVs with the ``csv``
-module (no pandas, no attnaudit formatting), on the committed date-LSTM report and on a
-quick date BART report, whose adversarial search did not run."""
+module (no pandas, no attnaudit formatting), on the committed date-LSTM and date-BART
+reports and on a quick date BART report, whose adversarial search did not run."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from attnaudit.report.first_screen import first_screen
 from attnaudit.report.tables import read_csvs
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = ROOT / "reports" / "date"
+COMMITTED = [ROOT / "reports" / "date", ROOT / "reports" / "date_bart"]
 
 
 def rows(folder: Path, name: str) -> list[dict[str, str]]:
@@ -97,8 +97,9 @@ def check_against_csvs(folder: Path) -> None:
     assert "#explorer" in links and "#misconceptions" in links
 
 
-def test_the_committed_report_first_screen_is_its_tables():
-    check_against_csvs(COMMITTED)
+@pytest.mark.parametrize("folder", COMMITTED, ids=lambda p: p.name)
+def test_the_committed_reports_first_screen_is_their_tables(folder):
+    check_against_csvs(folder)
 
 
 def test_a_quick_report_first_screen_is_its_tables(cli_reports):
