@@ -77,6 +77,7 @@ def _misconception_notes(model: nn.Module, audit: ValidityAudit | None,
     note on "attention weights are causal explanations" opens with the explanation
     verdict, so that the two say the same."""
     notes: dict[str, str] = {}
+    names: dict[str, tuple[str, ...]] = {}
     by_check: dict[str, list[Finding]] = {}
     for f in findings:
         by_check.setdefault(f.check, []).append(f)
@@ -127,14 +128,16 @@ def _misconception_notes(model: nn.Module, audit: ValidityAudit | None,
                    "some look normalised over the query axis."))
         separate = separate_key_value(model, audit)
         if separate:
-            notes["keys_are_values"] = separate
+            notes["keys_are_values"] = ("Separate key and value projection tensors at "
+                                        f"{len(separate)} site(s)")
+            names["keys_are_values"] = tuple(separate)
     if suite is not None:
         notes["causal_explanation"] = (f"Explanation verdict: {explanation.status} — "
                                        f"{explanation.answer}")
         for line, key in intervention_lines(dict(suite.tables), suite.protocols):
             if key:
                 notes[key] = f"{notes[key]} {line}" if key in notes else line
-    return [MisconceptionNote(m.claim, m.correction, notes[m.key])
+    return [MisconceptionNote(m.claim, m.correction, notes[m.key], names.get(m.key, ()))
             for m in MISCONCEPTIONS if m.key in notes]
 
 
@@ -162,8 +165,9 @@ def _row_sum_note(audit: ValidityAudit, row_sum: Sequence[Finding],
             "passes), so weights trade off against each other.")
 
 
-def separate_key_value(model: nn.Module, audit: ValidityAudit) -> str:
-    """A sentence when a site's module has distinct key and value projection tensors."""
+def separate_key_value(model: nn.Module, audit: ValidityAudit) -> list[str]:
+    """Each site whose module has distinct key and value projection tensors, as
+    ``"site (key tensor, value tensor)"``, by site name."""
     params = parameter_table(model, dict(zip(audit.sites["site"], audit.sites["module"],
                                              strict=True)))
     found = []
@@ -173,6 +177,4 @@ def separate_key_value(model: nn.Module, audit: ValidityAudit) -> str:
         value = [n for n in names if n.endswith(("v_proj.weight", "value.weight"))]
         if key and value:
             found.append(f"{site} ({key[0]}, {value[0]})")
-    if not found:
-        return ""
-    return ("Separate key and value projection tensors: " + "; ".join(found) + ".")
+    return found

@@ -162,9 +162,19 @@ class Verdict:
 
 @dataclass
 class MisconceptionNote:
+    """A misconception, its correction and what this audit measured on it. names: the
+    list the evidence sentence stands for (e.g. every site with separate key and value
+    tensors), which the page summarises with the full list one click away."""
+
     claim: str
     correction: str
     evidence: str
+    names: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        """The evidence with its whole list, as the misconceptions table holds it."""
+        return f"{self.evidence}: {'; '.join(self.names)}." if self.names else self.evidence
 
 
 @dataclass

@@ -36,6 +36,7 @@ from attnaudit.report.explorer import (
     site_tolerances,
 )
 from attnaudit.report.explorer_page import explorer_block
+from attnaudit.report.first_screen import first_screen
 from attnaudit.report.html import interval_text, render_summary, write_html
 from attnaudit.report.item_figures import item_figures
 from attnaudit.report.manifest import write_manifest
@@ -91,6 +92,8 @@ def write_report(out_dir: str | Path, *, checklist: Checklist,
                        row_sum_tolerance=site_tolerances(tables.get("sites")))
         context["explorer"] = {"csv": CSV_NAME, "examples": len(explored),
                                "block": explorer_block(data)}
+    context["first_screen"] = first_screen(tables, explorer=bool(explored),
+                                           quick=bool(manifest["options"].get("quick")))
     with folder.assembling() as out:
         write_csvs(tables, out)
         if explored:

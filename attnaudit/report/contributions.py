@@ -113,5 +113,15 @@ def contributions_section(tables: Mapping[str, pd.DataFrame]) -> dict[str, Any] 
                    for name, (title, caption) in TABLES.items() if name in tables],
         "status": None if judged is None else judged[0],
         "judgement": None if judged is None else judged[1],
-        "not_applicable": [f"{r.measure}: {r.reason}" for r in missing.itertuples(index=False)],
+        "not_computed": [(r.measure, not_computed_text(r.status, r.reason))
+                         for r in missing.itertuples(index=False)],
     }
+
+
+def not_computed_text(status: str, reason: str) -> str:
+    """Why a measure was not computed, in words: its status ("not applicable": the model
+    has no such quantity; "not run": this audit left it out), then the reason."""
+    if reason.startswith(status):
+        return reason
+    said = {"not applicable": "does not apply to this model"}.get(status, status)
+    return f"{said}: {reason}" if reason else said

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import io
+import math
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -28,8 +30,15 @@ if TYPE_CHECKING:  # matplotlib.typing is new in matplotlib 3.8
     from matplotlib.typing import RcKeyType
 
 DPI = 96
+TICK_PT = 9  # tick labels, in points: TICK_PT * DPI / 72 = 12 pixels of the PNG
 STYLE: dict[RcKeyType, Any] = {"text.parse_math": False, "font.size": 9, "axes.titlesize": 10,
-         "svg.fonttype": "none"}
+         "xtick.labelsize": TICK_PT, "ytick.labelsize": TICK_PT, "svg.fonttype": "none"}
+# The page never draws a figure narrower than this share of its PNG width (its box scrolls
+# instead), so that tick labels stay at least MIN_SCALE * 12 = 9 pixels at 100 % zoom.
+MIN_SCALE = 0.75
+# Side-by-side panels wrap onto further rows past this width (inches: 1248 pixels, which the
+# page shows at full size from a 1280-pixel window).
+MAX_ROW_INCHES = 13.0
 MAX_HEATMAP_KEYS = 60  # longer sources are cut for legibility; the caption says so
 MAX_HEATMAP_QUERIES = 60  # and longer outputs
 
@@ -45,10 +54,26 @@ class Figure:
     figure: MplFigure
 
     @cached_property
-    def data_uri(self) -> str:
-        """The figure as ``data:image/png;base64,...``, rendered once, in the report's style."""
+    def png(self) -> bytes:
+        """The figure as PNG bytes, rendered once, in the report's style."""
         with matplotlib.rc_context(STYLE):
             return _render(self.figure)
+
+    @property
+    def data_uri(self) -> str:
+        """The figure as ``data:image/png;base64,...``."""
+        return "data:image/png;base64," + base64.b64encode(self.png).decode("ascii")
+
+    @property
+    def pixels(self) -> tuple[int, int]:
+        """(width, height) of the PNG in pixels (read from its header)."""
+        width, height = struct.unpack(">II", self.png[16:24])
+        return width, height
+
+    @property
+    def min_width(self) -> int:
+        """The narrowest width in pixels the page may draw it at (:data:`MIN_SCALE`)."""
+        return math.ceil(MIN_SCALE * self.pixels[0])
 
 
 def _subplots(width: float, height: float) -> tuple[MplFigure, matplotlib.axes.Axes]:
@@ -56,10 +81,10 @@ def _subplots(width: float, height: float) -> tuple[MplFigure, matplotlib.axes.A
     return fig, fig.subplots()
 
 
-def _render(fig: MplFigure) -> str:
+def _render(fig: MplFigure) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    return buffer.getvalue()
 
 
 # Token labels with their spaces visible: a space, and the word-start markers of byte-level
@@ -85,18 +110,22 @@ def heatmap_size(queries: int, keys: int) -> tuple[float, float]:
 
 
 def attention_heatmap(name: str, weights: np.ndarray, source_tokens: Sequence[str],
-                      target_tokens: Sequence[str], *, title: str, caption: str) -> Figure:
+                      target_tokens: Sequence[str], *, title: str, caption: str,
+                      axes: tuple[str, str] = ("queries", "keys")) -> Figure:
     """Weights (queries, keys) of one example and head, tokens on the axes with their spaces
-    visible (:func:`visible_token`); the figure grows with the sequence (:func:`heatmap_size`)."""
+    visible (:func:`visible_token`); the figure grows with the sequence (:func:`heatmap_size`).
+    ``source_tokens`` label the keys (columns), ``target_tokens`` the queries (rows); axes:
+    what the rows and the columns are (e.g. "emitted steps", "source tokens")."""
     weights = np.asarray(weights, dtype=float)
     if weights.ndim != 2:
         raise ReportError(f"attention_heatmap needs (queries, keys) weights, got {weights.shape}")
     q, k = weights.shape
+    rows, columns = axes
     cut_q, cut_k = min(q, MAX_HEATMAP_QUERIES), min(k, MAX_HEATMAP_KEYS)
     if cut_k < k:
         caption = f"{caption} Only the first {cut_k} of {k} keys are drawn."
     if cut_q < q:
-        caption = f"{caption} Only the first {cut_q} of {q} query steps are drawn."
+        caption = f"{caption} Only the first {cut_q} of {q} query rows are drawn."
     caption = f"{caption} Spaces are drawn as {VISIBLE[ord(' ')]}."
     sources = [visible_token(t) for t in source_tokens]
     targets = [visible_token(t) for t in target_tokens]
@@ -105,21 +134,38 @@ def attention_heatmap(name: str, weights: np.ndarray, source_tokens: Sequence[st
         sns.heatmap(weights[:cut_q, :cut_k], ax=ax, cmap="viridis", vmin=0.0, vmax=1.0,
                     xticklabels=sources[:cut_k], yticklabels=targets[:cut_q],
                     cbar_kws={"label": "attention weight"})
-        ax.set_xlabel("source token (key)")
-        ax.set_ylabel("emitted token (query step)")
+        ax.set_xlabel(f"{columns} (keys)")
+        ax.set_ylabel(f"{rows} (queries)")
         ax.tick_params(axis="x", labelrotation=90)
         ax.tick_params(axis="y", labelrotation=0)
         ax.set_title(title)
-    alt = (f"Heatmap of attention weights, {q} query steps by {k} source keys. Source tokens: "
-           f"{' '.join(sources)}. Emitted tokens: {' '.join(targets)}.")
+    alt = (f"Heatmap of attention weights, {q} rows ({rows}) by {k} columns ({columns}). "
+           f"Columns: {' '.join(sources)}. Rows: {' '.join(targets)}.")
     return Figure(name, title, caption, alt, fig)
+
+
+def panel_rows(widths: Sequence[float], limit: float = MAX_ROW_INCHES) -> list[list[int]]:
+    """Panels of these widths (inches), in order, packed onto rows no wider than ``limit``
+    (a panel wider than it gets a row of its own): each row's panel indices."""
+    rows: list[list[int]] = []
+    used = limit
+    for index, width in enumerate(widths):
+        if rows and used + width <= limit:
+            rows[-1].append(index)
+            used += width
+        else:
+            rows.append([index])
+            used = width
+    return rows
 
 
 def paired_heatmaps(name: str, panels: Sequence[tuple[np.ndarray, Sequence[str], str]],
                     step_labels: Sequence[str], *, title: str, caption: str,
                     value_label: str) -> Figure:
     """Heatmaps side by side that share their rows (the emitted steps): each panel is
-    ``(values (steps, keys) in 0..1, key labels, x-axis label)``; NaN cells are left blank."""
+    ``(values (steps, keys) in 0..1, key labels, x-axis label)``; NaN cells are left blank.
+    Panels wrap onto further rows past :data:`MAX_ROW_INCHES` (:func:`panel_rows`), so that
+    the figure is drawn near its own size and its labels stay legible."""
     cut_q = min(len(step_labels), MAX_HEATMAP_QUERIES)
     steps = [visible_token(t) for t in step_labels]
     cuts = [min(values.shape[1], MAX_HEATMAP_KEYS) for values, _, _ in panels]
@@ -129,22 +175,32 @@ def paired_heatmaps(name: str, panels: Sequence[tuple[np.ndarray, Sequence[str],
     if cut_q < len(step_labels):
         notes.append(f"Only the first {cut_q} of {len(step_labels)} steps are drawn.")
     caption = " ".join([caption, *notes, f"Spaces are drawn as {VISIBLE[ord(' ')]}."])
+    widths = [heatmap_size(cut_q, cut)[0] for cut in cuts]
+    rows = panel_rows(widths)
     with matplotlib.rc_context(STYLE):
-        width = sum(heatmap_size(cut_q, cut)[0] for cut in cuts)
-        fig = MplFigure(figsize=(width, heatmap_size(cut_q, 1)[1]))
-        axes = fig.subplots(1, len(panels), sharey=True, width_ratios=[c + 2 for c in cuts])
-        for at, (ax, cut, (values, labels, xlabel)) in enumerate(
-                zip(np.atleast_1d(axes), cuts, panels, strict=True)):
-            last = at == len(panels) - 1
-            sns.heatmap(np.asarray(values, dtype=float)[:cut_q, :cut], ax=ax, cmap="viridis",
-                        vmin=0.0, vmax=1.0, cbar=last,
-                        xticklabels=[visible_token(t) for t in labels][:cut],
-                        yticklabels=steps[:cut_q],
-                        cbar_kws={"label": value_label} if last else None)
-            ax.set_xlabel(xlabel)
-            ax.tick_params(axis="x", labelrotation=90)
-            ax.tick_params(axis="y", labelrotation=0)
-        np.atleast_1d(axes)[0].set_ylabel("emitted token (step)")
+        height = heatmap_size(cut_q, 1)[1]
+        fig = MplFigure(figsize=(max(sum(widths[i] for i in row) for row in rows),
+                                 height * len(rows) + 0.3 * (len(rows) - 1)))
+        columns = max(sum(cuts[i] + 2 for i in row) for row in rows)
+        grid = fig.add_gridspec(len(rows), columns, hspace=0.45)
+        first = None
+        for r, row in enumerate(rows):
+            start = 0
+            for at in row:
+                values, labels, xlabel = panels[at]
+                ax = fig.add_subplot(grid[r, start:start + cuts[at] + 2], sharey=first)
+                first = first or ax
+                start += cuts[at] + 2
+                last = at == row[-1]
+                sns.heatmap(np.asarray(values, dtype=float)[:cut_q, :cuts[at]], ax=ax,
+                            cmap="viridis", vmin=0.0, vmax=1.0, cbar=last,
+                            xticklabels=[visible_token(t) for t in labels][:cuts[at]],
+                            yticklabels=steps[:cut_q],
+                            cbar_kws={"label": value_label} if last else None)
+                ax.set_xlabel(xlabel)
+                ax.tick_params(axis="x", labelrotation=90)
+                ax.tick_params(axis="y", labelrotation=0, labelleft=at == row[0])
+                ax.set_ylabel("emitted token (step)" if at == row[0] else "")
         fig.suptitle(title)
     keys = ". ".join(f"{xlabel}s: {' '.join(visible_token(t) for t in labels)}"
                      for _, labels, xlabel in panels)

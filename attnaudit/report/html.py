@@ -41,6 +41,20 @@ def interval_text(estimate: float, low: float, high: float) -> str:
     return f"{estimate:.3g} [{low:.3g}, {high:.3g}]"
 
 
+LEAD_CHARS = 300  # longer text shows its first sentence, the rest one click away
+
+
+def split_lead(text: str, limit: int = LEAD_CHARS) -> tuple[str, str]:
+    """(first sentence, the rest) of a text longer than ``limit`` characters; (text, "")
+    for a shorter one or one with no sentence break before ``limit``."""
+    if len(text) <= limit:
+        return text, ""
+    end = text.find(". ", 0, limit)
+    if end < 0:
+        return text, ""
+    return text[:end + 1], text[end + 2:]
+
+
 def claim_threshold(threshold: float) -> str:
     return "—" if not math.isfinite(threshold) else f"{threshold:.3g}"
 
@@ -52,6 +66,7 @@ def environment() -> jinja2.Environment:
     env.filters["status_class"] = status_class
     env.filters["claim_number"] = claim_number
     env.filters["claim_threshold"] = claim_threshold
+    env.filters["split_lead"] = split_lead
     return env
 
 

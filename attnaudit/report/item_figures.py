@@ -16,6 +16,7 @@ from attnaudit.attribution.agreement import ATTENTION, GRADIENT, JAIN_WALLACE_RE
 from attnaudit.interventions.permutation import BIN_LABELS, SMALL_TVD, max_attention_bins
 from attnaudit.interventions.protocol import ROWS, table_with
 from attnaudit.report import figures as figs
+from attnaudit.report.explorer import AXES, PLAIN_AXES
 
 
 def item_figures(tables: Mapping[str, pd.DataFrame], example: ExampleMaps | None,
@@ -47,11 +48,12 @@ def _example_heatmaps(example: ExampleMaps | None) -> list[figs.Figure]:
         heads = amap.weights.shape[0]
         weights = amap.weights.mean(0) if heads > 1 else amap.weights[0]
         what = f"the mean over {heads} heads" if heads > 1 else "its single head"
+        rows, columns = AXES.get((example.family, amap.role), PLAIN_AXES)
         out.append(figs.attention_heatmap(
             f"example_map_{index}", weights, amap.key_labels, amap.query_labels,
-            title=f"{site}: first audited example",
+            axes=(rows, columns), title=f"{site}: first audited example",
             caption=(f"Attention weights at {site} ({amap.role}), {what}, for the source "
-                     f"\"{example.source}\". Rows are query positions, columns keys; only "
+                     f"\"{example.source}\". Rows are {rows}, columns {columns}; only "
                      "real tokens and steps up to the end of the output are drawn. A heatmap "
                      "shows where this retrieval read, not why the output was produced.")))
     return out

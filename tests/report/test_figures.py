@@ -147,3 +147,39 @@ def test_target_side_heatmap_beside_the_source_one_only_when_target_side_ran(dat
     assert "attribution_sides" not in [f.name for f in item_figures(without, None, None)[
         "interventions"]]
     assert "attribution_sides" not in date_audit.figure_names()
+
+
+# what a static heatmap's rows and columns are, by the site's role
+AXIS_LABELS = {"encoder_self": ("source tokens (queries)", "source tokens (keys)"),
+               "decoder_self": ("emitted steps (queries)", "decoder inputs (keys)"),
+               "cross": ("emitted steps (queries)", "source tokens (keys)")}
+
+
+@pytest.mark.parametrize("name", ["date", "date_transformer"])
+def test_heatmap_axes_say_what_the_rows_are(api_audits, name):
+    audit, _, _ = api_audits(name)
+    maps = [m for m in audit.validity.example.maps.values() if 0 not in m.weights.shape]
+    assert maps
+    for index, amap in enumerate(maps):
+        ax = audit.figure(f"example_map_{index}").axes[0]
+        assert (ax.get_ylabel(), ax.get_xlabel()) == AXIS_LABELS[amap.role], amap.site
+    roles = {m.role for m in maps}
+    assert roles == ({"cross"} if name == "date" else set(AXIS_LABELS))
+
+
+def test_side_by_side_panels_wrap_and_keep_their_tick_size():
+    assert figs.panel_rows([4.0, 4.0, 4.0, 4.0, 14.0, 1.0]) == [[0, 1, 2], [3], [4], [5]]
+    keys = [f"k{i}" for i in range(18)]
+    panels = [(np.full((10, 18), 1 / 18), keys, f"measure {i}") for i in range(6)]
+    figure = figs.paired_heatmaps("p", panels, [f"s{i}" for i in range(10)], title="t",
+                                  caption="c", value_label="share")
+    width, _ = figure.figure.get_size_inches()
+    assert width <= figs.MAX_ROW_INCHES
+    heatmaps = [ax for ax in figure.figure.axes if ax.get_xlabel().startswith("measure")]
+    assert [ax.get_xlabel() for ax in heatmaps] == [f"measure {i}" for i in range(6)]
+    assert len({round(ax.get_position().y0, 3) for ax in heatmaps}) == 3  # two per row
+    sizes = {label.get_fontsize() for ax in heatmaps for label in ax.get_xticklabels()}
+    assert sizes == {figs.TICK_PT}
+    png_width, _ = figure.pixels
+    assert figure.min_width >= figs.MIN_SCALE * png_width
+    assert figs.MIN_SCALE * figs.TICK_PT * figs.DPI / 72 >= 9  # pixels at the narrowest

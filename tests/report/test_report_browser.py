@@ -28,6 +28,10 @@ def test_report_renders_in_chromium(browser, tmp_path):
     assert all(complete and width > 0 for complete, width in widths), widths
     errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert errors == []
+    # long sections are collapsed; opened, every table sits in a box
+    assert not any(browser.execute_script(
+        "return Array.from(document.querySelectorAll('details')).map(d => d.open);"))
+    browser.execute_script("document.querySelectorAll('details').forEach(d => d.open = true);")
     # every table sits in a box, and no box clips: wider content scrolls inside its box
     boxes = browser.execute_script("""
         return Array.from(document.querySelectorAll('table')).map(t => {
