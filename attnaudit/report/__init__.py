@@ -93,8 +93,8 @@ def write_report(out_dir: str | Path, *, checklist: Checklist,
     if explored:
         data = payload(explored, max_masked_mass=max_masked_mass,
                        row_sum_tolerance=site_tolerances(tables.get("sites")))
-        context["explorer"] = {"csv": CSV_NAME, "examples": len(explored),
-                               "block": explorer_block(data)}
+        context["explorer"] = {"csv": CSV_NAME, "top_keys_csv": data["top_keys_csv"],
+                               "examples": len(explored), "block": explorer_block(data)}
     with folder.assembling() as out:
         write_csvs(tables, out)
         if explored:

@@ -30,9 +30,11 @@ written to ``attention_top_keys.csv`` by :func:`top_keys_frame`). The page zooms
 block at token resolution: a kept key shows its exact weight, every other key the block
 mean, marked as such. Such a page's map data is ``f32`` while it fits
 :data:`LONG_PAYLOAD_BUDGET` (20 MB). Measured (``python -m benchmarks.long_prompt_page``): an
-8,192-token prompt continued for 32 steps on a 16-layer x 32-head model gives a page of
-about 13 MB; the page grows linearly in layers x heads x steps (about 0.8 kB per layer, head
-and step at 8k tokens), so 20 MB holds about 50 continuation steps of that model.
+8,192-token prompt continued for 32 steps on a 16-layer x 32-head model gives an explorer of
+13.1 MB; it grows linearly in layers x heads x steps (802 bytes per layer, head and step at
+8k tokens: 128 block means, 8 top keys and key 0), so 20 MB holds 48 continuation steps of
+that model. Past the budget (more steps or examples) the block means are stored with 8 bits
+(``u8``, marked approximate); the kept keys stay exact.
 
 The page opens where the information is (:func:`opening`): on the cell a validity finding
 points at when a kept map has one, else on the first example's cross-attention view (a
@@ -301,7 +303,8 @@ def payload(examples: Sequence[ExampleViews], *, max_masked_mass: float | None,
     ``f32`` when the whole fits ``budget`` base64 bytes, else ``u8``; the rows that fail
     the masked-mass or row-sum check (at ``max_masked_mass`` and each site's
     ``row_sum_tolerance``) and the cells of ineligible keys that received weight; ``csv``:
-    the file holding the same values, which the page names (None: there is none)."""
+    the file holding the same values, which the page names (None: there is none), beside
+    :data:`TOP_KEYS_CSV` where a view has a long key axis."""
     cells = sum(a.size for e in examples for v in e.views for a in v.measures.values())
     if any(v.long is not None for e in examples for v in e.views):
         budget = max(budget, LONG_PAYLOAD_BUDGET)
@@ -309,7 +312,9 @@ def payload(examples: Sequence[ExampleViews], *, max_masked_mass: float | None,
     pages = [{"index": e.index, "source": e.source,
               "views": [_view_payload(v, encoding, max_masked_mass, row_sum_tolerance)
                         for v in e.views]} for e in examples]
+    long = any(v.long is not None for e in examples for v in e.views)
     return {"version": 1, "encoding": encoding, "csv": csv,
+            "top_keys_csv": TOP_KEYS_CSV if long and csv is not None else None,
             "max_masked_mass": max_masked_mass, "opening": opening(examples, pages),
             "examples": pages}
 

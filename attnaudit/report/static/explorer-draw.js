@@ -9,7 +9,7 @@
   const INELIGIBLE = [222, 225, 229];
   const ALERT = "#c62828";
   const INK = "#1d2329";
-  const KEPT = "#ff8f00";  // the outline of a kept key's exact weight in a zoomed block
+  const KEPT = "#d81b60";  // the outline of a kept key's exact weight in a zoomed block
   const HEADER = 36;  // the title and the axes line above every scene
   let measurer = null;
 
@@ -81,8 +81,8 @@
     for (let q = 0; q < w.nq; q += 1) {
       for (let k = 0; k < w.nk; k += 1) {
         if (ex.kept(layer, head, w.q0 + q, w.k0 + k)) {
-          scene.items.push({t: "rect", x: x0 + k * cw + 0.5, y: y0 + q * ch + 0.5, w: cw - 1, h: ch - 1,
-            stroke: KEPT, lw: 1});
+          scene.items.push({t: "rect", x: x0 + k * cw + 1, y: y0 + q * ch + 1, w: cw - 2, h: ch - 2,
+            stroke: KEPT, lw: 2});
         }
       }
     }

@@ -171,7 +171,7 @@
         }
       }
     }
-    return {heads: heads, encoding: "f32", values: values, kept: kept, shape: [layers, heads, queries, n]};
+    return {heads: heads, encoding: means.encoding, values: values, kept: kept, shape: [layers, heads, queries, n]};
   };
 
   /* Zoom into block `block` of the current long view (null: back to every block). */
@@ -476,11 +476,13 @@
     if (!view.zoom) {
       return " Keys: " + base.long.tokens.length + " tokens in blocks of " + base.long.block +
         "; each cell is the block's mean weight. Zoom into a block to read its tokens: each row's top " +
-        base.long.k + " keys and key 0 are kept exactly.";
+        base.long.k + " keys and key 0 are kept exactly" +
+        (this.data.top_keys_csv ? " (" + this.data.top_keys_csv + ")." : ".");
     }
     return " Zoomed into block " + view.zoom.block + " (keys " + view.zoom.start + "\u2013" + (view.zoom.stop - 1) +
-      "): outlined cells are kept keys, exact (the row's top " + base.long.k + " keys and key 0); every other cell " +
-      "shows the block mean, not that key's own weight.";
+      "): cells outlined in magenta are kept keys, exact (the row's top " + base.long.k + " keys and key 0); every other cell " +
+      "shows the block mean, not that key's own weight." +
+      (this.data.top_keys_csv ? " Kept keys: " + this.data.top_keys_csv + "." : "");
   };
 
   /* The current view as PNG (data URL) or SVG (text), at its layout size. */
