@@ -61,11 +61,11 @@ def main() -> None:
                       getattr(torch, options.dtype))
     seconds = time.perf_counter() - start
     rows = options.layers * options.heads * options.steps
+    within = "within" if size <= LONG_PAYLOAD_BUDGET else "OVER"
     print(f"prompt {options.prompt} tokens, {options.layers} layers x {options.heads} heads, "
           f"{options.steps} steps, {options.dtype}: page {size / 1e6:.2f} MB "
           f"({size / rows:.0f} bytes per layer, head and step), budget "
-          f"{LONG_PAYLOAD_BUDGET / 1e6:.0f} MB: {'within' if size <= LONG_PAYLOAD_BUDGET else 'OVER'}"
-          f"; {seconds:.1f} s")
+          f"{LONG_PAYLOAD_BUDGET / 1e6:.0f} MB: {within}; {seconds:.1f} s")
     print(load())
 
 

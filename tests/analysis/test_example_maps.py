@@ -1,13 +1,14 @@
 """Example maps built call by call equal those built from a whole record, and past 512
-positions a query axis is averaged in equal runs, a key axis in blocks: weights, labels and the validity annotations
-(eligible keys, row sums, masked mass over every key of a row) checked against numpy."""
+positions a query axis is averaged in equal runs, a key axis in blocks: weights, labels and
+the validity annotations (eligible keys, row sums, masked mass over every key of a row)
+checked against numpy."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from attnaudit.analysis.example_maps import MAX_MAP_SIDE, MapBuilder, example_maps
+from attnaudit.analysis.example_maps import MapBuilder, example_maps
 from attnaudit.record import AttentionCall, AttentionRecord, Site
 from tests.helpers.map_runs import key_pooled, key_runs, pooled, runs
 

@@ -34,7 +34,7 @@ def test_the_overview_holds_the_mean_of_each_block_of_prompt_tokens(report):
 
 
 def test_every_row_keeps_its_exact_top_keys_and_key_0(report):
-    layers, heads, steps, keys = report.rows.shape
+    layers, heads, steps, _ = report.rows.shape
     tops = report.tops[report.tops["view"] == "cross"]
     top = tops[tops["kind"] == "top"].sort_values(["layer", "head", "query", "rank"])
     k = int(top["rank"].max()) + 1
