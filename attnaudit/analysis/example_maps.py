@@ -151,9 +151,10 @@ class _SiteMap:
 
 class MapBuilder:
     """One example's maps gathered call by call (or record by record), trimmed to real
-    tokens and, past :data:`MAX_MAP_SIDE` rows or keys, averaged over equal runs of
-    consecutive positions, so a map never holds more than ``heads x MAX_MAP_SIDE^2``
-    weights.
+    tokens and, past :data:`MAX_MAP_SIDE` rows, averaged over equal runs of consecutive
+    rows, past :data:`MAX_MAP_SIDE` keys over blocks of keys (beside each exact row's top
+    keys, :mod:`attnaudit.analysis.long_keys`), so a map never holds more than
+    ``heads x MAX_MAP_SIDE^2`` weights.
 
     source_mask: bool (n,), real source tokens. step_mask: bool (T,), steps up to EOS (both
     the example's). example: its row in the batches handed to :meth:`add`. validity: also

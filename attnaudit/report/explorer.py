@@ -322,10 +322,14 @@ def payload(examples: Sequence[ExampleViews], *, max_masked_mass: float | None,
 def mean_max_weight(examples: Sequence[ExampleViews], name: str) -> tuple[np.ndarray, int]:
     """Each (layer, head)'s mean over query rows of the row's largest weight, float64
     (layers, heads), over every example's view called ``name`` whose shape is the first
-    one's (rows without a finite weight left out); and how many examples that is."""
+    one's (rows without a finite weight left out); and how many examples that is. A view
+    with a long key axis reads each row's largest weight exactly, from its kept top key,
+    not from its block means."""
     views = [v for e in examples for v in e.views if v.name == name]
-    weights = [v.measures[WEIGHTS] for v in views
-               if v.measures[WEIGHTS].shape[:2] == views[0].measures[WEIGHTS].shape[:2]]
+    views = [v for v in views
+             if v.measures[WEIGHTS].shape[:2] == views[0].measures[WEIGHTS].shape[:2]]
+    weights = [v.measures[WEIGHTS] if v.long is None else v.long.value[..., :1]
+               for v in views]
     finite = [np.isfinite(w).any(-1) for w in weights]  # (layers, heads, queries)
     peaks = [np.where(f, np.nanmax(np.where(f[..., None], w, 0.0), -1), 0.0)
              for w, f in zip(weights, finite, strict=True)]

@@ -1,6 +1,6 @@
 """The explorer of a long-prompt decoder-only report (a tiny GPT-2 continuing a 4,096-token
 prompt) in headless Chromium, read against its CSVs: the first view is the continuation
-over the prompt in blocks; hovered block means equal ``attention_maps.csv``; zoomed into a
+over the prompt in blocks, on the head whose rows' largest weights are the largest; hovered block means equal ``attention_maps.csv``; zoomed into a
 block, a kept key reads its exact weight from ``attention_top_keys.csv`` and any other key
 the block mean, marked as such; back out, the blocks again. No network request, no console
 error. Full-page screenshots at 1400 and 420 pixels wide go to ``$ATTNAUDIT_SCREENSHOTS``
@@ -58,6 +58,9 @@ def test_the_long_prompt_explorer_zooms_into_a_block_with_exact_kept_keys(browse
     first = readout(browser)
     assert first["view"] == "cross" and first["kind"] == "block mean"
     layer, head = int(first["layer"]), int(first["head"])
+    # it opens on the head whose rows' largest weights (their exact top keys) are the largest
+    largest = tops[(tops["view"] == "cross") & (tops["kind"] == "top") & (tops["rank"] == 0)]
+    assert largest.groupby(["layer", "head"])["value"].mean().idxmax() == (layer, head)
     legend = browser.find_element(By.CSS_SELECTOR, ".ax-explorer .ax-legend").text
     assert "4096 tokens in blocks of 32" in legend
     # the overview: hovered block means are the CSV's
