@@ -51,3 +51,36 @@ def test_every_row_keeps_its_exact_top_keys_and_key_0(report):
     assert (first["key"] == 0).all() and len(first) == layers * heads * steps
     np.testing.assert_allclose(first["value"].to_numpy().reshape(layers, heads, steps),
                                report.rows[..., 0], **TOLERANCE)
+
+
+def test_a_bare_capture_with_a_long_key_axis_keeps_its_top_keys_on_its_tokens():
+    """``show()`` of a captured call over 1,000 keys, in bfloat16: block means and top keys
+    against numpy, and the zoom's key labels are the tokens given."""
+    import base64
+
+    import torch
+
+    import attnaudit
+    from attnaudit.record import AttentionCall, AttentionRecord, Site
+    from tests.helpers.report_page import page_data
+
+    torch.manual_seed(5)
+    keys = 1000
+    weights = torch.softmax(4 * torch.randn(1, 2, 3, keys), -1).to(torch.bfloat16)
+    record = AttentionRecord(Site("attn:self", "self", "softmax", "attn"))
+    record.append(AttentionCall(weights))
+    tokens = [f"k{i}" for i in range(keys)]
+    (view,) = page_data(attnaudit.show(record, tokens).html)["examples"][0]["views"]
+    w = weights[0].double().numpy()  # (H, 3, keys): bfloat16 values, exactly
+    block = 8  # 1,000 keys: 125 blocks of 8
+    long = view["long"]
+    assert (long["block"], long["k"], long["tokens"][:2]) == (block, 8, ["k0", "k1"])
+    means = np.frombuffer(base64.b64decode(view["measures"]["weights"]["data"]), "<f4")
+    np.testing.assert_allclose(means.reshape(2, 3, keys // block),
+                               w.reshape(2, 3, keys // block, block).mean(-1), rtol=1e-6)
+    index = np.frombuffer(base64.b64decode(long["index"]), "<i4").reshape(2, 3, 8)
+    value = np.frombuffer(base64.b64decode(long["value"]), "<f4").reshape(2, 3, 8)
+    np.testing.assert_array_equal(value, np.take_along_axis(w, index, -1))
+    np.testing.assert_array_equal(value, -np.sort(-w, -1)[..., :8])
+    first = np.frombuffer(base64.b64decode(long["first"]), "<f4").reshape(2, 3)
+    np.testing.assert_array_equal(first, w[..., 0])
