@@ -4,6 +4,8 @@ key-0 and sink-column weights against numpy on the rows as they came, on real to
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 
@@ -17,7 +19,7 @@ def _maps(weights: torch.Tensor, sink: torch.Tensor, source_mask: torch.Tensor,
           cuts: list[int]):
     steps = weights.shape[2]
     builder = MapBuilder(source_mask, torch.ones(steps, dtype=torch.bool), example=1)
-    for start, stop in zip(cuts[:-1], cuts[1:], strict=True):
+    for start, stop in itertools.pairwise(cuts):
         record = AttentionRecord(Site("x", "cross", "softmax", "x"))
         record.append(AttentionCall(weights[:, :, start:stop],
                                     sink=sink[:, :, start:stop]))

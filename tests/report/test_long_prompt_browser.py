@@ -1,6 +1,7 @@
 """The explorer of a long-prompt decoder-only report (a tiny GPT-2 continuing a 4,096-token
 prompt) in headless Chromium, read against its CSVs: the first view is the continuation
-over the prompt in blocks, on the head whose rows' largest weights are the largest; hovered block means equal ``attention_maps.csv``; zoomed into a
+over the prompt in blocks, on the head whose rows' largest weights are the largest;
+hovered block means equal ``attention_maps.csv``; zoomed into a
 block, a kept key reads its exact weight from ``attention_top_keys.csv`` and any other key
 the block mean, marked as such; back out, the blocks again. No network request, no console
 error. Full-page screenshots at 1400 and 420 pixels wide go to ``$ATTNAUDIT_SCREENSHOTS``
