@@ -18,6 +18,7 @@ from tests.helpers.long_prompt import long_prompt_report
 from tests.report.test_explorer_browser import (
     open_page,
     point_at,
+    press,
     readout,
     requests,
     select,
@@ -50,6 +51,7 @@ def screenshot(browser, name: str, width: int) -> None:
 
 def test_the_long_prompt_explorer_zooms_into_a_block_with_exact_kept_keys(browser, report):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
 
     maps, tops = report.maps, report.tops
     means = maps[(maps["view"] == "cross") & (maps["measure"] == "weights")].set_index(
@@ -109,4 +111,17 @@ def test_the_long_prompt_explorer_zooms_into_a_block_with_exact_kept_keys(browse
     assert (got["key"], got["kind"]) == ("50", "block mean")
     assert float(got["exact"]) == means[layer, head, 1, 50]
     screenshot(browser, "long-prompt-overview", 420)
+
+    # the keyboard: Enter zooms into the selected key's block, Escape goes back; the model
+    # view draws the zoomed block for every layer and head
+    browser.set_window_size(1400, 1400)
+    press(browser, Keys.HOME, *[Keys.ARROW_RIGHT] * 5, Keys.ENTER)
+    got = readout(browser)
+    assert (got["block"], got["key"]) == ("5", "160") and got["kind"] != "block mean"
+    browser.find_element(By.CSS_SELECTOR, ".ax-explorer .ax-mode-model").click()
+    assert readout(browser)["block"] == "5"
+    browser.find_element(By.CSS_SELECTOR, ".ax-explorer .ax-mode-head").click()
+    press(browser, Keys.ESCAPE)
+    got = readout(browser)
+    assert (got["key"], got["kind"]) == ("5", "block mean")
     assert severe(browser) == [] and requests(browser) == []

@@ -104,7 +104,7 @@
     c.model.addEventListener("click", () => this.select({mode: "model"}));
     c.headMode.addEventListener("click", () => this.select({mode: "head"}));
     c.zoom.addEventListener("change", () => this.zoomTo(c.zoom.value === "" ? null : +c.zoom.value));
-    c.zoomIn.addEventListener("click", () => this.zoomTo(Math.floor(this.state.key / this.baseView().long.block)));
+    c.zoomIn.addEventListener("click", () => this.zoomTo(this.state.key));  // the overview's keys are blocks
     c.zoomOut.addEventListener("click", () => this.zoomTo(null));
     c.png.addEventListener("click", () => this.download("png"));
     c.svg.addEventListener("click", () => this.download("svg"));
@@ -410,7 +410,7 @@
     else if (k === "End") change.key = keys - 1;
     else if (k === "Enter" && this.baseView().long && s.zoom === null) {
       event.preventDefault();
-      this.zoomTo(Math.floor(s.key / this.baseView().long.block));
+      this.zoomTo(s.key);
       return;
     } else if (k === "Escape" && s.zoom !== null) {
       event.preventDefault();
