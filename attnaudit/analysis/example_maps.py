@@ -5,8 +5,11 @@ the report's heatmaps and its attention explorer draw (and, per word,
 A map is gathered call by call (:class:`MapBuilder`: the streamed validity audit hands it
 each attention call as it arrives) or from kept records (:func:`example_maps`), the same
 code either way. Up to :data:`MAX_MAP_SIDE` query rows or keys a map is exact (the explorer
-shows a moving window past 256 of them); a longer axis is averaged in equal runs of
-consecutive positions, each labelled ``first…last``.
+shows a moving window past 256 of them). A longer query axis is averaged in equal runs of
+consecutive rows; a longer key axis (a long prompt) in blocks of a power-of-two number of
+tokens (:mod:`attnaudit.analysis.long_keys`), each run or block labelled ``first…last``,
+and each exact row of such a map keeps its top keys, its weight on key 0 and its sink
+weight exactly (:attr:`AttentionMap.top_keys`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 import torch
 
 from attnaudit.analysis.base import as_4d
+from attnaudit.analysis.long_keys import TopKeys, TopKeysBuilder, block_bins, block_size
 from attnaudit.record import AttentionRecord, Family
 
 START_LABEL = "<start>"  # the decoder's first input (a decoder-only model: the prompt's end)
@@ -44,6 +48,8 @@ class AttentionMap:
     measures: other per-cell measures on the same axes by name, each (heads or 1,
         queries, keys) float32 (value-norm contributions, attributions...); the explorer
         shows every one beside ``weights``.
+    top_keys: where the key axis was cut into blocks and the rows are exact, each row's
+        exact top keys, key-0 and sink weights on the token axis (None otherwise).
     """
 
     site: str
@@ -55,6 +61,7 @@ class AttentionMap:
     row_sum: np.ndarray | None = None
     masked_mass: np.ndarray | None = None
     measures: dict[str, np.ndarray] = field(default_factory=dict)
+    top_keys: TopKeys | None = None
 
 
 @dataclass
@@ -130,7 +137,8 @@ class _SiteMap:
     weights: (H, rows, keys) float32: declared roles hold sums over each run of rows (keys
     already averaged), captured sites their rows as they came. checks: its validity
     columns, None without validity. rows: captured sites' query rows kept so far; keys: the
-    most keys a call had.
+    most keys a call had. top: a declared role's top keys per row, when its key axis is
+    long and its rows exact (captured sites find theirs in :meth:`MapBuilder.maps`).
     """
 
     role: str
@@ -138,13 +146,15 @@ class _SiteMap:
     checks: _SiteChecks | None
     rows: int = 0
     keys: int = 0
+    top: TopKeysBuilder | None = None
 
 
 class MapBuilder:
     """One example's maps gathered call by call (or record by record), trimmed to real
-    tokens and, past :data:`MAX_MAP_SIDE` rows or keys, averaged over equal runs of
-    consecutive positions, so a map never holds more than ``heads x MAX_MAP_SIDE^2``
-    weights.
+    tokens and, past :data:`MAX_MAP_SIDE` rows, averaged over equal runs of consecutive
+    rows, past :data:`MAX_MAP_SIDE` keys over blocks of keys (beside each exact row's top
+    keys, :mod:`attnaudit.analysis.long_keys`), so a map never holds more than
+    ``heads x MAX_MAP_SIDE^2`` weights.
 
     source_mask: bool (n,), real source tokens. step_mask: bool (T,), steps up to EOS (both
     the example's). example: its row in the batches handed to :meth:`add`. validity: also
@@ -187,8 +197,12 @@ class MapBuilder:
         rows = weights[:, local]  # (H, q', K): every key of the kept rows
         bins = _bins(len(q_index))[torch.nonzero(here).squeeze(1)]
         site = self._site(record.name, role, rows.shape[0], len(q_index), len(k_index))
-        site.weights.index_add_(1, bins, _pool(rows[:, :, keys].float().cpu(), 2,
-                                               len(k_index)))
+        mapped = rows[:, :, keys]  # (H, q', n keys)
+        if site.top is not None:
+            sink = record.sink
+            site.top.add(mapped, bins, None if sink is None
+                         else sink[self.example][:, local.to(sink.device)])
+        site.weights.index_add_(1, bins, _pool(mapped.float().cpu(), 2, len(k_index)))
         checks = site.checks
         if eligible is not None and checks is not None:  # both or neither: self.validity
             mine = eligible[:, local]
@@ -216,13 +230,15 @@ class MapBuilder:
         """The site's map, created empty (runs of ``rows`` rows by runs of ``keys`` keys)."""
         site = self.sites.get(name)
         if site is None:
-            runs, key_runs = _runs(rows), _runs(keys)
+            runs, key_runs = _runs(rows), _key_runs(keys)
             checks = _SiteChecks(
                 torch.zeros(heads, runs, key_runs),
                 *(torch.full((heads, runs), fill, dtype=torch.float64)
                   for fill in (torch.inf, -torch.inf, -torch.inf))) if self.validity else None
             site = self.sites[name] = _SiteMap(role, torch.zeros(heads, runs, key_runs),
                                                checks)
+            if keys > MAX_MAP_SIDE and rows <= MAX_MAP_SIDE:
+                site.top = TopKeysBuilder.empty(heads, rows, keys)
         return site
 
     def _add_captured(self, name: str, role: str, weights: torch.Tensor,
@@ -265,17 +281,24 @@ class MapBuilder:
         maps = {}
         for name, site in self.sites.items():
             checks = site.checks
+            top = site.top
             if site.role in labels:
                 q_labels, k_labels = labels[site.role]
                 weights = site.weights / _counts(len(q_labels))[None, :, None]
                 eligible = None if checks is None else checks.eligible
             else:
+                if site.keys > MAX_MAP_SIDE:
+                    top = TopKeysBuilder.empty(site.weights.shape[0], site.rows, site.keys)
+                    top.add(site.weights, torch.arange(site.rows), None)
                 weights = _pool(site.weights, 2, site.keys)
                 eligible = None if checks is None else _pool(checks.eligible, 2, site.keys)
                 q_labels = [str(i) for i in range(site.rows)]
                 k_labels = [str(i) for i in range(site.keys)]
-            amap = AttentionMap(name, site.role, weights.numpy(), _pooled(q_labels),
-                                _pooled(k_labels))
+            amap = AttentionMap(name, site.role, weights.numpy(),
+                                _pooled(q_labels, _bins(len(q_labels))),
+                                _pooled(k_labels, _key_bins(len(k_labels))))
+            if top is not None:
+                amap.top_keys = top.keys(block_size(len(k_labels)), k_labels)
             if eligible is not None and checks is not None:  # eligible is None without checks
                 amap.eligible = (eligible > 0).numpy()
                 amap.row_sum = _worst_sum(checks.row_low, checks.row_high).numpy()
@@ -318,14 +341,28 @@ def _counts(length: int) -> torch.Tensor:
     return torch.bincount(_bins(length), minlength=_runs(length)).float().clamp_min(1.0)
 
 
+def _key_runs(length: int) -> int:
+    """Cells of a key axis of ``length`` positions: the positions, or past
+    :data:`MAX_MAP_SIDE` the blocks of :func:`~attnaudit.analysis.long_keys.block_size`."""
+    return length if length <= MAX_MAP_SIDE else -(-length // block_size(length))
+
+
+def _key_bins(length: int) -> torch.Tensor:
+    """(length,) long: each key's cell (:func:`_key_runs`)."""
+    return torch.arange(length) if length <= MAX_MAP_SIDE else block_bins(length)
+
+
 def _pool(weights: torch.Tensor, axis: int, length: int) -> torch.Tensor:
-    """``weights`` averaged over the runs of :func:`_bins` along ``axis`` (of ``length``)."""
+    """``weights`` averaged over the cells of :func:`_key_bins` along the key ``axis`` (of
+    ``length``)."""
     if length <= MAX_MAP_SIDE:
         return weights
     shape = list(weights.shape)
-    shape[axis] = _runs(length)
-    pooled = torch.zeros(shape).index_add_(axis, _bins(length), weights)
-    return pooled / _counts(length).reshape([-1 if a == axis else 1 for a in range(3)])
+    shape[axis] = _key_runs(length)
+    bins = _key_bins(length)
+    pooled = torch.zeros(shape).index_add_(axis, bins, weights)
+    counts = torch.bincount(bins, minlength=shape[axis]).float()
+    return pooled / counts.reshape([-1 if a == axis else 1 for a in range(3)])
 
 
 def _append_rows(kept: torch.Tensor, rows: torch.Tensor, keys: int) -> torch.Tensor:
@@ -336,11 +373,12 @@ def _append_rows(kept: torch.Tensor, rows: torch.Tensor, keys: int) -> torch.Ten
                       pad(rows, (0, keys - rows.shape[2]))], dim=1)
 
 
-def _pooled(labels: list[str]) -> list[str]:
-    """Labels of :func:`_bins`' runs: a run of several positions reads ``first…last``."""
+def _pooled(labels: list[str], cells: torch.Tensor) -> list[str]:
+    """Labels of the runs ``cells`` gives each position (:func:`_bins`, :func:`_key_bins`):
+    a run of several positions reads ``first…last``."""
     if len(labels) <= MAX_MAP_SIDE:
         return labels
-    bins = _bins(len(labels)).tolist()
+    bins = cells.tolist()
     firsts: dict[int, int] = {}
     lasts: dict[int, int] = {}
     for i, b in enumerate(bins):

@@ -6,6 +6,8 @@
   explorer (:mod:`attnaudit.report.explorer`: inline script and data), no network access;
   every user-provided string is escaped;
 - ``DIR/attention_maps.csv``: every value the explorer shows (the kept examples' maps);
+- ``DIR/attention_top_keys.csv``: where a map's key axis is long (a long prompt), each row's
+  exact top keys, key-0 and sink weights beside its block means;
 - ``DIR/<table>.csv``: every table the page shows, whole and tidy;
 - ``DIR/manifest.json``: model class, parameter count and content hash, library versions,
   seeds, data digest, sites, command line (see :mod:`attnaudit.report.manifest`), and the
@@ -30,10 +32,12 @@ from attnaudit.report.contributions import contributions_section
 from attnaudit.report.definitions import definition_blocks
 from attnaudit.report.explorer import (
     CSV_NAME,
+    TOP_KEYS_CSV,
     explorer_views,
     maps_frame,
     payload,
     site_tolerances,
+    top_keys_frame,
 )
 from attnaudit.report.explorer_page import explorer_block
 from attnaudit.report.first_screen import first_screen
@@ -90,14 +94,17 @@ def write_report(out_dir: str | Path, *, checklist: Checklist,
     if explored:
         data = payload(explored, max_masked_mass=max_masked_mass,
                        row_sum_tolerance=site_tolerances(tables.get("sites")))
-        context["explorer"] = {"csv": CSV_NAME, "examples": len(explored),
-                               "block": explorer_block(data)}
+        context["explorer"] = {"csv": CSV_NAME, "top_keys_csv": data["top_keys_csv"],
+                               "examples": len(explored), "block": explorer_block(data)}
     context["first_screen"] = first_screen(tables, explorer=bool(explored),
                                            quick=bool(manifest["options"].get("quick")))
     with folder.assembling() as out:
         write_csvs(tables, out)
         if explored:
             maps_frame(explored).to_csv(out / CSV_NAME, index=False)
+            tops = top_keys_frame(explored)
+            if not tops.empty:
+                tops.to_csv(out / TOP_KEYS_CSV, index=False)
         write_manifest({**manifest, "tables": table_schema(tables)}, out)
         page = write_html(context, out).name
     return folder.path / page

@@ -72,6 +72,9 @@ def show(capture_or_record: Any, tokens: Sequence[object] | None = None, *,
         amap.role = site.role or KIND_ROLES.get(site.kind or "", Role.CAPTURED)
         queries, keys = amap.weights.shape[1:]
         amap.key_labels = _labels(tokens, keys, amap.key_labels)
+        if amap.top_keys is not None:  # a long key axis: the tokens its zoom shows
+            top = amap.top_keys
+            top.tokens = _labels(tokens, len(top.tokens), top.tokens)
         amap.query_labels = _labels(query_tokens if amap.role == "cross" else tokens,
                                     queries, amap.query_labels)
         for measure, per_site in (measures or {}).items():

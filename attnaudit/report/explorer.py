@@ -21,6 +21,21 @@ window, never cut. The maps themselves are exact up to
 :data:`~attnaudit.analysis.example_maps.MAX_MAP_SIDE` (512) positions per axis and averaged
 in runs past that (:class:`~attnaudit.analysis.example_maps.MapBuilder`).
 
+Long prompts (a key axis past 512 tokens, e.g. a decoder-only continuation over a prompt of
+1k-32k tokens): the view's map is an overview of block means (at most 128 blocks of a
+power-of-two number of tokens, :mod:`attnaudit.analysis.long_keys`) and, for every exact
+query row of every layer and head, its top 8 keys, its weight on key 0 (the sink) and on
+sink columns, kept exactly as float32 (:class:`LongKeys`, always ``f32`` in the page,
+written to ``attention_top_keys.csv`` by :func:`top_keys_frame`). The page zooms into any
+block at token resolution: a kept key shows its exact weight, every other key the block
+mean, marked as such. Such a page's map data is ``f32`` while it fits
+:data:`LONG_PAYLOAD_BUDGET` (20 MB). Measured (``python -m benchmarks.long_prompt_page``): an
+8,192-token prompt continued for 32 steps on a 16-layer x 32-head model gives an explorer of
+13.1 MB; it grows linearly in layers x heads x steps (802 bytes per layer, head and step at
+8k tokens: 128 block means, 8 top keys and key 0), so 20 MB holds 48 continuation steps of
+that model. Past the budget (more steps or examples) the block means are stored with 8 bits
+(``u8``, marked approximate); the kept keys stay exact.
+
 The page opens where the information is (:func:`opening`): on the cell a validity finding
 points at when a kept map has one, else on the first example's cross-attention view (a
 decoder-only model's continuation over its prompt), on the (layer, head) whose attention is
@@ -40,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from attnaudit.analysis.example_maps import ExampleMaps
+from attnaudit.analysis.long_keys import TopKeys
 from attnaudit.errors import ExplorerError
 from attnaudit.record import Family, Role
 from attnaudit.report.figures import visible_token
@@ -47,13 +63,18 @@ from attnaudit.targets.contract import role_title
 
 DEFAULT_EXAMPLES = 5  # the report's ``--explorer-examples``
 PAYLOAD_BUDGET = 2_500_000  # base64 bytes of map data in one page: the page stays <= 3 MB
+LONG_PAYLOAD_BUDGET = 20_000_000  # ... in a page with a long key axis (module docstring)
 CSV_NAME = "attention_maps.csv"
+TOP_KEYS_CSV = "attention_top_keys.csv"
 WEIGHTS = "weights"
 ROLE_ORDER = (Role.ENCODER_SELF, Role.DECODER_SELF, Role.SELF, Role.CROSS, Role.CAPTURED)
 QUERY_AXES: dict[str, str] = {Role.ENCODER_SELF: "Query token"}  # the page's query slider, by role
 STEP_AXIS = "Decoding step"  # ... of every other role: its queries are output steps
 MAP_COLUMNS = ["example", "view", "measure", "site", "layer", "head", "query", "key",
                "query_token", "key_token", "eligible", "value"]
+TOP_KEY_COLUMNS = ["example", "view", "site", "layer", "head", "query", "query_token",
+                   "kind", "rank", "key", "key_token", "block", "value"]
+TOP, FIRST, SINK = "top", "key 0", "sink columns"  # the kinds of attention_top_keys.csv rows
 U8_MISSING = 255
 U8_LEVELS = 254
 OPENING_STATISTIC = "mean max weight"
@@ -69,6 +90,24 @@ AXES: dict[tuple[Family | None, str], tuple[str, str]] = {  # what a map's rows 
 
 
 @dataclass
+class LongKeys:
+    """A view's exact keys beside its block means (:class:`~attnaudit.analysis.long_keys.
+    TopKeys` of its sites stacked as layers).
+
+    block: tokens per block. tokens: a label per key token. index: int64 (layers, heads,
+    queries, k), value: float32, the same shape. first: float32 (layers, heads, queries),
+    the weight on key 0. sink: float32 (layers, heads, queries) or None.
+    """
+
+    block: int
+    tokens: list[str]
+    index: np.ndarray
+    value: np.ndarray
+    first: np.ndarray
+    sink: np.ndarray | None
+
+
+@dataclass
 class View:
     """One role of attention in one example, its sites stacked as layers.
 
@@ -79,7 +118,8 @@ class View:
     spaces visible). measures: name -> float32
     (layers, heads or 1, queries, keys); NaN where a site lacks the measure. eligible:
     bool (layers, heads, queries, keys) or None (not known). row_sum, masked_mass: float64
-    (layers, heads, queries) or None.
+    (layers, heads, queries) or None. long: the exact keys kept beside a long key axis's
+    block means, or None (the key axis is exact).
     """
 
     name: str
@@ -94,6 +134,7 @@ class View:
     row_sum: np.ndarray | None = None
     masked_mass: np.ndarray | None = None
     axes: tuple[str, str] = PLAIN_AXES
+    long: LongKeys | None = None
 
 
 @dataclass
@@ -139,7 +180,23 @@ def _view(example: ExampleMaps, name: str, role: str, sites: list[str]) -> View:
                 _stack_known([m.eligible for m in maps]),
                 _stack_known([m.row_sum for m in maps]),
                 _stack_known([m.masked_mass for m in maps]),
-                AXES.get((example.family, role), PLAIN_AXES))
+                AXES.get((example.family, role), PLAIN_AXES),
+                _long_keys([m.top_keys for m in maps]))
+
+
+def _long_keys(kept: list[TopKeys | None]) -> LongKeys | None:
+    """The layers' top keys stacked; None unless every layer has them."""
+    if not kept or any(k is None for k in kept):
+        return None
+    known = [k for k in kept if k is not None]
+    sinks = [k.sink for k in known]
+    sink = None
+    if any(s is not None for s in sinks):
+        sink = np.stack([np.full(k.first.shape, np.nan, np.float32) if k.sink is None
+                         else k.sink for k in known])
+    return LongKeys(known[0].block, list(known[0].tokens), np.stack([k.index for k in known]),
+                    np.stack([k.value for k in known]), np.stack([k.first for k in known]),
+                    sink)
 
 
 def _stack_known(arrays: list[np.ndarray | None]) -> np.ndarray | None:
@@ -191,6 +248,47 @@ def _measure_rows(example: int, view: View, measure: str, array: np.ndarray) -> 
         "eligible": eligible, "value": array.ravel().astype(np.float64)})
 
 
+def top_keys_frame(examples: Sequence[ExampleViews]) -> pd.DataFrame:
+    """``attention_top_keys.csv``: per example, long view, layer, head and query row, its
+    top keys (``kind`` ``top``, ``rank`` 0 the largest), its weight on key 0 (``key 0``) and,
+    where the model has them, on its sink columns (``sink columns``, no key); ``key`` is the
+    token's position on the key axis, ``block`` its cell in ``attention_maps.csv`` (whose
+    value there is the block mean) and ``value`` the float32 weight the page shows, exactly.
+    """
+    frames = []
+    for example in examples:
+        for view in example.views:
+            if view.long is not None:
+                frames.append(_top_rows(example.index, view, view.long))
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in TOP_KEY_COLUMNS})
+    return pd.concat(frames, ignore_index=True)[TOP_KEY_COLUMNS]
+
+
+def _top_rows(example: int, view: View, long: LongKeys) -> pd.DataFrame:
+    tokens = np.asarray(long.tokens, dtype=object)
+    parts = []
+    kinds: list[tuple[str, np.ndarray, np.ndarray]] = [
+        (TOP, long.index, long.value),
+        (FIRST, np.zeros((*long.first.shape, 1), np.int64), long.first[..., None])]
+    if long.sink is not None:
+        kinds.append((SINK, np.full((*long.sink.shape, 1), -1), long.sink[..., None]))
+    for kind, index, value in kinds:
+        layer, head, query, rank = (i.ravel() for i in np.indices(index.shape))
+        key = index.ravel()
+        parts.append(pd.DataFrame({
+            "example": example, "view": view.name,
+            "site": np.asarray(view.sites, dtype=object)[layer], "layer": layer,
+            "head": head, "query": query,
+            "query_token": np.asarray(view.query_labels, dtype=object)[query],
+            "kind": kind, "rank": rank if kind == TOP else 0,
+            "key": pd.Series(key, dtype="Int64").mask(key < 0),
+            "key_token": np.where(key >= 0, tokens[np.maximum(key, 0)], ""),
+            "block": pd.Series(key // long.block, dtype="Int64").mask(key < 0),
+            "value": value.ravel().astype(np.float64)}))
+    return pd.concat(parts, ignore_index=True)
+
+
 def site_tolerances(sites: pd.DataFrame | None) -> dict[str, float]:
     """Each site's row-sum tolerance from an audit's sites table (empty without one)."""
     if sites is None or "row_sum_tolerance" not in sites.columns:
@@ -205,13 +303,18 @@ def payload(examples: Sequence[ExampleViews], *, max_masked_mass: float | None,
     ``f32`` when the whole fits ``budget`` base64 bytes, else ``u8``; the rows that fail
     the masked-mass or row-sum check (at ``max_masked_mass`` and each site's
     ``row_sum_tolerance``) and the cells of ineligible keys that received weight; ``csv``:
-    the file holding the same values, which the page names (None: there is none)."""
+    the file holding the same values, which the page names (None: there is none), beside
+    :data:`TOP_KEYS_CSV` where a view has a long key axis."""
     cells = sum(a.size for e in examples for v in e.views for a in v.measures.values())
+    if any(v.long is not None for e in examples for v in e.views):
+        budget = max(budget, LONG_PAYLOAD_BUDGET)
     encoding = "f32" if math.ceil(cells * 4 / 3) <= budget else "u8"
     pages = [{"index": e.index, "source": e.source,
               "views": [_view_payload(v, encoding, max_masked_mass, row_sum_tolerance)
                         for v in e.views]} for e in examples]
+    long = any(v.long is not None for e in examples for v in e.views)
     return {"version": 1, "encoding": encoding, "csv": csv,
+            "top_keys_csv": TOP_KEYS_CSV if long and csv is not None else None,
             "max_masked_mass": max_masked_mass, "opening": opening(examples, pages),
             "examples": pages}
 
@@ -219,10 +322,14 @@ def payload(examples: Sequence[ExampleViews], *, max_masked_mass: float | None,
 def mean_max_weight(examples: Sequence[ExampleViews], name: str) -> tuple[np.ndarray, int]:
     """Each (layer, head)'s mean over query rows of the row's largest weight, float64
     (layers, heads), over every example's view called ``name`` whose shape is the first
-    one's (rows without a finite weight left out); and how many examples that is."""
+    one's (rows without a finite weight left out); and how many examples that is. A view
+    with a long key axis reads each row's largest weight exactly, from its kept top key,
+    not from its block means."""
     views = [v for e in examples for v in e.views if v.name == name]
-    weights = [v.measures[WEIGHTS] for v in views
-               if v.measures[WEIGHTS].shape[:2] == views[0].measures[WEIGHTS].shape[:2]]
+    views = [v for v in views
+             if v.measures[WEIGHTS].shape[:2] == views[0].measures[WEIGHTS].shape[:2]]
+    weights = [v.measures[WEIGHTS] if v.long is None else v.long.value[..., :1]
+               for v in views]
     finite = [np.isfinite(w).any(-1) for w in weights]  # (layers, heads, queries)
     peaks = [np.where(f, np.nanmax(np.where(f[..., None], w, 0.0), -1), 0.0)
              for w, f in zip(weights, finite, strict=True)]
@@ -273,7 +380,8 @@ def _view_payload(view: View, encoding: str, max_masked_mass: float | None,
         "keys": [visible_token(t) for t in view.key_labels],
         "shape": list(weights.shape),
         "measures": {n: encode(a, encoding) for n, a in view.measures.items()},
-        "ineligible": None, "masked_cells": [], "failing_rows": []}
+        "ineligible": None, "masked_cells": [], "failing_rows": [],
+        "long": None if view.long is None else _long_payload(view.long)}
     if view.eligible is None or view.row_sum is None or view.masked_mass is None:
         return out  # the three are known together or not at all
     out["ineligible"] = _bits(~view.eligible)
@@ -291,6 +399,20 @@ def _view_payload(view: View, encoding: str, max_masked_mass: float | None,
             "checks": [name for name, bad in (("row sum", sum_bad), ("masked mass", mass_bad))
                        if bad[layer, head, query]]})
     return out
+
+
+def _long_payload(long: LongKeys) -> dict[str, Any]:
+    """A view's kept keys as the page reads them: base64 little-endian int32 positions and
+    float32 weights, C order (layers, heads, queries, k) and (layers, heads, queries)."""
+    def b64(array: np.ndarray, dtype: str) -> str:
+        return base64.b64encode(np.ascontiguousarray(array, dtype=dtype).tobytes()
+                                ).decode("ascii")
+
+    return {"block": long.block, "k": int(long.index.shape[-1]),
+            "tokens": [visible_token(t) for t in long.tokens],
+            "index": b64(long.index, "<i4"), "value": b64(long.value, "<f4"),
+            "first": b64(long.first, "<f4"),
+            "sink": None if long.sink is None else b64(long.sink, "<f4")}
 
 
 def _number(value: float) -> float | None:

@@ -1,15 +1,16 @@
 """Example maps built call by call equal those built from a whole record, and past 512
-positions an axis is averaged in equal runs: weights, labels and the validity annotations
-(eligible keys, row sums, masked mass over every key of a row) checked against numpy."""
+positions a query axis is averaged in equal runs, a key axis in blocks: weights, labels and
+the validity annotations (eligible keys, row sums, masked mass over every key of a row)
+checked against numpy."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from attnaudit.analysis.example_maps import MAX_MAP_SIDE, MapBuilder, example_maps
+from attnaudit.analysis.example_maps import MapBuilder, example_maps
 from attnaudit.record import AttentionCall, AttentionRecord, Site
-from tests.helpers.map_runs import pooled, runs
+from tests.helpers.map_runs import key_pooled, key_runs, pooled, runs
 
 
 def record_of(name: str, kind: str, weights: torch.Tensor, *, calls: int = 1
@@ -21,7 +22,7 @@ def record_of(name: str, kind: str, weights: torch.Tensor, *, calls: int = 1
     return record
 
 
-def test_a_long_source_is_averaged_in_runs_and_calls_add_up_to_the_record():
+def test_a_long_source_is_averaged_in_blocks_and_calls_add_up_to_the_record():
     torch.manual_seed(0)
     n, real, steps = 1105, 1100, 3
     source_mask = torch.arange(n) < real
@@ -39,15 +40,13 @@ def test_a_long_source_is_averaged_in_runs_and_calls_add_up_to_the_record():
     streamed = builder.maps("src", tokens, list("abcd")).maps["x"]
 
     w = weights[1, :, :steps].double().numpy()  # (H, 3, n): the kept rows, every key
-    np.testing.assert_allclose(whole.weights, pooled(w[:, :, :real], 2, real), atol=1e-7)
-    assert whole.weights.shape == (2, steps, MAX_MAP_SIDE)
+    np.testing.assert_allclose(whole.weights, key_pooled(w[:, :, :real], 2, real), atol=1e-7)
+    assert whole.weights.shape == (2, steps, len(key_runs(real))) == (2, steps, 69)
     np.testing.assert_allclose(whole.row_sum, w.sum(-1), rtol=1e-12)
     np.testing.assert_allclose(whole.masked_mass, w[:, :, real:].sum(-1), rtol=1e-12)
     assert whole.masked_mass.min() > 0  # weight on the padding is masked mass
     assert whole.eligible.all() and whole.eligible.shape == whole.weights.shape
-    first = runs(real)[0]
-    assert whole.key_labels[0] == f"t{first[0]}…t{first[-1]}"
-    assert whole.key_labels[-1] == f"t{runs(real)[-1][0]}…t{real - 1}"
+    assert whole.key_labels[0] == "t0…t15" and whole.key_labels[-1] == "t1088…t1099"
     assert whole.query_labels == list("abc")
     for field in ("weights", "eligible", "row_sum", "masked_mass"):
         np.testing.assert_array_equal(getattr(streamed, field), getattr(whole, field), field)
@@ -74,9 +73,9 @@ def test_averaged_rows_show_their_worst_row_sum_and_masked_mass():
                                rtol=1e-12)
     run = next(i for i, r in enumerate(runs(n)) if 7 in r)
     assert maps.row_sum[0, run] > 1.4
-    np.testing.assert_allclose(maps.weights, pooled(pooled(w, 1, n), 2, n), atol=1e-6)
+    np.testing.assert_allclose(maps.weights, key_pooled(pooled(w, 1, n), 2, n), atol=1e-6)
     # a cell is eligible when any of its positions is: above the diagonal's runs, none is
-    eligible = np.stack([[causal.numpy()[np.ix_(q, k)].any() for k in runs(n)]
+    eligible = np.stack([[causal.numpy()[np.ix_(q, k)].any() for k in key_runs(n)]
                          for q in runs(n)])
     np.testing.assert_array_equal(maps.eligible[0], eligible)
-    assert maps.key_labels[0] == "<start>…0" and maps.query_labels[0] == "0…1"
+    assert maps.key_labels[0] == "<start>…6" and maps.query_labels[0] == "0…1"

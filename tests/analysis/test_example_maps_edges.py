@@ -21,7 +21,7 @@ import torch
 
 from attnaudit.analysis.example_maps import MAX_MAP_SIDE, MapBuilder, example_maps
 from attnaudit.record import AttentionCall, AttentionRecord, Site
-from tests.helpers.map_runs import pooled, runs
+from tests.helpers.map_runs import key_pooled, key_runs, pooled, runs
 
 
 def _call(name: str, kind: str, weights: torch.Tensor,
@@ -118,14 +118,16 @@ def test_an_axis_of_exactly_the_limit_is_exact_and_keeps_its_words():
     assert maps.words == words and maps.word_rule == "offsets"
 
 
-def test_one_position_past_the_limit_averages_one_pair_and_drops_the_words():
+def test_one_position_past_the_limit_averages_one_pair_of_rows_and_drops_the_words():
     n = MAX_MAP_SIDE + 1
     maps, w, _, _ = _source_maps(n)
     got = maps.maps["e"]
     pair_runs = runs(n)
     assert [len(r) for r in pair_runs].count(2) == 1 and len(pair_runs) == MAX_MAP_SIDE
-    np.testing.assert_allclose(got.weights, pooled(pooled(w, 1, n), 2, n), atol=1e-6)
+    np.testing.assert_allclose(got.weights, key_pooled(pooled(w, 1, n), 2, n), atol=1e-6)
     pair = next(r for r in pair_runs if len(r) == 2)
-    assert f"s{pair[0]}…s{pair[1]}" in got.key_labels
-    assert len(got.key_labels) == MAX_MAP_SIDE
+    assert f"s{pair[0]}…s{pair[1]}" in got.query_labels
+    # keys: 64 blocks of 8 (129 blocks of 4 would be too many) and the one key left
+    assert [len(r) for r in key_runs(n)] == [8] * 64 + [1]
+    assert got.key_labels[0] == "s0…s7" and got.key_labels[-1] == "s512"
     assert maps.words == [] and maps.word_rule == ""

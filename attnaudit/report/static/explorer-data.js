@@ -4,7 +4,9 @@
  * Data format (attnaudit/report/explorer.py writes it): per example, views; per view,
  * shape [layers, heads, queries, keys], token labels, site names and measures by name,
  * each {heads, encoding: "f32" (base64 little-endian float32) | "u8" (base64 bytes, value =
- * lo[map] + q * step[map], q = 255 missing; map = layer * heads + head), data}. */
+ * lo[map] + q * step[map], q = 255 missing; map = layer * heads + head), data}. A view
+ * with a long key axis also has `long`: {block, k, tokens, index (base64 int32), value,
+ * first, sink (base64 float32 or null)}, its exact kept keys (explorer.py). */
 (function (global) {
   "use strict";
 
@@ -33,6 +35,21 @@
     }
     return {heads: measure.heads, encoding: measure.encoding, values: values,
             shape: [layers, measure.heads, queries, keys]};
+  }
+
+  /* A view's kept keys: positions (Int32Array), weights, key-0 and sink weights
+   * (Float64Array, from float32), C order (layers, heads, queries, k) and (..., queries). */
+  function decodeLong(long) {
+    const floats = (b64) => {
+      const raw = bytes(b64), view = new DataView(raw.buffer), out = new Float64Array(raw.length / 4);
+      for (let i = 0; i < out.length; i += 1) out[i] = view.getFloat32(4 * i, true);
+      return out;
+    };
+    const raw = bytes(long.index), view = new DataView(raw.buffer);
+    const index = new Int32Array(raw.length / 4);
+    for (let i = 0; i < index.length; i += 1) index[i] = view.getInt32(4 * i, true);
+    return {block: long.block, k: long.k, index: index, value: floats(long.value),
+            first: floats(long.first), sink: long.sink ? floats(long.sink) : null};
   }
 
   /* A bool array packed most significant bit first, as numpy.packbits writes it. */
@@ -112,7 +129,7 @@
   }
 
   global.AttnauditExplorer = Object.assign(global.AttnauditExplorer || {}, {
-    decodeMeasure: decodeMeasure, decodeBits: decodeBits, formatValue: formatValue,
+    decodeMeasure: decodeMeasure, decodeBits: decodeBits, decodeLong: decodeLong, formatValue: formatValue,
     scaleFor: scaleFor, spanScale: spanScale, colour: colour
   });
 })(window);

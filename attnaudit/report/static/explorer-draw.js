@@ -9,6 +9,7 @@
   const INELIGIBLE = [222, 225, 229];
   const ALERT = "#c62828";
   const INK = "#1d2329";
+  const KEPT = "#d81b60";  // the outline of a kept key's exact weight in a zoomed block
   const HEADER = 36;  // the title and the axes line above every scene
   let measurer = null;
 
@@ -69,6 +70,20 @@
       if (l === layer && h === head && q >= w.q0 && q < w.q0 + w.nq && k >= w.k0 && k < w.k0 + w.nk) {
         scene.items.push({t: "rect", x: x0 + (k - w.k0) * cw, y: y0 + (q - w.q0) * ch, w: cw, h: ch,
           stroke: ALERT, lw: 1.5});
+      }
+    }
+  }
+
+  /* Outlines on a zoomed block's kept keys (exact weights; the other cells are the block
+   * mean). */
+  function kept(ex, scene, layer, head, w, x0, y0, cw, ch) {
+    if (!ex.view().zoom) return;
+    for (let q = 0; q < w.nq; q += 1) {
+      for (let k = 0; k < w.nk; k += 1) {
+        if (ex.kept(layer, head, w.q0 + q, w.k0 + k)) {
+          scene.items.push({t: "rect", x: x0 + k * cw + 1, y: y0 + q * ch + 1, w: cw - 2, h: ch - 2,
+            stroke: KEPT, lw: 2});
+        }
       }
     }
   }
@@ -157,6 +172,7 @@
       }
     });
     findings(ex, scene, s.layer, s.head, w, x0, y0, cw, ch);
+    kept(ex, scene, s.layer, s.head, w, x0, y0, cw, ch);
     if (s.step >= w.q0 && s.step < w.q0 + w.nq) {
       scene.items.push({t: "rect", x: x0, y: y0 + (s.step - w.q0) * ch, w: w.nk * cw, h: ch, stroke: "#ffffff", lw: 1});
       if (s.key >= w.k0 && s.key < w.k0 + w.nk) {

@@ -6,7 +6,13 @@
  * chooses it), each map coloured from 0 to its own maximum unless the colour scale is set
  * to fixed. Keyboard: Tab through the controls; on the map, arrows move
  * the step and key (head view) or the layer and head (model view, Enter opens the head),
- * Page Up / Page Down move 10 steps, Home / End the first and last key. */
+ * Page Up / Page Down move 10 steps, Home / End the first and last key.
+ *
+ * A view with a long key axis (`long` in its data: a long prompt) draws block means; the
+ * head view zooms into one block at token resolution (the zoom control, "Zoom into block",
+ * or Enter on the map; Escape or "All blocks" goes back): a kept key (a row's top keys and
+ * key 0) shows its exact weight, outlined, every other key the block mean, and the readout
+ * says which it is. */
 (function (global) {
   "use strict";
   const X = global.AttnauditExplorer;
@@ -39,7 +45,7 @@
     const o = data.opening || {};
     this.state = {example: o.example || 0, view: o.view || 0, measure: "weights", mode: "head",
                   layer: o.layer || 0, head: o.head || 0, step: o.step || 0, key: o.key || 0,
-                  qStart: 0, kStart: 0, scale: "map"};
+                  qStart: 0, kStart: 0, scale: "map", zoom: null};
     this.hover = null;
     this.build();
     this.select({});
@@ -58,6 +64,9 @@
       kStart: el("input", {type: "range", class: "ax-kstart", min: "0", value: "0"}),
       model: el("button", {type: "button", class: "ax-mode-model", text: "Model view"}),
       headMode: el("button", {type: "button", class: "ax-mode-head", text: "Head view"}),
+      zoom: el("select", {class: "ax-zoom"}),
+      zoomIn: el("button", {type: "button", class: "ax-zoom-in", text: "Zoom into block"}),
+      zoomOut: el("button", {type: "button", class: "ax-zoom-out", text: "All blocks"}),
       png: el("button", {type: "button", class: "ax-export-png", text: "Export PNG"}),
       svg: el("button", {type: "button", class: "ax-export-svg", text: "Export SVG"})
     };
@@ -67,6 +76,8 @@
     const stepField = el("label", {class: "ax-field ax-step-field"}, [this.stepLabel, c.step, c.stepText]);
     const modes = el("div", {class: "ax-modes", role: "group", "aria-label": "View"}, [c.model, c.headMode]);
     const exports = el("div", {class: "ax-exports", role: "group", "aria-label": "Export"}, [c.png, c.svg]);
+    this.zoomFields = el("div", {class: "ax-zooming", role: "group", "aria-label": "Key blocks", hidden: ""}, [
+      labelled("Keys", c.zoom), c.zoomIn, c.zoomOut]);
     this.canvas = el("canvas", {class: "ax-canvas", tabindex: "0", role: "application",
       "aria-roledescription": "attention map"});
     this.readout = el("output", {class: "ax-readout", id: id + "-readout", "aria-live": "polite"});
@@ -77,7 +88,7 @@
     this.root.append(
       el("div", {class: "ax-controls"}, [labelled("Example", c.example), labelled("Attention", c.view),
         labelled("Measure", c.measure), labelled("Colour scale", c.scale), modes, labelled("Layer", c.layer), labelled("Head", c.head),
-        stepField, this.windowFields, exports]),
+        stepField, this.zoomFields, this.windowFields, exports]),
       this.figure = el("div", {class: "ax-figure"}, [this.canvas, this.tooltip]), this.readout, this.legend,
       this.opened);
     options(c.example, this.data.examples.map((e, i) => [i, "#" + e.index + ": " + e.source]), this.state.example);
@@ -92,6 +103,9 @@
     c.kStart.addEventListener("input", () => this.select({kStart: +c.kStart.value}));
     c.model.addEventListener("click", () => this.select({mode: "model"}));
     c.headMode.addEventListener("click", () => this.select({mode: "head"}));
+    c.zoom.addEventListener("change", () => this.zoomTo(c.zoom.value === "" ? null : +c.zoom.value));
+    c.zoomIn.addEventListener("click", () => this.zoomTo(this.state.key));  // the overview's keys are blocks
+    c.zoomOut.addEventListener("click", () => this.zoomTo(null));
     c.png.addEventListener("click", () => this.download("png"));
     c.svg.addEventListener("click", () => this.download("svg"));
     this.canvas.addEventListener("keydown", (e) => this.key(e));
@@ -109,8 +123,64 @@
 
   Explorer.prototype.pick = function (value) { return value === MEAN ? MEAN : +value; };
 
-  Explorer.prototype.view = function () {
+  /* The current view as the page data holds it. */
+  Explorer.prototype.baseView = function () {
     return this.data.examples[this.state.example].views[this.state.view];
+  };
+
+  /* The current view: the page data's, or, zoomed into a block of a long key axis, that
+   * block at token resolution (made once per block and kept). */
+  Explorer.prototype.view = function () {
+    const base = this.baseView();
+    const z = this.state.zoom;
+    if (z === null || !base.long) return base;
+    const decoded = this.decoded(base);
+    decoded.zooms = decoded.zooms || new Map();
+    if (!decoded.zooms.has(z)) {
+      const [layers, heads, queries] = base.shape, block = base.long.block;
+      const start = z * block, stop = Math.min(base.long.tokens.length, start + block);
+      decoded.zooms.set(z, {name: base.name, role: base.role, title: base.title, query_axis: base.query_axis,
+        sites: base.sites, queries: base.queries, keys: base.long.tokens.slice(start, stop),
+        axes: [base.axes[0], base.axes[1] + " " + start + "\u2013" + (stop - 1) + " (block " + z + ")"],
+        shape: [layers, heads, queries, stop - start], measures: {weights: null}, ineligible: null,
+        masked_cells: [], failing_rows: base.failing_rows, long: null,
+        zoom: {base: base, block: z, start: start, stop: stop}});
+    }
+    return decoded.zooms.get(z);
+  };
+
+  /* The weights of a zoomed block (see view()): every key the block mean, kept keys
+   * (top keys and key 0 of each row) their exact weight, marked in `kept`. */
+  Explorer.prototype.zoomMeasure = function (view) {
+    const z = view.zoom, base = z.base;
+    const means = this.decoded(base).measures.weights || X.decodeMeasure(base.measures.weights, base.shape);
+    const decoded = this.decoded(base);
+    decoded.long = decoded.long || X.decodeLong(base.long);
+    const long = decoded.long;
+    const [layers, heads, queries, blocks] = means.shape, n = z.stop - z.start;
+    const values = new Float64Array(layers * heads * queries * n), kept = new Uint8Array(values.length);
+    for (let row = 0; row < layers * heads * queries; row += 1) {
+      const mean = means.values[row * blocks + z.block];
+      for (let k = 0; k < n; k += 1) values[row * n + k] = mean;
+      if (z.start === 0) { values[row * n] = long.first[row]; kept[row * n] = 1; }
+      for (let r = 0; r < long.k; r += 1) {
+        const key = long.index[row * long.k + r];
+        if (key >= z.start && key < z.stop) {
+          values[row * n + key - z.start] = long.value[row * long.k + r];
+          kept[row * n + key - z.start] = 1;
+        }
+      }
+    }
+    return {heads: heads, encoding: means.encoding, values: values, kept: kept, shape: [layers, heads, queries, n]};
+  };
+
+  /* Zoom into block `block` of the current long view (null: back to every block). */
+  Explorer.prototype.zoomTo = function (block) {
+    const s = this.state, view = this.baseView();
+    if (!view.long) return;
+    const key = block === null ? (s.zoom === null ? s.key : s.zoom) : 0;
+    this.hover = null;
+    this.select({zoom: block, key: key, measure: "weights"});
   };
 
   /* The decoded measure of the current view (decoded once, on first use, and kept with
@@ -119,7 +189,7 @@
     const view = this.view();
     const decoded = this.decoded(view);
     if (!decoded.measures[name]) {
-      const m = X.decodeMeasure(view.measures[name], view.shape);
+      const m = view.zoom ? this.zoomMeasure(view) : X.decodeMeasure(view.measures[name], view.shape);
       m.scale = X.scaleFor(name, m.values);
       m.maps = new Map();
       decoded.measures[name] = m;
@@ -165,8 +235,18 @@
     const s = Object.assign(this.state, change);
     const c = this.controls;
     const views = this.data.examples[s.example].views;
+    if ("view" in change || "example" in change) s.zoom = null;
     s.view = Math.min(s.view, views.length - 1);
     options(c.view, views.map((v, i) => [i, v.title]), s.view);
+    const base = this.baseView();
+    if (!base.long) s.zoom = null;
+    this.zoomFields.hidden = !base.long;
+    if (base.long) {
+      options(c.zoom, [["", "every block (means of " + base.long.block + " tokens)"],
+        ...base.keys.map((label, i) => [i, "block " + i + ": " + label])], s.zoom === null ? "" : s.zoom);
+      c.zoomOut.disabled = s.zoom === null;
+      c.zoomIn.disabled = s.zoom !== null;
+    }
     const view = this.view();
     const names = Object.keys(view.measures);
     if (!names.includes(s.measure)) s.measure = names[0];
@@ -266,19 +346,45 @@
     const where = (cell.layer === MEAN ? "mean over layers" : "layer " + cell.layer + " (" + view.sites[cell.layer] + ")") +
       ", " + (mheads === 1 ? "one map per layer" : cell.head === MEAN ? "mean over heads" : "head " + cell.head);
     const approximate = this.measure(s.measure).encoding === "u8" ? "\u2248" : "";
-    const text = s.measure + " " + approximate + X.formatValue(v) + (cell.layer === MEAN || cell.head === MEAN ? " (mean computed here)" : "") +
-      "; query " + cell.q + " " + this.tokenText(view.queries, cell.q) + " \u2192 key " + cell.k + " " +
+    const mean = cell.layer === MEAN || cell.head === MEAN;
+    const kind = this.cellKind(cell);
+    const key = view.zoom ? view.zoom.start + cell.k : cell.k;
+    const text = s.measure + " " + approximate + X.formatValue(v) + (mean ? " (mean computed here)" : "") +
+      (kind ? " (" + kind + ")" : "") +
+      "; query " + cell.q + " " + this.tokenText(view.queries, cell.q) + " \u2192 " + (this.baseView().long && !view.zoom ? "block " : "key ") + key + " " +
       this.tokenText(view.keys, cell.k) + "; " + where + "; " + view.title + ", example #" +
       this.data.examples[s.example].index + ".";
     const flags = this.flags(cell.layer, cell.head, cell.q, cell.k);
     this.readout.textContent = text + (flags.length ? " Finding: " + flags.join("; ") + "." : "");
     Object.assign(this.readout.dataset, {value: X.formatValue(v), exact: String(v), layer: cell.layer, head: cell.head,
-      query: cell.q, key: cell.k, measure: s.measure, view: view.name,
+      query: cell.q, key: key, kind: kind, block: view.zoom ? view.zoom.block : this.baseView().long ? cell.k : "",
+      measure: s.measure, view: view.name,
       example: this.data.examples[s.example].index, flags: flags.length});
     this.canvas.setAttribute("aria-label", (s.mode === "model" ? "Model view: " : "Head view: ") + view.title + ", " +
       s.measure + ", " + view.shape[0] + " layers by " + view.shape[1] + " heads, " + view.shape[2] +
       " queries by " + view.shape[3] + " keys; rows: " + view.axes[0] + ", columns: " + view.axes[1] + ". Arrow keys move the selection; the value is read out below.");
     return text;
+  };
+
+  /* What a cell of a long view holds: a block mean (the overview), and zoomed, a kept
+   * key's exact weight or its block's mean; "" for an exact map. */
+  Explorer.prototype.cellKind = function (cell) {
+    const view = this.view();
+    if (!view.zoom) return this.baseView().long ? "block mean" : "";
+    if (cell.layer === MEAN || cell.head === MEAN) return "mean of exact weights and block means";
+    const m = this.measure("weights");
+    const [, heads, queries, n] = m.shape;
+    return m.kept[((cell.layer * heads + cell.head) * queries + cell.q) * n + cell.k] ? "exact, a kept key"
+      : "block mean of keys " + view.zoom.start + "\u2013" + (view.zoom.stop - 1) + ", not this key's own weight";
+  };
+
+  /* Whether a zoomed cell holds a kept key's exact weight. */
+  Explorer.prototype.kept = function (layer, head, q, k) {
+    const view = this.view();
+    if (!view.zoom || layer === MEAN || head === MEAN) return false;
+    const m = this.measure("weights");
+    const [, heads, queries, n] = m.shape;
+    return m.kept[((layer * heads + head) * queries + q) * n + k] === 1;
   };
 
   Explorer.prototype.key = function (event) {
@@ -302,6 +408,15 @@
     else if (k === "PageDown") change.step = Math.min(queries - 1, s.step + 10);
     else if (k === "Home") change.key = 0;
     else if (k === "End") change.key = keys - 1;
+    else if (k === "Enter" && this.baseView().long && s.zoom === null) {
+      event.preventDefault();
+      this.zoomTo(s.key);
+      return;
+    } else if (k === "Escape" && s.zoom !== null) {
+      event.preventDefault();
+      this.zoomTo(null);
+      return;
+    }
     if (!Object.keys(change).length) return;
     event.preventDefault();
     this.hover = null;
@@ -349,9 +464,25 @@
     this.legend.textContent = "Colour: " + s.measure + (s.mode === "model" ? ", " : " ") + colour +
       (m.encoding === "u8" ? " (stored with 8 bits per map: values are approximate)" : "") +
       ". Grey cells: keys the row may not attend; a red outline: an ineligible key that received weight; " +
-      "a red bar left of a row: the row fails the row-sum or masked-mass check." +
+      "a red bar left of a row: the row fails the row-sum or masked-mass check." + this.longLegend() +
       (this.data.csv ? " Every value: " + this.data.csv + "." : "");
     Object.assign(this.legend.dataset, {scale: s.scale, lo: X.formatValue(scale.lo), hi: X.formatValue(scale.hi)});
+  };
+
+  /* The legend's words on a long key axis: what the cells are, overview or zoomed. */
+  Explorer.prototype.longLegend = function () {
+    const base = this.baseView(), view = this.view();
+    if (!base.long) return "";
+    if (!view.zoom) {
+      return " Keys: " + base.long.tokens.length + " tokens in blocks of " + base.long.block +
+        "; each cell is the block's mean weight. Zoom into a block to read its tokens: each row's top " +
+        base.long.k + " keys and key 0 are kept exactly" +
+        (this.data.top_keys_csv ? " (" + this.data.top_keys_csv + ")." : ".");
+    }
+    return " Zoomed into block " + view.zoom.block + " (keys " + view.zoom.start + "\u2013" + (view.zoom.stop - 1) +
+      "): cells outlined in magenta are kept keys, exact (the row's top " + base.long.k + " keys and key 0); every other cell " +
+      "shows the block mean, not that key's own weight." +
+      (this.data.top_keys_csv ? " Kept keys: " + this.data.top_keys_csv + "." : "");
   };
 
   /* The current view as PNG (data URL) or SVG (text), at its layout size. */
