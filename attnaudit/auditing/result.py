@@ -189,7 +189,8 @@ class Audit:
         example = None if self.validity is None else self.validity.example
         tolerance = self.manifest.get("thresholds", {}).get("max_masked_mass")
         groups = [*item_figures(self.tables, example, tolerance).values(),
-                  contribution_figures(self.tables)]
+                  contribution_figures(self.tables, None if example is None
+                                       else example.family)]
         return {f.name: f for group in groups for f in group}
 
     def __repr__(self) -> str:

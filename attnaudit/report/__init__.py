@@ -88,7 +88,8 @@ def write_report(out_dir: str | Path, *, checklist: Checklist,
         "tables": views,
         "definitions": definition_blocks(),
         "explorer": None,
-        "contributions": contributions_section(tables),
+        "contributions": contributions_section(tables, None if example is None
+                                               else example.family),
     }
     explored = explorer_views(examples)
     if explored:

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from attnaudit.checklist.contributions import larger_score_judgement
+from attnaudit.record import Family
 from attnaudit.report import figures as figs
 from attnaudit.report.tables import view
 
@@ -67,9 +68,11 @@ TABLES = {
 }
 
 
-def contribution_figures(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figure]:
+def contribution_figures(tables: Mapping[str, pd.DataFrame], family: Family | None = None
+                         ) -> list[figs.Figure]:
     """The section's figures: the first example's maps side by side, each row divided by
-    its sum over the eligible keys (none without ``contribution_example``)."""
+    its sum over the eligible keys (none without ``contribution_example``); ``family``, the
+    target's, names the rows and columns."""
     example = tables.get("contribution_example")
     if example is None or example.empty:
         return []
@@ -89,18 +92,24 @@ def contribution_figures(tables: Mapping[str, pd.DataFrame]) -> list[figs.Figure
                        else measure))
     if len(panels) < 2:
         return []
+    decoder_only = family == Family.DECODER_ONLY
+    rows, columns = (("continuation token (step)", "prompt tokens") if decoder_only
+                     else ("emitted token (step)", "source tokens"))
     return [figs.paired_heatmaps(
         "contribution_maps", panels, [str(t) for t in steps], value_label="share of the row",
+        row_label=rows,
         title="Weights vs contributions: first audited example",
         caption=("Left to right: the attention weights (mean over cross-attention sites and "
                  "heads), the value-norm contributions (mean over decoder layers), ALTI+ and "
                  "rollout composed through the whole model, value zeroing (mean over decoder "
                  "layers; not in a quick audit) and input leave-one-out; each "
                  "row is divided by its sum over the eligible source keys so that the "
-                 "panels share one scale. Rows are emitted tokens, columns source tokens."))]
+                 f"panels share one scale. Rows are {rows.split(' (')[0]}s, columns "
+                 f"{columns}."))]
 
 
-def contributions_section(tables: Mapping[str, pd.DataFrame]) -> dict[str, Any] | None:
+def contributions_section(tables: Mapping[str, pd.DataFrame], family: Family | None = None
+                          ) -> dict[str, Any] | None:
     """The section's context for the template, or None when the audit has no such tables."""
     if "weights_vs_contributions" not in tables:
         return None
@@ -108,7 +117,7 @@ def contributions_section(tables: Mapping[str, pd.DataFrame]) -> dict[str, Any] 
     measures = tables.get("contribution_measures", pd.DataFrame())
     missing = measures[measures["status"] != "computed"] if len(measures) else measures
     return {
-        "figures": contribution_figures(tables),
+        "figures": contribution_figures(tables, family),
         "tables": [view(name, title, caption, tables[name])
                    for name, (title, caption) in TABLES.items() if name in tables],
         "status": None if judged is None else judged[0],

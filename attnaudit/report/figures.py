@@ -161,9 +161,10 @@ def panel_rows(widths: Sequence[float], limit: float = MAX_ROW_INCHES) -> list[l
 
 def paired_heatmaps(name: str, panels: Sequence[tuple[np.ndarray, Sequence[str], str]],
                     step_labels: Sequence[str], *, title: str, caption: str,
-                    value_label: str) -> Figure:
-    """Heatmaps side by side that share their rows (the emitted steps): each panel is
-    ``(values (steps, keys) in 0..1, key labels, x-axis label)``; NaN cells are left blank.
+                    value_label: str, row_label: str = "emitted token (step)") -> Figure:
+    """Heatmaps side by side that share their rows (the emitted steps, named ``row_label``):
+    each panel is ``(values (steps, keys) in 0..1, key labels, x-axis label)``; NaN cells
+    are left blank.
     Panels wrap onto further rows past :data:`MAX_ROW_INCHES` (:func:`panel_rows`), so that
     the figure is drawn near its own size and its labels stay legible."""
     cut_q = min(len(step_labels), MAX_HEATMAP_QUERIES)
@@ -200,7 +201,7 @@ def paired_heatmaps(name: str, panels: Sequence[tuple[np.ndarray, Sequence[str],
                 ax.set_xlabel(xlabel)
                 ax.tick_params(axis="x", labelrotation=90)
                 ax.tick_params(axis="y", labelrotation=0, labelleft=at == row[0])
-                ax.set_ylabel("emitted token (step)" if at == row[0] else "")
+                ax.set_ylabel(row_label if at == row[0] else "")
         fig.suptitle(title)
     keys = ". ".join(f"{xlabel}s: {' '.join(visible_token(t) for t in labels)}"
                      for _, labels, xlabel in panels)

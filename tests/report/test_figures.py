@@ -183,3 +183,18 @@ def test_side_by_side_panels_wrap_and_keep_their_tick_size():
     png_width, _ = figure.pixels
     assert figure.min_width >= figs.MIN_SCALE * png_width
     assert figs.MIN_SCALE * figs.TICK_PT * figs.DPI / 72 >= 9  # pixels at the narrowest
+
+
+def test_the_contribution_panels_name_their_rows_by_the_targets_family():
+    from pathlib import Path
+
+    from attnaudit.record import Family
+    from attnaudit.report.contributions import contribution_figures
+
+    report = Path(__file__).resolve().parents[2] / "reports" / "date_bart"
+    tables = {"contribution_example": pd.read_csv(report / "contribution_example.csv")}
+    for family, rows in ((Family.ENCODER_DECODER, "emitted token (step)"),
+                         (Family.DECODER_ONLY, "continuation token (step)")):
+        (figure,) = contribution_figures(tables, family)
+        assert figure.figure.axes[0].get_ylabel() == rows
+        assert ("prompt tokens" in figure.caption) == (family == Family.DECODER_ONLY)
