@@ -73,3 +73,22 @@ def prompt_inputs(batch: Any, emitted: torch.Tensor) -> dict[str, torch.Tensor]:
     mask = torch.cat([batch.source_mask.long(), torch.ones_like(prefix)], dim=1)
     return {"input_ids": ids, "attention_mask": mask,
             "position_ids": (mask.cumsum(-1) - 1).clamp_min(0), "use_cache": False}
+
+
+def tiny_gpt2_report(tmp_path_factory, *, interventions: bool) -> Path:
+    """The report of a quick audit (``interventions``: with the suite) of a tiny random GPT-2
+    continuing two prompts; the folder it is written in."""
+    import transformers
+
+    import attnaudit
+    from tests.helpers.tiny_hf import VOCAB, save_checkpoint
+
+    folder = tmp_path_factory.mktemp("gpt2")
+    config = transformers.GPT2Config(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2,
+                                     pad_token_id=0, n_positions=32, n_embd=32, n_layer=2,
+                                     n_head=4, initializer_range=0.3)
+    save_checkpoint(transformers.GPT2LMHeadModel, config, folder, eos_after=False)
+    target = attnaudit.from_hf(folder, ["w5 w6 w7 w8 w9", "w10 w11 w12"], max_new_tokens=4)
+    out = tmp_path_factory.mktemp("gpt2_report")
+    attnaudit.audit(target, quick=True, interventions=interventions, progress=False).save(out)
+    return out

@@ -41,17 +41,11 @@ def lstm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory):
     """A decoder-only report: a tiny random GPT-2 continuing two prompts."""
-    transformers = pytest.importorskip("transformers")
-    from tests.helpers.tiny_hf import VOCAB, save_checkpoint
+    pytest.importorskip("transformers")
+    from tests.helpers.tiny_targets import tiny_gpt2_report
 
-    folder = tmp_path_factory.mktemp("gpt2")
-    config = transformers.GPT2Config(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2,
-                                     pad_token_id=0, n_positions=32, n_embd=32, n_layer=2,
-                                     n_head=4, initializer_range=0.3)
-    save_checkpoint(transformers.GPT2LMHeadModel, config, folder, eos_after=False)
-    target = attnaudit.from_hf(folder, ["w5 w6 w7 w8 w9", "w10 w11 w12"], max_new_tokens=4)
-    out = tmp_path_factory.mktemp("gpt2_report")
-    index = attnaudit.audit(target, quick=True, interventions=False, progress=False).save(out)
+    out = tiny_gpt2_report(tmp_path_factory, interventions=False)
+    index = out / "index.html"
     maps = pd.read_csv(out / "attention_maps.csv", keep_default_na=False,
                        dtype={"query_token": str, "key_token": str})
     return index, maps

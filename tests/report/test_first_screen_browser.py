@@ -19,7 +19,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import attnaudit
 from attnaudit.report.figures import DPI, TICK_PT
 from tests.conftest import ROOT
 
@@ -46,18 +45,10 @@ def hf_bart(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def decoder_only(tmp_path_factory) -> Path:
     """A quick audit of a tiny random GPT-2 continuing two prompts."""
-    transformers = pytest.importorskip("transformers")
-    from tests.helpers.tiny_hf import VOCAB, save_checkpoint
+    pytest.importorskip("transformers")
+    from tests.helpers.tiny_targets import tiny_gpt2_report
 
-    folder = tmp_path_factory.mktemp("gpt2")
-    config = transformers.GPT2Config(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2,
-                                     pad_token_id=0, n_positions=32, n_embd=32, n_layer=2,
-                                     n_head=4, initializer_range=0.3)
-    save_checkpoint(transformers.GPT2LMHeadModel, config, folder, eos_after=False)
-    target = attnaudit.from_hf(folder, ["w5 w6 w7 w8 w9", "w10 w11 w12"], max_new_tokens=4)
-    out = tmp_path_factory.mktemp("gpt2_report")
-    attnaudit.audit(target, quick=True, progress=False).save(out)
-    return out
+    return tiny_gpt2_report(tmp_path_factory, interventions=True)
 
 
 def _layout(browser) -> dict:
