@@ -28,5 +28,20 @@ def browser():
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER),
                               options=options)
+    loaded = driver.get
+
+    def get(url: str) -> None:  # the page, and every explorer on it started (a busy machine)
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        loaded(url)
+        WebDriverWait(driver, READY_SECONDS).until(lambda d: d.execute_script(READY))
+
+    driver.get = get
     yield driver
     driver.quit()
+
+
+READY_SECONDS = 60
+# loaded, and every explorer drawn (its canvas is made when its script starts)
+READY = """return document.readyState === 'complete' && Array.from(
+    document.querySelectorAll('.ax-explorer')).every(e => e.querySelector('canvas'));"""
