@@ -445,9 +445,9 @@ MUTATIONS = (
              (EXPLORER_OPENING,)),
     Mutation("other_example_wrong_position", "other-example value: the donor's value read at "
              "the next key position", "attnaudit/interventions/values.py",
-             "            kept[site.name] = call.values[:, chosen][where, :, key].float().cpu()",
-             "            kept[site.name] = call.values[:, chosen][where, :, (key + 1) "
-             "% call.values.shape[2]].float().cpu()", (OTHER_EXAMPLE,)),
+             "            kept[site.name] = values[:, chosen][where, :, key].float().cpu()",
+             "            kept[site.name] = values[:, chosen][where, :, (key + 1) "
+             "% values.shape[2]].float().cpu()", (OTHER_EXAMPLE,)),
     Mutation("other_example_is_itself", "other-example value: the donor is the row's own "
              "example", "attnaudit/interventions/values.py",
              "        donor[has_key] = donor_examples(ref, rows.select(has_key), keys[has_key], "
