@@ -13,7 +13,8 @@ measurements, each a fresh process that loads the saved folder: the model's own 
 (``generate`` plus one teacher-forced pass over prompt and output) at each prompt length,
 ``attnaudit.audit(..., checks_only=True)`` at the check length and ``audit(..., quick=True)``
 at the quick one. Printed per measurement: the timed section's seconds (loading excluded),
-the process's peak RSS, CUDA's peak allocation on a GPU, the load before and after; then
+the process's peak RSS, CUDA's peak allocation on a GPU, the load before and after, and for
+the quick audit each protocol's time (its progress line's last words); then
 ``check`` and the quick audit as multiples of the model's own work at the same length.
 """
 
@@ -112,8 +113,9 @@ def child(args: argparse.Namespace) -> None:
         target = attnaudit.from_hf(model, texts, tokenizer=tokenizer, batch_size=2,
                                    max_new_tokens=args.new_tokens, decoding="greedy",
                                    name="llm-scale")
+        # the quick audit's progress line on stderr ends with each protocol's time
         attnaudit.audit(target, checks_only=args.child == "check", quick=args.child == "quick",
-                        progress=False)
+                        progress=args.child == "quick")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
@@ -129,7 +131,15 @@ def measure(what: str, tokens: int, folder: Path, args: argparse.Namespace) -> d
                                   "--new-tokens", str(args.new_tokens), "--device",
                                   args.device, "--dtype", args.dtype, *flags))
     result = json.loads(run.stdout.strip().splitlines()[-1])
-    return {**result, "rss_gib": run.peak_rss_gib, "load": (before, os.getloadavg()[0])}
+    return {**result, "rss_gib": run.peak_rss_gib, "load": (before, os.getloadavg()[0]),
+            "breakdown": breakdown(run.stderr)}
+
+
+def breakdown(stderr: str) -> str:
+    """The per-protocol times of an audit's last progress line (``done [..]; validity ...
+    in 00:03, permutation ...``), or "" when it printed none."""
+    done = [line for line in stderr.splitlines() if " done [" in line]
+    return done[-1].split("; ", 1)[1] if done and "; " in done[-1] else ""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -155,6 +165,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{what:>6} at {tokens:>4} prompt tokens: {r['seconds']:8.2f} s, peak RSS "
                   f"{r['rss_gib']:.2f} GiB{device}, load {r['load'][0]:.2f} -> "
                   f"{r['load'][1]:.2f}", flush=True)
+            if r["breakdown"]:
+                print(f"       per protocol: {r['breakdown']}", flush=True)
     for what, tokens in (("check", args.check_tokens), ("quick", args.quick_tokens)):
         own = results["model", tokens]
         ratio = results[what, tokens]["seconds"] / own["seconds"]

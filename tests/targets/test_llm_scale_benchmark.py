@@ -27,5 +27,9 @@ def test_each_measurement_runs_on_a_model_of_the_flags_shape(tmp_path, capsys):
     for what, tokens in (("model", "10"), ("check", "10"), ("quick", "8")):
         llm_scale.child(llm_scale._arguments(
             [*TINY, "--child", what, "--folder", str(tmp_path), "--prompt-tokens", tokens]))
-        result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        printed = capsys.readouterr()
+        result = json.loads(printed.out.strip().splitlines()[-1])
         assert result["seconds"] > 0 and result["device_peak_gib"] is None
+        if what == "quick":  # each protocol's time, from the progress line
+            parts = llm_scale.breakdown(printed.err)
+            assert parts.startswith("validity") and "faithfulness" in parts, printed.err[-500:]
