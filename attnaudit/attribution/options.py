@@ -16,6 +16,7 @@ from attnaudit.errors import InterventionError
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 METHODS = ("saliency", "input_x_gradient", "integrated_gradients")  # the suite's
+QUICK_OMITTED = ("integrated_gradients",)  # the suite's methods a quick run leaves out
 ALL_METHODS = (*METHODS, "occlusion", "deeplift", "gradient_shap")
 GRADIENT_METHODS = ("saliency", "input_x_gradient")  # the gradient at the input itself
 DETACHABLE = (*GRADIENT_METHODS, "integrated_gradients")

@@ -29,6 +29,7 @@ import torch
 from attnaudit.analysis.bootstrap import bootstrap_interval
 from attnaudit.attribution.loo import leave_one_out, replacement_id
 from attnaudit.attribution.methods import attribute
+from attnaudit.attribution.options import QUICK_OMITTED
 from attnaudit.auditing.attribution_protocol import ATTRIBUTION, IMPORTANCES
 from attnaudit.auditing.contribution_suite import (
     CONTRIBUTION_MEASURES,
@@ -205,7 +206,7 @@ class Faithfulness(InterventionProtocol):
                 "faithfulness_baseline": baseline_text(facts["token"]) if "token" in facts
                 else "not run",
                 "faithfulness_forward_sequences": facts.get("forward_sequences", 0),
-                "faithfulness_quick_omits": ["integrated_gradients", ZEROING] if settings.quick
+                "faithfulness_quick_omits": [*QUICK_OMITTED, ZEROING] if settings.quick
                 else [],
                 "faithfulness_not_computed": dict(facts.get("not_computed", {}))}
 

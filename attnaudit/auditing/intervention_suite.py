@@ -28,7 +28,7 @@ import pandas as pd
 from attnaudit.alignments.pharaoh import Alignment
 from attnaudit.analysis.bootstrap import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 from attnaudit.analysis.degenerate import degenerate_table, describe_counts, reason_counts
-from attnaudit.attribution.options import METHODS, AttributionOptions
+from attnaudit.attribution.options import METHODS, QUICK_OMITTED, AttributionOptions
 from attnaudit.auditing import (  # noqa: F401  (they register their protocols)
     attribution_protocol,
     faithfulness_protocol,
@@ -215,7 +215,7 @@ def suite_plan(target: Seq2SeqTarget, *, quick: bool, limit: int | None, progres
         raise TargetError(f"target {target.name!r} yielded no examples to intervene on; "
                           "give it data (or a larger limit)")
     methods = attribution.methods or tuple(m for m in METHODS
-                                           if not (quick and m == "integrated_gradients"))
+                                           if not (quick and m in QUICK_OMITTED))
     settings = SuiteSettings(quick=quick, n_examples=n_examples, seed=target.seed,
                              n_permutations=n_permutations,
                              cumulative_examples=cumulative_examples,

@@ -94,8 +94,9 @@ class Plan:
                  + ("each protocol's time per item from a pilot run on one example"
                     if self.piloted else
                     f"{self.seconds_per_item * 1e3:.3g} ms per edited item (no pilot run)")
-                 + f"; {self.seconds_per_sequence * 1e3:.3g} ms per teacher-forced sequence "
-                 "(the protocols that run whole edited sequences)",
+                 + (f"; {self.seconds_per_sequence * 1e3:.3g} ms per teacher-forced "
+                    "sequence (the protocols that run whole edited sequences)"
+                    if self.seconds_per_sequence else ""),
                  f"  {'part':<18} {'items':>10} {'forward':>9} {'backward':>9} {'estimate':>10}"]
         for p in (self.validity, *self.protocols):
             if p.cost is None:
@@ -134,7 +135,7 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
     decoding = int(ref.emitted.shape[1]) + 1  # greedy steps and one teacher-forced pass
     counted = ref.rows()
     pass_s, item_s = _timed_items(target, ref, counted, ref_seconds / decoding)
-    sequence_s = _timed_sequence(target, first, ref.emitted)
+    sequence_s: float | None = None  # timed when a protocol runs whole sequences
     scale, single = settings.n_examples / len(first), len(batches) == 1
     validity = ProtocolPlan(VALIDITY, Cost(settings.n_examples, round(decoding * len(batches)),
                                            exact=False), ref_seconds * len(batches))
@@ -159,12 +160,14 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
             continue
         cost = cost.scaled(factor, single)
         if cost.sequences:
+            if sequence_s is None:
+                sequence_s = _timed_sequence(target, first, ref.emitted)
             seconds = (cost.sequences + BACKWARD_FORWARDS * cost.backward_sequences) * sequence_s
         else:
             seconds = _passes(cost) * pass_s + cost.items * rates.get(protocol.name, item_s)
         protocols.append(ProtocolPlan(protocol.name, cost, seconds))
     return Plan(target.name, settings.n_examples, len(batches), validity, tuple(protocols),
-                pass_s, item_s, piloted=bool(rates), seconds_per_sequence=sequence_s)
+                pass_s, item_s, piloted=bool(rates), seconds_per_sequence=sequence_s or 0.0)
 
 
 def _passes(cost: Cost) -> float:
@@ -207,15 +210,12 @@ def _pilot_rates(target: Seq2SeqTarget, first: Batch, options: AuditOptions,
 
 
 def _timed_sequence(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) -> float:
-    """Seconds per example-sequence of one teacher-forced pass over ``batch`` (the second of
-    two runs: the first warms up)."""
-    seconds = 0.0
+    """Seconds per example-sequence of one teacher-forced pass over ``batch`` (warm: the
+    reference run has just run the model)."""
+    started = time.perf_counter()
     with torch.no_grad():
-        for _ in range(2):
-            started = time.perf_counter()
-            target.teacher_forced(batch, emitted)
-            seconds = time.perf_counter() - started
-    return seconds / max(len(batch), 1)
+        target.teacher_forced(batch, emitted)
+    return (time.perf_counter() - started) / max(len(batch), 1)
 
 
 def _timed_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, fallback: float

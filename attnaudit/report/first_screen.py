@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from attnaudit.attribution.options import QUICK_OMITTED
 from attnaudit.checklist.claims import HEADLINE
 from attnaudit.checklist.items import NOT_RECORDED, NOT_TESTED
 from attnaudit.report.contributions import not_computed_text
@@ -150,9 +151,6 @@ def tested_lines(tables: Mapping[str, pd.DataFrame]) -> list[str]:
     return out
 
 
-QUICK_OMITS = "integrated_gradients"  # the attribution a quick audit leaves out
-
-
 def gaps(tables: Mapping[str, pd.DataFrame], *, quick: bool = False) -> list[Gap]:
     """What was not tested, with why: the claims not tested, the checklist items not
     recorded, the contribution measures not computed, in a quick audit the attribution it
@@ -181,9 +179,10 @@ def gaps(tables: Mapping[str, pd.DataFrame], *, quick: bool = False) -> list[Gap
             out.append(Gap(f"contribution measure {m.measure}",
                            not_computed_text(str(m.status), str(m.reason))))
     faithfulness = tables.get("faithfulness_summary")
-    if quick and faithfulness is not None and QUICK_OMITS not in set(faithfulness["measure"]):
-        out.append(Gap(f"importance measure {QUICK_OMITS}",
-                       "not run: a quick audit leaves it out; the full report computes it"))
+    if quick and faithfulness is not None:
+        for method in sorted(set(QUICK_OMITTED) - set(faithfulness["measure"])):
+            out.append(Gap(f"importance measure {method}",
+                           "not run: a quick audit leaves it out; the full report computes it"))
     return out
 
 
