@@ -8,8 +8,11 @@ site's head mean, ``weights:layer<i>`` in site order), rollout, ALTI+ and value 
 in full mode, value zeroing), as
 :func:`~attnaudit.auditing.contribution_suite.contribution_importances` reads them,
 the gradient methods the suite ran, leave-one-out, and a seeded random ranking, the floor.
-Quick mode runs on :data:`QUICK_EXAMPLES` seeded examples and the measures quick computes
-(no integrated gradients, no value zeroing); full mode on every example and measure.
+Quick mode runs on :data:`QUICK_EXAMPLES` seeded examples, the measures quick computes (no
+integrated gradients, no value zeroing) and a budget of edited sources
+(:func:`budget_per_example`): each example's rows in a seeded order, as many as the budget
+holds (:func:`~attnaudit.interventions.faithfulness.rows_within`); full mode on every row of
+every example, every measure.
 
 Tables: ``faithfulness_rows`` (per example, step and measure: the removal curves, AOPC and
 normalised AOPC) and ``faithfulness_summary`` (per measure: the row means with 95 %
@@ -45,6 +48,7 @@ from attnaudit.interventions.faithfulness import (
     removal_curves,
     reversed_ranking,
     row_seed,
+    rows_within,
 )
 from attnaudit.interventions.protocol import (
     SUBSET,
@@ -61,6 +65,12 @@ from attnaudit.interventions.registry import register_protocol
 
 FAITHFULNESS = "faithfulness"
 QUICK_EXAMPLES = 8  # seeded examples a quick suite measures
+# A quick suite's edited sources: this many per audited example (the model's own work is
+# about two sequences per example: greedy decoding and one teacher-forced pass) ...
+QUICK_SEQUENCES_PER_EXAMPLE = 8
+# ... or as many as this many multiply-adds buy (parameters x tokens per sequence), if more
+QUICK_MULTIPLY_ADDS = 2e12
+ORDER_SALT = 0x5EED  # the seed of an example's row order: its first row's seed + this
 RANDOM = "random"
 # suite importance name -> measure name in the tables
 NAMES = {"attention": "weights", "loo": "leave_one_out", "alti": "alti_plus"}
@@ -127,12 +137,15 @@ class Faithfulness(InterventionProtocol):
 
     def cost(self, ctx: BatchContext) -> Cost:
         """A bound: each ordering's removal and keep-only source at every fraction, for every
-        row (identical edited sources of one example run once, so fewer run), in chunks the
-        memory budget holds, each a whole teacher-forced sequence; the measures' traced pass
-        besides."""
+        row (identical edited sources of one example run once, so fewer run), at most the
+        quick budget's per example, in chunks the memory budget holds, each a whole
+        teacher-forced sequence; the measures' traced pass besides."""
         orderings = (len(ctx.ref.sites) + 1 + len(CONTRIBUTION_MEASURES)
                      + (0 if ctx.settings.quick else 1) + len(ctx.settings.methods) + 3)
         items = len(ctx.rows) * orderings * len(FRACTIONS) * 2
+        budget = budget_per_example(ctx)
+        if budget is not None:
+            items = min(items, int(budget) * len(set(ctx.rows.example.tolist())))
         chunk = max(1, ctx.ref.budget.sequences(int(ctx.ref.emitted.shape[1])))
         return Cost(items, -(-items // chunk) + 1, exact=False, sequences=items)
 
@@ -143,12 +156,22 @@ class Faithfulness(InterventionProtocol):
         orders = {name: ranking(values[rows.example, rows.step], eligible)
                   for name, values in maps.items()}
         global_example = (rows.example + ref.first_example).tolist()
-        orders[RANDOM] = random_ranking(eligible, [row_seed(ref.seed, e, s) for e, s in zip(
-            global_example, rows.step.tolist(), strict=True)])
+        seeds = [row_seed(ref.seed, e, s) for e, s in zip(global_example, rows.step.tolist(),
+                                                           strict=True)]
+        orders[RANDOM] = random_ranking(eligible, seeds)
         # bound only: the reversed leave-one-out ranking approximates the worst ordering
         bound = reversed_ranking(orders["leave_one_out"], eligible)
         names = list(orders)
         stacked = torch.stack([*orders.values(), bound], dim=1)  # (N, O + 1, n)
+        budget = budget_per_example(ctx)
+        kept = rows_within(rows, eligible, stacked, budget, [s + ORDER_SALT for s in seeds])
+        if ctx.facts is not None:
+            ctx.facts["rows_offered"] = ctx.facts.get("rows_offered", 0) + len(rows)
+            ctx.facts["rows_measured"] = ctx.facts.get("rows_measured", 0) + len(kept)
+            if budget is not None:
+                ctx.facts["budget"] = min(budget, ctx.facts.get("budget", budget))
+        rows, eligible, stacked = rows.select(kept), eligible[kept], stacked[kept]
+        global_example = [global_example[i] for i in kept.tolist()]
         token = replacement_id(ctx.target, ctx.batch, "pad")
         curves = removal_curves(ctx.target, ref, rows, stacked, token,
                                 progress=ctx.settings.progress)
@@ -206,9 +229,38 @@ class Faithfulness(InterventionProtocol):
                 "faithfulness_baseline": baseline_text(facts["token"]) if "token" in facts
                 else "not run",
                 "faithfulness_forward_sequences": facts.get("forward_sequences", 0),
+                "faithfulness_budget": budget_text(settings, facts),
+                "faithfulness_rows_measured": (f"{facts.get('rows_measured', 0)} of "
+                                               f"{facts.get('rows_offered', 0)}"),
                 "faithfulness_quick_omits": [*QUICK_OMITTED, ZEROING] if settings.quick
                 else [],
                 "faithfulness_not_computed": dict(facts.get("not_computed", {}))}
+
+
+def budget_per_example(ctx: BatchContext) -> float | None:
+    """The edited sources each measured example of the batch may run (None: every row, full
+    mode): in quick mode :data:`QUICK_SEQUENCES_PER_EXAMPLE` per audited example, or what
+    :data:`QUICK_MULTIPLY_ADDS` buy at the model's parameters x the batch's tokens per
+    sequence (source + steps) if more, split evenly over the examples quick measures."""
+    settings = ctx.settings
+    if not settings.quick:
+        return None
+    parameters = sum(p.numel() for p in ctx.target.model.parameters())
+    tokens = int(ctx.batch.source_ids.shape[1]) + int(ctx.ref.emitted.shape[1])
+    sequences = max(QUICK_SEQUENCES_PER_EXAMPLE * settings.n_examples,
+                    QUICK_MULTIPLY_ADDS / max(parameters * tokens, 1))
+    return sequences / min(QUICK_EXAMPLES, settings.n_examples)
+
+
+def budget_text(settings: SuiteSettings, facts: Mapping[str, Any]) -> str:
+    """The budget the faithfulness rows were measured under, in words."""
+    if not settings.quick:
+        return "none: every row of every example (full mode)"
+    held = f"; {facts['budget']:.0f} per measured example" if "budget" in facts else ""
+    return (f"quick: edited sources per measured example, {QUICK_SEQUENCES_PER_EXAMPLE} per "
+            f"audited example or {QUICK_MULTIPLY_ADDS:.0e} multiply-adds (parameters x "
+            f"tokens per sequence), whichever buys more, split over the measured examples"
+            f"{held}; each example's rows in a seeded order, as many as fit")
 
 
 def baseline_text(token: int) -> str:

@@ -114,7 +114,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
               max_memory: int | str | None = None, shard: Shard = SINGLE,
               attribution: AttributionOptions | None = None,
               sequence_effects: bool = False,
-              gold: Sequence[Alignment] | None = None) -> InterventionSuite:
+              gold: Sequence[Alignment] | None = None,
+              first_reference: Reference | None = None) -> InterventionSuite:
     """Run every registered intervention protocol (attribution and agreement among them) on
     ``target``'s data.
 
@@ -135,6 +136,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     (``sequence_effects``; :mod:`attnaudit.interventions.sequence`).
     gold: one gold alignment per example (:func:`attnaudit.alignments.gold.checked_gold`),
     scored as the target's ``gold_alignments`` are, in their place.
+    first_reference: the first batch's reference run with these ``sites``, ``heads`` and
+    ``max_memory``, when the caller has run it (an audit's plan), used in place of a new one.
     """
     batches, settings, protocols, chosen, plan = suite_plan(
         target, quick=quick, limit=limit, progress=progress, n_permutations=n_permutations,
@@ -146,7 +149,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         _agree_on_data(shard, batches)
     local: list[tuple[int, _BatchParts]] = []
     starts = [0, *accumulate(len(b) for b in batches)]
-    ref, facts = None, {}
+    ref = None
+    facts: dict[str, dict[str, Any]] = {}  # protocol -> its facts, kept from batch to batch
     with display(n_examples, enabled=progress, name=f"interventions {target.name}"), \
             shard.together("the intervention suite"):
         phase("interventions")
@@ -154,10 +158,12 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
             if not shard.owns(index):
                 advance(len(batch))  # another rank's batch, run at the same time
                 continue
-            ref = reference(target, batch, sites=sites, heads=heads,
-                            first_example=starts[index], max_memory=max_memory)
+            ref = first_reference if index == 0 and first_reference is not None else \
+                reference(target, batch, sites=sites, heads=heads, first_example=starts[index],
+                          max_memory=max_memory)
+            first_reference = None  # released with the batch
             local.append((index, {}))
-            facts = _run_batch(target, ref, batch, local[-1][1], plan, settings)
+            _run_batch(target, ref, batch, local[-1][1], plan, settings, facts)
             settle()
     shared = (_reference_facts(ref), facts) if ref is not None else None
     parts, (ref_facts, facts) = _gathered(shard, local, shared)
@@ -243,12 +249,26 @@ def _gathered(shard: Shard, local: list[tuple[int, _BatchParts]], shared: Any
     the ``shared`` facts of the first rank that ran a batch."""
     gathered = shard.all_gather((local, shared))
     first_shared = next(shared for _, shared in gathered if shared is not None)
+    if len(gathered) > 1:  # counts in the facts: every rank's batches
+        ref_facts, facts = first_shared
+        first_shared = (ref_facts, _summed_counts(facts, [s[1] for _, s in gathered if s]))
     parts: _BatchParts = {}
     for _, batch_parts in sorted((part for rank_parts, _ in gathered for part in rank_parts),
                                  key=lambda part: part[0]):
         for name, frames in batch_parts.items():
             parts.setdefault(name, []).extend(frames)
     return parts, first_shared
+
+
+def _summed_counts(first: dict[str, dict[str, Any]], every: list[dict[str, dict[str, Any]]]
+                   ) -> dict[str, dict[str, Any]]:
+    """``first``'s facts with each integer count summed over ``every`` rank's facts."""
+    out = {name: dict(values) for name, values in first.items()}
+    for name, values in out.items():
+        for key, value in values.items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                values[key] = sum(int(f.get(name, {}).get(key, 0)) for f in every)
+    return out
 
 
 def _check_rows_to_intervene_on(parts: _BatchParts, n_examples: int) -> None:
@@ -283,10 +303,12 @@ def _edited_items(ref: Reference) -> str:
 
 
 def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch, parts: _BatchParts,
-               plan: _Plan, settings: SuiteSettings) -> dict[str, dict[str, Any]]:
-    """Run the planned protocols on one batch, their tables appended to ``parts``; returns
-    each protocol's facts for the metadata. Row protocols get the batch's counted rows
-    (their scope); a batch without one runs only the BATCH protocols."""
+               plan: _Plan, settings: SuiteSettings, facts: dict[str, dict[str, Any]]
+               ) -> None:
+    """Run the planned protocols on one batch, their tables appended to ``parts`` and their
+    facts for the metadata left in ``facts`` (protocol -> its ``ctx.facts``, the same dict
+    on every batch). Row protocols get the batch's counted rows (their scope); a batch
+    without one runs only the BATCH protocols."""
     parts[(SUITE, "degenerate")] = [degenerate_table(ref.reasons, ref.eligible,
                                                      ref.first_example)]
     counted = ref.rows()
@@ -295,27 +317,25 @@ def _run_batch(target: Seq2SeqTarget, ref: Reference, batch: Batch, parts: _Batc
     running = frozenset(p.name for p, _ in plan)
     earlier: dict[str, dict[str, pd.DataFrame]] = {}
     shared: dict[str, Any] = {}
-    facts: dict[str, dict[str, Any]] = {}
     for protocol, examples in plan:
         rows = counted if examples is None else subset_rows(ref, counted, examples)
         if protocol.scope != BATCH and not len(rows):
             continue
-        facts[protocol.name] = {}
         ctx = BatchContext(target, batch, ref, rows, settings, running, earlier, shared,
-                           facts[protocol.name])
+                           facts.setdefault(protocol.name, {}))
         _expect(protocol, ctx)
         with progress_part(protocol.name):
             earlier[protocol.name] = protocol.run(ctx)
+        _expect(protocol, ctx, ran=True)
         for table, frame in earlier[protocol.name].items():
             parts[(protocol.name, table)] = [frame]
-    return facts
 
 
-def _expect(protocol: InterventionProtocol, ctx: BatchContext) -> None:
+def _expect(protocol: InterventionProtocol, ctx: BatchContext, *, ran: bool = False) -> None:
     """The protocol's units in the progress plan: what it did so far, its cost on this batch
-    and, for the examples after it, as many per example as so far (unknown cost: nothing
-    until it has run)."""
-    cost = protocol.cost(ctx)
+    (unless it has ``ran`` on it: a bound may exceed what ran) and, for the examples after
+    it, as many per example as so far (unknown cost: nothing until it has run)."""
+    cost = None if ran else protocol.cost(ctx)
     done = done_in(protocol.name) + (cost.items if cost is not None else 0)
     seen = ctx.ref.first_example + len(ctx.batch)
     expect(protocol.name, done + done / seen * (ctx.settings.n_examples - seen))

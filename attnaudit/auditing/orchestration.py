@@ -29,6 +29,7 @@ from attnaudit.checklist import build_checklist
 from attnaudit.checklist.contributions import CONTRIBUTION_TABLES
 from attnaudit.checklist.explanation import claims_record
 from attnaudit.errors import AttnauditError, OptionError, TargetError
+from attnaudit.interventions.reference_run import Reference
 from attnaudit.options import (
     DEFAULT_EXPLORER_EXAMPLES,
     AttributionSettings,
@@ -292,7 +293,8 @@ def _run(target: Seq2SeqTarget, *, options: AuditOptions, progress: bool,
                                           shard=shard, keep_examples=options.explorer_examples,
                                           max_memory=options.max_memory)
         if suite_runs:
-            suite, reason = _run_suite(target, options, progress, shard, gold)
+            suite, reason = _run_suite(target, options, progress, shard, gold,
+                                       None if plan is None else plan.reference)
         else:
             suite = None
             reason = ("the audit ran the gate's checks only" if checks_only else
@@ -352,14 +354,17 @@ def _manifest_options(options: AuditOptions) -> dict[str, Any]:
 
 
 def _suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: Shard,
-           gold: Sequence[Alignment] | None = None) -> InterventionSuite:
+           gold: Sequence[Alignment] | None = None, first: Reference | None = None
+           ) -> InterventionSuite:
     """The intervention suite of ``options`` (its public entry point, run_suite); gold:
-    the checked gold file's alignments."""
+    the checked gold file's alignments; first: the first batch's reference run, when the
+    plan has run it."""
     edits = options.edits
     return run_suite(target, quick=options.quick, limit=options.limit, progress=progress,
                      sites=edits.sites, heads=edits.heads, max_memory=options.max_memory,
                      shard=shard, attribution=attribution_options(options.attribution),
-                     sequence_effects=edits.sequence_effects, gold=gold)
+                     sequence_effects=edits.sequence_effects, gold=gold,
+                     first_reference=first)
 
 
 def _planned_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool,
@@ -371,14 +376,14 @@ def _planned_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool,
     print(plan, file=sys.stderr, flush=True)
     with display(plan.examples, enabled=progress, name=f"interventions {target.name}"):
         expect_plan(plan, suite_only=True)
-        return _suite(target, options, progress, shard, gold)
+        return _suite(target, options, progress, shard, gold, plan.reference)
 
 
 def _run_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: Shard,
-               gold: Sequence[Alignment] | None
+               gold: Sequence[Alignment] | None, first: Reference | None
                ) -> tuple[InterventionSuite | None, str | None]:
     try:
-        return _suite(target, options, progress, shard, gold), None
+        return _suite(target, options, progress, shard, gold, first), None
     except AttnauditError as exc:
         if progress:
             print(f"audit {target.name}: interventions not recorded: {exc}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """The plan of an audit before it runs: what each registered protocol will run (edited
 items, forward and backward passes) and how long it should take, from a timed first batch.
 
-:func:`plan_audit` runs the first batch's reference run and the uniform edit on its rows
+:func:`plan_audit` runs the first batch's reference run (kept in the plan: the audit's suite
+runs its first batch on it) and the uniform edit on at most :data:`TIMED_ROWS` of its rows
 (timed: seconds per forward pass and per edited item), asks every protocol the suite would
 run for its :meth:`~attnaudit.interventions.protocol.InterventionProtocol.cost` on that batch, and
 scales it to the data (exact with one batch; an estimate otherwise, and for protocols whose
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -53,6 +54,7 @@ from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 VALIDITY = "validity"
 TIMED_COPIES = 4  # copies per row in the second timed uniform edit
+TIMED_ROWS = 8  # the first batch's rows the uniform edit is timed on
 BACKWARD_FORWARDS = 2.0  # a backward pass costs about two forward passes
 PILOT_ROWS = 4  # rows of the pilot example each row protocol is timed on
 PILOT_MIN_EXAMPLES = 16  # an audit's own plan runs the pilot from this many examples on
@@ -81,6 +83,8 @@ class Plan:
     seconds_per_item: float
     piloted: bool = False
     seconds_per_sequence: float = 0.0
+    # the first batch's reference run, which the audit's suite takes over (not shown)
+    reference: Reference | None = field(default=None, repr=False, compare=False)
 
     @property
     def seconds(self) -> float:
@@ -134,7 +138,8 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
     ref_seconds = time.perf_counter() - started
     decoding = int(ref.emitted.shape[1]) + 1  # greedy steps and one teacher-forced pass
     counted = ref.rows()
-    pass_s, item_s = _timed_items(target, ref, counted, ref_seconds / decoding)
+    timed = counted.select(torch.arange(min(TIMED_ROWS, len(counted))))
+    pass_s, item_s = _timed_items(target, ref, timed, ref_seconds / decoding)
     sequence_s: float | None = None  # timed when a protocol runs whole sequences
     scale, single = settings.n_examples / len(first), len(batches) == 1
     validity = ProtocolPlan(VALIDITY, Cost(settings.n_examples, round(decoding * len(batches)),
@@ -167,7 +172,8 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
             seconds = _passes(cost) * pass_s + cost.items * rates.get(protocol.name, item_s)
         protocols.append(ProtocolPlan(protocol.name, cost, seconds))
     return Plan(target.name, settings.n_examples, len(batches), validity, tuple(protocols),
-                pass_s, item_s, piloted=bool(rates), seconds_per_sequence=sequence_s or 0.0)
+                pass_s, item_s, piloted=bool(rates), seconds_per_sequence=sequence_s or 0.0,
+                reference=ref)
 
 
 def _passes(cost: Cost) -> float:

@@ -180,7 +180,9 @@ def faithfulness_claims(tables: Mapping[str, pd.DataFrame]) -> list[Claim]:
     keys = ("above_random", "rank_among_measures", "most_faithful")
     table = table_with(tables, FAITHFULNESS_TABLE, FAITHFULNESS)
     if table is None:
-        return [_not_tested(k, "the faithfulness protocol did not run") for k in keys]
+        return [_not_tested(k, "the faithfulness protocol did not run, or measured no row "
+                            "(a quick run's budget holds none: the suite's faithfulness_budget)")
+                for k in keys]
     found = _measure_intervals(table)
     weights, floor = found.get(WEIGHTS), found.get(FLOOR)
     measures = {m: i for m, i in found.items() if m != FLOOR and np.isfinite(i.estimate)}

@@ -25,7 +25,7 @@ gives every step's probability. The unique edits run in chunks sized by the memo
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -92,6 +92,48 @@ def row_seed(seed: int, example: int, step: int) -> int:
     return (seed * 1_000_003 + example) * 10_007 + step
 
 
+def row_removals(mask: torch.Tensor, orders: torch.Tensor,
+                 fractions: tuple[int, ...] = FRACTIONS
+                 ) -> Iterator[tuple[tuple[int, int, int], torch.Tensor]]:
+    """The edited sources of one row: ``((ordering, bin, kind), removed)`` for each of the
+    O orderings ``orders`` (O, n) and each bin, kind 0 removing the top ``k`` keys
+    (comprehensiveness), kind 1 every other eligible key (sufficiency); ``removed`` (n,)
+    bool. mask: (n,) bool, the row's eligible keys."""
+    sizes = bin_sizes(int(mask.sum()), fractions)
+    for o in range(orders.shape[0]):
+        for f, k in enumerate(sizes):
+            top = torch.zeros_like(mask)
+            top[orders[o, :k]] = True
+            yield (o, f, 0), top
+            yield (o, f, 1), mask & ~top
+
+
+def rows_within(rows: RowIndex, eligible: torch.Tensor, orders: torch.Tensor,
+                budget: float | None, seeds: Sequence[int],
+                fractions: tuple[int, ...] = FRACTIONS) -> torch.Tensor:
+    """(K,) long, ascending: the rows measured under a budget of ``budget`` unique edited
+    sources per example (None: every row). Each example's rows are taken in a random order
+    drawn with its seed (``seeds``: one per row, read from the example's first row), as
+    many as fit: a row whose edits not already run for the example would take the
+    example past the budget ends that example's rows. eligible (N, n) bool, orders
+    (N, O, n) long (:func:`ranking`)."""
+    if budget is None:
+        return torch.arange(len(rows))
+    kept: list[int] = []
+    for example in dict.fromkeys(rows.example.tolist()):
+        members = (rows.example == example).nonzero().squeeze(1)
+        gen = torch.Generator().manual_seed(seeds[int(members[0])])
+        seen: set[bytes] = set()
+        for i in members[torch.randperm(len(members), generator=gen)].tolist():
+            new = {removed.numpy().tobytes()
+                   for _, removed in row_removals(eligible[i], orders[i], fractions)} - seen
+            if len(seen) + len(new) > budget:
+                break
+            seen |= new
+            kept.append(i)
+    return torch.tensor(sorted(kept), dtype=torch.long)
+
+
 @dataclass(frozen=True)
 class Curves:
     """Per row and ordering, the removal curves: comprehensiveness and sufficiency
@@ -131,14 +173,9 @@ def removal_curves(target: Seq2SeqTarget, ref: Reference, rows: RowIndex,
         return edits[key]
 
     for i in range(n_rows):
-        example, mask = int(rows.example[i]), eligible[i]
-        sizes = bin_sizes(int(mask.sum()), fractions)
-        for o in range(n_orders):
-            for f, k in enumerate(sizes):
-                top = torch.zeros_like(mask)
-                top[orders[i, o, :k]] = True
-                lookup[i, o, f, 0] = edit_of(example, top)
-                lookup[i, o, f, 1] = edit_of(example, mask & ~top)
+        example = int(rows.example[i])
+        for (o, f, kind), removed in row_removals(eligible[i], orders[i], fractions):
+            lookup[i, o, f, kind] = edit_of(example, removed)
     probs = _edited_probabilities(target, ref, edit_rows, edit_masks, token, chunk_size,
                                   progress)
     steps = rows.step[:, None, None, None].expand_as(lookup)

@@ -119,7 +119,7 @@ class BatchContext:
     earlier: the tables of the protocols run before it on this batch, by protocol name;
     shared: values a protocol leaves for later ones on this batch (the attribution protocol
     leaves ``importances``: name -> (B, T, n) maps); facts: the protocol's own notes for
-    :meth:`~InterventionProtocol.metadata` (the last batch's are kept).
+    :meth:`~InterventionProtocol.metadata`, the same dict on every batch of the suite.
     """
 
     target: Seq2SeqTarget
@@ -193,7 +193,8 @@ class InterventionProtocol(ABC):
     def metadata(self, settings: SuiteSettings, examples: set[int] | None,
                  facts: Mapping[str, Any]) -> dict[str, object]:
         """Its entries of the suite's metadata (asked also when it did not run);
-        examples: :meth:`examples`; facts: what its last batch left in ``ctx.facts``."""
+        examples: :meth:`examples`; facts: what its batches left in ``ctx.facts`` (one
+        dict from batch to batch; integer counts summed over the ranks)."""
         return {}
 
 

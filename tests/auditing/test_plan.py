@@ -122,3 +122,15 @@ def test_attnaudit_plan_takes_the_audit_keywords():
     assert plan.examples == 2 and plan.seconds > 0
     checks = attnaudit.plan(_date_lstm(), checks_only=True, limit=2)
     assert checks.protocols == ()
+
+
+def test_the_suite_run_on_the_plans_reference_equals_one_run_without_a_plan(capsys):
+    """With progress the audit plans first and its suite takes over the plan's reference run
+    of the first batch; the tables equal those of an audit without a plan."""
+    planned = attnaudit.audit(_date_lstm(), quick=True, limit=2, progress=True)
+    assert "plan of audit" in capsys.readouterr().err
+    alone = attnaudit.audit(_date_lstm(), quick=True, limit=2, progress=False)
+    assert planned.suite is not None and alone.suite is not None
+    for name in ("rows", "faithfulness_rows", "agreement", "cumulative"):
+        pd.testing.assert_frame_equal(planned.suite.tables[name], alone.suite.tables[name],
+                                      check_exact=False, atol=1e-6)
