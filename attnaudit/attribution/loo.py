@@ -13,10 +13,17 @@ greedy output, and the importance of key ``j`` at step ``t`` is
 Every eligible (example, key) replacement is one folded sequence; one forward pass serves a
 chunk of them (as many as the memory budget allows, since every step's distribution is
 compared) and gives every step at once.
+
+Windowed variant (``window`` > 1, the quick audit's on long prompts): an example's eligible
+keys, in key order, are cut into consecutive groups of ``window`` eligible keys (the last
+may be shorter); each group is replaced at once (one edited sequence) and every key of the
+group gets that edit's TVD. ``window=1`` is leave-one-out itself. :func:`quick_window` sizes
+the window per example so that it runs at most :data:`QUICK_LOO_EDITS` edits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,6 +35,55 @@ from attnaudit.interventions.memory import ChunkBudget, encoder_bytes
 from attnaudit.interventions.outputs import tvd
 from attnaudit.interventions.runner import progress_bar
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
+
+# eligible keys replaced per edit: one for every example, or a function of the example's
+# number of eligible keys
+Window = int | Callable[[int], int]
+QUICK_LOO_EDITS = 20  # the most edits the quick audit's leave-one-out runs per example
+
+
+def quick_window(n_eligible: int) -> int:
+    """The quick audit's window on an example with ``n_eligible`` keys:
+    ``ceil(n_eligible / QUICK_LOO_EDITS)``, at least 1 (every key alone up to 20 keys; 96
+    keys: windows of 5, 20 edits)."""
+    return max(1, -(-n_eligible // QUICK_LOO_EDITS))
+
+
+def audit_window(quick: bool) -> Window:
+    """The intervention suite's window: :func:`quick_window` per example in a quick audit,
+    every key alone (1) in a full one."""
+    return quick_window if quick else 1
+
+
+def example_windows(eligible: torch.Tensor, window: Window) -> torch.Tensor:
+    """(B,) long: each example's window, from its eligible keys ``eligible`` (B, n) bool."""
+    counts = eligible.sum(1).tolist()
+    sizes = [window] * len(counts) if isinstance(window, int) else [window(n) for n in counts]
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise InterventionError(f"a leave-one-out window must be a positive number of "
+                                    f"keys, got {size!r}")
+    return torch.tensor(sizes, dtype=torch.long)
+
+
+def edit_groups(eligible: torch.Tensor, window: Window
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The eligible (example, key) pairs of ``eligible`` (B, n) bool, each (K,) long in
+    example then key order, and each pair's edit (K,) long: edits number every example's
+    consecutive groups of its window's eligible keys, in example then group order."""
+    eligible = eligible.cpu()
+    example, key = eligible.nonzero(as_tuple=True)
+    counts = eligible.sum(1)
+    windows = example_windows(eligible, window)
+    rank = torch.arange(len(key)) - (counts.cumsum(0) - counts)[example]  # within its example
+    edits = -(-counts // windows)
+    edit = (edits.cumsum(0) - edits)[example] + rank // windows[example]
+    return example, key, edit
+
+
+def edit_count(eligible: torch.Tensor, window: Window) -> int:
+    """The edited sequences leave-one-out runs on eligible keys (B, n) bool with ``window``."""
+    return int((-(-eligible.cpu().sum(1) // example_windows(eligible, window))).sum())
 
 
 def replacement_id(target: Seq2SeqTarget, batch: Batch, replace_with: str | int,
@@ -53,7 +109,7 @@ def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                   replace_with: str | int = "pad", *, pad_id: int | None = None,
                   chunk_size: int | None = None, reference_probs: torch.Tensor | None = None,
                   max_memory: int | str | None = None, progress: bool = False,
-                  states: Any = None) -> torch.Tensor:
+                  states: Any = None, window: Window = 1) -> torch.Tensor:
     """Leave-one-out importance (B, T, n) in TVD units, [0, 1].
 
     Args:
@@ -70,6 +126,9 @@ def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         states: the batch's unedited decoder states (``Reference.states``), from which a
             decoder-only target runs each replaced prompt from the left-out position on
             (:class:`~attnaudit.interventions.edited_sources.EditedSourcePasses`).
+        window: eligible keys replaced at once per edit (module docstring), or a function
+            of an example's number of eligible keys giving its window (:func:`quick_window`);
+            1: every key alone.
 
     Returns 0 for keys that are not eligible (``target.explain_keys``) and for steps after the
     first end-of-sequence (``target.step_mask``).
@@ -88,26 +147,34 @@ def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
             raise InterventionError(f"reference_probs has shape {tuple(reference_probs.shape)}, "
                                     f"expected ({n_examples}, {n_steps}, V)")
         reference_probs = reference_probs.float().cpu()
-        example, key = target.explain_keys(batch).cpu().nonzero(as_tuple=True)
-        by_key = torch.argsort(key, stable=True)  # a chunk's prompts share a longer prefix
-        example, key = example[by_key], key[by_key]
+        example, key, edit = edit_groups(target.explain_keys(batch), window)
+        first = torch.ones(len(edit), dtype=torch.bool)  # each edit's first (lowest) key
+        first[1:] = edit[1:] != edit[:-1]
+        edited_example = example[first]
+        # a chunk's prompts share a longer prefix; ``slot``: each pair's edit in run order
+        by_key = torch.argsort(key[first], stable=True)
+        slot = torch.empty_like(by_key)
+        slot[by_key] = torch.arange(len(by_key))
+        slot = slot[edit]
         passes = EditedSourcePasses(target, batch, states)
-        n_keys = batch.source_ids.shape[1]
+        n_keys, n_edits = batch.source_ids.shape[1], len(by_key)
         if chunk_size is None:
             budget = ChunkBudget.of(target.model, vocab=int(reference_probs.shape[-1]),
                                     keys=n_keys, site_heads=0,
                                     state_bytes=encoder_bytes(target.model, n_keys),
                                     max_memory=max_memory)
             chunk_size = budget.sequences(n_steps, compared=n_steps)
-        chunk_size = passes.chunk_size(len(example), chunk_size)
+        chunk_size = passes.chunk_size(n_edits, chunk_size)
         importance = torch.zeros(n_examples, n_steps, n_keys)
-        with progress_bar(len(example), "leave-one-out", progress) as bar:
-            for at in range(0, len(example), chunk_size):
-                rows, keys = example[at : at + chunk_size], key[at : at + chunk_size]
+        with progress_bar(n_edits, "leave-one-out", progress) as bar:
+            for at in range(0, n_edits, chunk_size):
+                rows = edited_example[by_key[at : at + chunk_size]]
+                part = (slot >= at) & (slot < at + len(rows))
+                local, keys = slot[part] - at, key[part]
                 ids = batch.source_ids[rows.to(batch.source_ids.device)].clone()
-                ids[torch.arange(len(rows)), keys] = token
+                ids[local, keys] = token
                 logits = passes.logits(rows, ids, emitted[rows])
                 probs = torch.softmax(logits.float(), -1).cpu()
-                importance[rows, :, keys] = tvd(probs, reference_probs[rows])
+                importance[example[part], :, keys] = tvd(probs, reference_probs[rows])[local]
                 bar.update(len(rows))
     return importance * target.step_mask(emitted).cpu()[:, :, None]

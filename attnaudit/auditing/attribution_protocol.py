@@ -19,7 +19,13 @@ import pandas as pd
 from attnaudit.analysis.bootstrap import bootstrap_interval
 from attnaudit.analysis.words import word_importance_table
 from attnaudit.attribution.agreement import agreement, summarise_agreement
-from attnaudit.attribution.loo import leave_one_out
+from attnaudit.attribution.loo import (
+    QUICK_LOO_EDITS,
+    audit_window,
+    edit_count,
+    example_windows,
+    leave_one_out,
+)
 from attnaudit.attribution.methods import attribute
 from attnaudit.attribution.options import (
     DETACHED_BY_DEFAULT,
@@ -76,20 +82,22 @@ class Attribution(InterventionProtocol):
 
     def cost(self, ctx: BatchContext) -> Cost:
         """An estimate: one forward and backward pass per method over the batch, and one
-        left-out token per eligible key (leave-one-out folds a batch's worth per pass). In
-        whole sequences: the embedded pass, one forward per gradient group and per
-        integration point, each with a backward pass per step; a sequence per left-out key;
-        and the contribution trace's pass."""
+        edited sequence per leave-one-out edit (an eligible key, or in a quick audit a
+        window of them; leave-one-out folds a batch's worth per pass). In whole sequences:
+        the embedded pass, one forward per gradient group and per integration point, each
+        with a backward pass per step; a sequence per leave-one-out edit; and the
+        contribution trace's pass."""
         methods, examples = ctx.settings.methods, len(ctx.batch)
-        left_out = int(ctx.target.explain_keys(ctx.batch).sum())
-        loo = -(-left_out // max(examples, 1))
+        edits = edit_count(ctx.target.explain_keys(ctx.batch),
+                           audit_window(ctx.settings.quick))
+        loo = -(-edits // max(examples, 1))
         detached = (DETACHED_BY_DEFAULT if ctx.settings.attribution is None
                     else ctx.settings.attribution.detach_attention)
         gradients = (len({m in detached for m in methods if m in GRADIENT_METHODS})
                      + INTEGRATION_POINTS * ("integrated_gradients" in methods))
         steps = int(ctx.ref.emitted.shape[1])
-        return Cost(examples * len(methods) + left_out, len(methods) + loo, len(methods),
-                    exact=False, sequences=examples * (2 + gradients) + left_out,
+        return Cost(examples * len(methods) + edits, len(methods) + loo, len(methods),
+                    exact=False, sequences=examples * (2 + gradients) + edits,
                     backward_sequences=examples * steps * gradients)
 
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
@@ -102,9 +110,10 @@ class Attribution(InterventionProtocol):
                           contrast=options.contrast_ids(batch, ref.emitted, target.eos_id),
                           max_memory=ref.budget.max_memory, seed=ref.seed,
                           first_example=ref.first_example)
+        window = audit_window(ctx.settings.quick)
         loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
                             max_memory=ref.budget.max_memory, progress=progress,
-                            states=ref.states)
+                            states=ref.states, window=window)
         importances = {"attention": ref.attention, **found.importance, "loo": loo}
         if ctx.shared is not None:
             ctx.shared[IMPORTANCES] = importances
@@ -127,6 +136,8 @@ class Attribution(InterventionProtocol):
             parts["attribution_prefix"] = [prefix]
         if ctx.facts is not None:
             ctx.facts["variants"] = {m: found.variant(m) for m in methods}
+            ctx.facts["loo_window"] = int(example_windows(target.explain_keys(batch),
+                                                          window).max())
         return {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
 
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
@@ -159,4 +170,17 @@ class Attribution(InterventionProtocol):
                  facts: Mapping[str, Any]) -> dict[str, object]:
         return {"attribution_methods": list(settings.methods),
                 "attribution_variants": facts.get("variants", {}),
-                "attribution_output": settings.attribution.output}
+                "attribution_output": settings.attribution.output,
+                "leave_one_out_window": loo_window_text(settings.quick,
+                                                        facts.get("loo_window"))}
+
+
+def loo_window_text(quick: bool, largest: int | None) -> str:
+    """The metadata's account of the leave-one-out that ran; largest: the largest window
+    of the last batch (None: it did not run)."""
+    if not quick:
+        return "1 (every key alone)"
+    text = (f"ceil(n_eligible / {QUICK_LOO_EDITS}) consecutive eligible keys replaced at once "
+            f"(at most {QUICK_LOO_EDITS} edits per example; every key alone up to "
+            f"{QUICK_LOO_EDITS} eligible keys)")
+    return text if largest is None else f"{text}; largest window in the last batch: {largest}"

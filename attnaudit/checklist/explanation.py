@@ -96,6 +96,9 @@ def _suite_settings(metadata: Mapping[str, Any]) -> list[str]:
                      f"{boot['unit']}s: {boot['resamples']} resamples, seed {boot['seed']}.")
     for method, variant in metadata.get("attribution_variants", {}).items():
         lines.append(f"Attribution {method}: {variant}.")
+    if "leave_one_out_window" in metadata:
+        lines.append(f"Leave-one-out, eligible keys replaced per edit: "
+                     f"{metadata['leave_one_out_window']}.")
     if "degenerate_rows" in metadata:
         counts = ", ".join(f"{n} {reason}" for reason, n in metadata["degenerate_rows"].items())
         lines.append(f"Degenerate rows, left out of every per-row protocol and listed in the "

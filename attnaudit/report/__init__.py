@@ -27,6 +27,7 @@ from typing import Any
 import pandas as pd
 
 from attnaudit.analysis.example_maps import ExampleMaps
+from attnaudit.attribution.loo import QUICK_LOO_EDITS
 from attnaudit.checklist import Checklist
 from attnaudit.report.contributions import contributions_section
 from attnaudit.report.definitions import definition_blocks
@@ -79,6 +80,7 @@ def write_report(out_dir: str | Path, *, checklist: Checklist,
         "target_description": description,
         "manifest": manifest,
         "options": manifest["options"],
+        "quick_loo_edits": QUICK_LOO_EDITS,
         "command_text": (command_line if isinstance(command_line, str)
                          else " ".join(command_line or ["(Python API)"])),
         "verdicts": checklist.verdicts,

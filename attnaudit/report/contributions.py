@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from attnaudit.attribution.loo import QUICK_LOO_EDITS
 from attnaudit.checklist.contributions import larger_score_judgement
 from attnaudit.record import Family
 from attnaudit.report import figures as figs
@@ -102,7 +103,9 @@ def contribution_figures(tables: Mapping[str, pd.DataFrame], family: Family | No
         caption=("Left to right: the attention weights (mean over cross-attention sites and "
                  "heads), the value-norm contributions (mean over decoder layers), ALTI+ and "
                  "rollout composed through the whole model, value zeroing (mean over decoder "
-                 "layers; not in a quick audit) and input leave-one-out; each "
+                 "layers; not in a quick audit) and input leave-one-out (a quick audit "
+                 f"replaces windows of keys at once on prompts of more than {QUICK_LOO_EDITS} "
+                 "eligible keys); each "
                  "row is divided by its sum over the eligible source keys so that the "
                  f"panels share one scale. Rows are {rows.split(' (')[0]}s, columns "
                  f"{columns}."))]
