@@ -136,8 +136,8 @@ class Attribution(InterventionProtocol):
             parts["attribution_prefix"] = [prefix]
         if ctx.facts is not None:
             ctx.facts["variants"] = {m: found.variant(m) for m in methods}
-            ctx.facts["loo_window"] = int(example_windows(target.explain_keys(batch),
-                                                          window).max())
+            largest = int(example_windows(target.explain_keys(batch), window).max())
+            ctx.facts["loo_window"] = max(largest, ctx.facts.get("loo_window", 1))
         return {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
 
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
@@ -177,10 +177,10 @@ class Attribution(InterventionProtocol):
 
 def loo_window_text(quick: bool, largest: int | None) -> str:
     """The metadata's account of the leave-one-out that ran; largest: the largest window
-    of the last batch (None: it did not run)."""
+    it used (None: it did not run)."""
     if not quick:
         return "1 (every key alone)"
     text = (f"ceil(n_eligible / {QUICK_LOO_EDITS}) consecutive eligible keys replaced at once "
             f"(at most {QUICK_LOO_EDITS} edits per example; every key alone up to "
             f"{QUICK_LOO_EDITS} eligible keys)")
-    return text if largest is None else f"{text}; largest window in the last batch: {largest}"
+    return text if largest is None else f"{text}; largest window: {largest}"

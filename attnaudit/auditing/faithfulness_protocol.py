@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 
 from attnaudit.analysis.bootstrap import bootstrap_interval
-from attnaudit.attribution.loo import leave_one_out, replacement_id
+from attnaudit.attribution.loo import audit_window, leave_one_out, replacement_id
 from attnaudit.attribution.methods import attribute
 from attnaudit.attribution.options import QUICK_OMITTED
 from attnaudit.auditing.attribution_protocol import ATTRIBUTION, IMPORTANCES
@@ -99,7 +99,8 @@ def _suite_importances(ctx: BatchContext) -> dict[str, torch.Tensor]:
                       baseline=options.baseline, max_memory=ref.budget.max_memory,
                       seed=ref.seed, first_example=ref.first_example)
     loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
-                        max_memory=ref.budget.max_memory, states=ref.states)
+                        max_memory=ref.budget.max_memory, states=ref.states,
+                        window=audit_window(ctx.settings.quick))
     return {"attention": ref.attention, **found.importance, "loo": loo}
 
 
