@@ -5,8 +5,9 @@ It registers here, not in :mod:`attnaudit.interventions.protocols`: it needs
 :mod:`attnaudit.attribution` and :mod:`attnaudit.auditing.contribution_suite`, layers above
 the registry. It runs on the whole batch (degenerate rows included: the agreement table
 marks them undefined) and leaves the batch's importance maps in ``ctx.shared["importances"]``
-(name -> (B, T, n), ``attention``, the gradient methods and ``loo``) for protocols that
-name it in ``after`` (a faithfulness test that ranks keys by an attribution).
+(name -> (B, T, n), ``attention``, the gradient methods and ``loo``), and the contribution
+measures' in ``ctx.shared["contributions"]`` (maps and reasons), for protocols that name it
+in ``after`` (a faithfulness test that ranks keys by an attribution).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from attnaudit.interventions.registry import register_protocol
 
 ATTRIBUTION = "attribution"
 IMPORTANCES = "importances"  # the ctx.shared key of the batch's importance maps
+# and of the contribution measures' maps and reasons (contribution_importances)
+CONTRIBUTIONS = "contributions"
 
 
 def tau_intervals(summary: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
@@ -124,8 +127,11 @@ class Attribution(InterventionProtocol):
         rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
         rows_agree["example"] += ref.first_example
         parts["agreement"] = [rows_agree]  # before the contribution agreement
-        add_contribution_parts(target, batch, ref, importances, parts,
-                               zeroing=not ctx.settings.quick, gold=ctx.settings.gold)
+        contributions = add_contribution_parts(target, batch, ref, importances, parts,
+                                               zeroing=not ctx.settings.quick,
+                                               gold=ctx.settings.gold)
+        if ctx.shared is not None:
+            ctx.shared[CONTRIBUTIONS] = contributions
         if found.convergence_delta is not None:
             delta = found.delta_frame()
             delta["example"] += ref.first_example

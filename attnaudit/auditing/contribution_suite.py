@@ -158,8 +158,10 @@ def _aer_table(counts: pd.DataFrame) -> pd.DataFrame:
 def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
                            importances: Mapping[str, torch.Tensor], parts: _Parts, *,
                            zeroing: bool = True,
-                           gold: Sequence[Alignment] | None = None) -> None:
-    """The batch's contribution tables, appended to ``parts`` (module docstring).
+                           gold: Sequence[Alignment] | None = None
+                           ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The batch's contribution tables, appended to ``parts`` (module docstring); returns
+    :func:`contribution_importances` of the measures compared (for later protocols).
 
     importances: the suite's maps (B, T, n): ``attention``, the gradient methods, ``loo``.
     zeroing: compare value zeroing too. gold: one gold alignment per example of the data
@@ -190,6 +192,7 @@ def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
         if found:  # the measures ran, so the traced pass does too
             _add(parts, "sinks", sink_table(contributions(target, batch, ref.emitted,
                                                           alti=False)))
+    return found, reasons
 
 
 def contribution_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:

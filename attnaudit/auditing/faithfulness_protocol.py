@@ -9,7 +9,7 @@ in full mode, value zeroing), as
 :func:`~attnaudit.auditing.contribution_suite.contribution_importances` reads them,
 the gradient methods the suite ran, leave-one-out, and a seeded random ranking, the floor.
 Quick mode runs on :data:`QUICK_EXAMPLES` seeded examples, the measures quick computes (no
-integrated gradients, no value zeroing) and a budget of edited sources
+integrated gradients, no value zeroing, no per-layer weights) and a budget of edited sources
 (:func:`budget_per_example`): each example's rows in a seeded order, as many as the budget
 holds (:func:`~attnaudit.interventions.faithfulness.rows_within`); full mode on every row of
 every example, every measure.
@@ -33,7 +33,7 @@ from attnaudit.analysis.bootstrap import bootstrap_interval
 from attnaudit.attribution.loo import audit_window, leave_one_out, replacement_id
 from attnaudit.attribution.methods import attribute
 from attnaudit.attribution.options import QUICK_OMITTED
-from attnaudit.auditing.attribution_protocol import ATTRIBUTION, IMPORTANCES
+from attnaudit.auditing.attribution_protocol import ATTRIBUTION, CONTRIBUTIONS, IMPORTANCES
 from attnaudit.auditing.contribution_suite import (
     CONTRIBUTION_MEASURES,
     ZEROING,
@@ -109,10 +109,12 @@ def measure_maps(ctx: BatchContext) -> tuple[dict[str, torch.Tensor], dict[str, 
     ref = ctx.ref
     suite = _suite_importances(ctx)
     maps = {"weights": suite.pop("attention").float().cpu()}
-    for i, site in enumerate(ref.sites):
+    for i, site in enumerate(() if ctx.settings.quick else ref.sites):
         maps[f"weights:layer{i}"] = ref.weights[site].float().mean(1)
     wanted = CONTRIBUTION_MEASURES + (() if ctx.settings.quick else (ZEROING,))
-    found, reasons = contribution_importances(ctx.target, ctx.batch, ref.emitted, wanted)
+    shared = ctx.shared if ctx.shared is not None else {}
+    found, reasons = (shared[CONTRIBUTIONS] if CONTRIBUTIONS in shared else
+                      contribution_importances(ctx.target, ctx.batch, ref.emitted, wanted))
     missing = {NAMES.get(m, m): why for m, why in reasons.items()}
     for name, values in {**found, **suite}.items():
         maps[NAMES.get(name, name)] = values.detach().float().cpu()
@@ -141,8 +143,9 @@ class Faithfulness(InterventionProtocol):
         row (identical edited sources of one example run once, so fewer run), at most the
         quick budget's per example, in chunks the memory budget holds, each a whole
         teacher-forced sequence; the measures' traced pass besides."""
-        orderings = (len(ctx.ref.sites) + 1 + len(CONTRIBUTION_MEASURES)
-                     + (0 if ctx.settings.quick else 1) + len(ctx.settings.methods) + 3)
+        # per-layer weights and value zeroing: full mode's alone
+        full_only = 0 if ctx.settings.quick else len(ctx.ref.sites) + 1
+        orderings = 1 + full_only + len(CONTRIBUTION_MEASURES) + len(ctx.settings.methods) + 3
         items = len(ctx.rows) * orderings * len(FRACTIONS) * 2
         budget = budget_per_example(ctx)
         if budget is not None:
@@ -222,8 +225,8 @@ class Faithfulness(InterventionProtocol):
                  facts: Mapping[str, Any]) -> dict[str, object]:
         return {"faithfulness_examples": "all" if examples is None else sorted(examples),
                 "faithfulness_measures": list(facts.get("measures", [])),
-                "faithfulness_layers": {f"weights:layer{i}": s
-                                        for i, s in enumerate(facts.get("sites", []))},
+                "faithfulness_layers": {} if settings.quick else {
+                    f"weights:layer{i}": s for i, s in enumerate(facts.get("sites", []))},
                 "faithfulness_fractions_percent": list(FRACTIONS),
                 "faithfulness_bins": "k = min(n, max(1, ceil(f/100 * n))) of the row's n "
                                      "eligible source keys",
@@ -233,8 +236,8 @@ class Faithfulness(InterventionProtocol):
                 "faithfulness_budget": budget_text(settings, facts),
                 "faithfulness_rows_measured": (f"{facts.get('rows_measured', 0)} of "
                                                f"{facts.get('rows_offered', 0)}"),
-                "faithfulness_quick_omits": [*QUICK_OMITTED, ZEROING] if settings.quick
-                else [],
+                "faithfulness_quick_omits": [*QUICK_OMITTED, ZEROING, "weights:layer<i>"]
+                if settings.quick else [],
                 "faithfulness_not_computed": dict(facts.get("not_computed", {}))}
 
 

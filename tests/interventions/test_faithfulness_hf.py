@@ -19,8 +19,11 @@ BART = Path(__file__).parents[2] / "examples" / "date_transformer" / "model"
 def check(suite) -> None:
     summary = suite.tables["faithfulness_summary"]
     rows = suite.tables["faithfulness_rows"]
-    assert {"weights", "weights:layer0", "saliency", "input_x_gradient", "leave_one_out",
+    assert {"weights", "saliency", "input_x_gradient", "leave_one_out",
             "random"} <= set(summary["measure"])
+    # a quick suite ranks by the weights' mean alone, not by each layer's
+    assert not summary["measure"].str.startswith("weights:").any()
+    assert "weights:layer<i>" in suite.metadata["faithfulness_quick_omits"]
     assert np.isfinite(summary["aopc_comprehensiveness"]).all()
     normalised = rows[["normalised_aopc_comprehensiveness", "normalised_aopc_sufficiency"]]
     assert ((normalised.dropna() >= -1e-9) & (normalised.dropna() <= 1 + 1e-9)).all().all()
