@@ -290,4 +290,3 @@ def _quantiles(hist: np.ndarray, lo: np.ndarray, hi: np.ndarray, low: np.ndarray
         frac = np.where(in_bin > 0, (target - below) / np.where(in_bin > 0, in_bin, 1.0), 0.0)
         out[f"q{round(q * 100)}"] = np.clip(lo + (b + frac) * width, low, high)
     return out
-

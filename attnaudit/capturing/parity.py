@@ -75,9 +75,9 @@ def measure(cap: object, site: str, fused: torch.Tensor, explicit: torch.Tensor)
     """Keep the gap between one call's ``fused`` and ``explicit`` outputs (same shape)."""
     gap = scale = 0.0
     if explicit.numel():  # the largest magnitudes from each one's extremes: 3 passes, 1 wait
-        explicit = explicit.detach().float()
-        extremes = torch.stack([*torch.aminmax(fused.detach().float() - explicit),
-                                *torch.aminmax(explicit)]).abs().tolist()
+        wide = explicit.detach().float()
+        extremes = torch.stack([*torch.aminmax(fused.detach().float() - wide),
+                                *torch.aminmax(wide)]).abs().tolist()
         gap, scale = max(extremes[:2]), max(extremes[2:])
     relative = gap / scale if scale > 0 else (0.0 if gap == 0 else float("inf"))
     if gap != gap:  # NaN in one output but not the other
