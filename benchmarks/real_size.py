@@ -2,6 +2,7 @@
 
     python -m benchmarks.real_size [--sources 16] [--batch-size 8] [--steps 16]
                                    [--rounds 3] [--cumulative-examples 50]
+                                   [--only check,validity,permutation,suite]
 
 Builds a Marian model with the dimensions of Helsinki-NLP/opus-mt-en-de (6 + 6 layers,
 d_model 512, 8 heads, FFN 2048, vocabulary 58,101, about 74 M parameters) from a config
@@ -26,6 +27,10 @@ which of a compared pair runs first):
    a fresh process (targets: <= 4 GB, ratio <= 1.2). On a small machine
    ``--cumulative-examples`` shortens the run (the cumulative removal test is the longest
    part; memory does not depend on it).
+
+``--only`` runs only the named parts, comma-separated (``check``: 1 and 2; ``validity``: 4;
+``permutation``: 3; ``suite``: 5), e.g. ``--only check,permutation`` for the two ratios with
+targets in a few minutes.
 
 The machine may be shared: only the side-by-side ratios are meaningful.
 """
@@ -53,6 +58,7 @@ from benchmarks.harness import alternating, banner, load, parser, python_module,
 VOCAB = 58_101
 SPECIALS = ["</s>", "<unk>", "<pad>"]  # ids 0, 1, 2 as in opus-mt (pad is the start token)
 SEED = 2024
+PARTS = ("check", "validity", "permutation", "suite")
 
 
 def build_checkpoint(directory: Path) -> None:
@@ -175,6 +181,15 @@ def suite_child(args: argparse.Namespace) -> None:
               cumulative_examples=args.cumulative_examples)
 
 
+def parts(text: str) -> tuple[str, ...]:
+    """``--only``'s value: the named parts, each one of :data:`PARTS`."""
+    named = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(set(named) - set(PARTS))
+    if unknown or not named:
+        raise argparse.ArgumentTypeError(f"parts are {', '.join(PARTS)}; got {text!r}")
+    return named
+
+
 def main() -> None:
     options = parser(__spec__.name, __doc__)
     options.add_argument("--sources", type=int, default=16, help="N (the suite also runs 4N)")
@@ -185,6 +200,9 @@ def main() -> None:
     options.add_argument("--cumulative-examples", type=int, default=CUMULATIVE_EXAMPLES,
                          help="examples the suite's cumulative removal test covers (default "
                               "%(default)s, the suite's own; fewer keeps the run short)")
+    options.add_argument("--only", type=parts, default=PARTS,
+                         help="comma-separated parts to run, of " + ",".join(PARTS)
+                              + " (default: all)")
     options.add_argument("--suite-child", type=int, help=argparse.SUPPRESS)
     options.add_argument("--checkpoint", help=argparse.SUPPRESS)
     options.add_argument("--data", help=argparse.SUPPRESS)
@@ -202,29 +220,34 @@ def main() -> None:
         print(f"{banner()}; Marian {params:.1f} M parameters, vocabulary {VOCAB:,}; "
               f"N = {n} sources, batch {args.batch_size}, {args.steps} steps")
         own_work(target, args.batch_size)  # warm-up
-        own, gate = alternating(lambda: own_work(target, n), lambda: check_time(target, n),
-                                args.rounds)
-        print(f"model's own work (greedy + teacher-forced): {own:.2f} s")
-        print(f"check: {gate:.2f} s, ratio {gate / own:.2f} (target <= 1.2)")
-        without, with_cached = alternating(
-            lambda: validity_time(target.with_options(cached_decode=None), n),
-            lambda: validity_time(target, n), args.rounds)
-        print(f"validity audit: {without:.2f} s without the cached-decoding comparison, "
-              f"{with_cached:.2f} s with it; ratio {with_cached / without:.2f}")
-        per_item, per_step, items = per_item_ratio(target, n)
-        print(f"permutation test: {items} edited items, {per_item * 1e3:.2f} ms per item; "
-              f"one cached decoder step {per_step * 1e3:.2f} ms per sequence; ratio "
-              f"{per_item / per_step:.2f} (target <= 2)")
-        from attnaudit_examples.date.target import make_target
+        if "check" in args.only:
+            own, gate = alternating(lambda: own_work(target, n),
+                                    lambda: check_time(target, n), args.rounds)
+            print(f"model's own work (greedy + teacher-forced): {own:.2f} s")
+            print(f"check: {gate:.2f} s, ratio {gate / own:.2f} (target <= 1.2)")
+        if "validity" in args.only:
+            without, with_cached = alternating(
+                lambda: validity_time(target.with_options(cached_decode=None), n),
+                lambda: validity_time(target, n), args.rounds)
+            print(f"validity audit: {without:.2f} s without the cached-decoding comparison, "
+                  f"{with_cached:.2f} s with it; ratio {with_cached / without:.2f}")
+        if "permutation" in args.only:
+            per_item, per_step, items = per_item_ratio(target, n)
+            print(f"permutation test: {items} edited items, {per_item * 1e3:.2f} ms per item; "
+                  f"one cached decoder step {per_step * 1e3:.2f} ms per sequence; ratio "
+                  f"{per_item / per_step:.2f} (target <= 2)")
+            from attnaudit_examples.date.target import make_target
 
-        date = make_target(limit=n)
-        per_item, per_step, items = per_item_ratio(date, n)
-        print(f"date LSTM: {items} edited items, {per_item * 1e3:.3f} ms per item; one cached "
-              f"step {per_step * 1e3:.3f} ms per sequence; ratio {per_item / per_step:.2f}")
-        at_n = suite_peak_rss(directory, data, n, args)
-        at_4n = suite_peak_rss(directory, data, 4 * n, args)
-        print(f"--quick suite peak RSS: {at_n:.2f} GiB at N = {n}, {at_4n:.2f} GiB at 4N = "
-              f"{4 * n}; ratio {at_4n / at_n:.2f} (targets <= 4 GB, <= 1.2)")
+            date = make_target(limit=n)
+            per_item, per_step, items = per_item_ratio(date, n)
+            print(f"date LSTM: {items} edited items, {per_item * 1e3:.3f} ms per item; one "
+                  f"cached step {per_step * 1e3:.3f} ms per sequence; ratio "
+                  f"{per_item / per_step:.2f}")
+        if "suite" in args.only:
+            at_n = suite_peak_rss(directory, data, n, args)
+            at_4n = suite_peak_rss(directory, data, 4 * n, args)
+            print(f"--quick suite peak RSS: {at_n:.2f} GiB at N = {n}, {at_4n:.2f} GiB at 4N = "
+                  f"{4 * n}; ratio {at_4n / at_n:.2f} (targets <= 4 GB, <= 1.2)")
         print(f"{load()} at the end")
 
 

@@ -132,12 +132,23 @@ class RowStats:
         bins = np.clip((v - lo) / (hi - lo) * HIST_BINS, 0, HIST_BINS - 1).astype(np.int64)
         flat = (np.arange(count * heads)[:, None] * steps + np.arange(steps)[None, :])
         index = (flat.reshape(count, 1, heads, steps) * HIST_BINS + bins)[d]
-        hist = np.bincount(index, minlength=count * heads * steps * HIST_BINS).reshape(
-            count, heads, steps, HIST_BINS)
+        # float64 counts (exact integers), so a new cell takes its metric's slice as it is
+        # (numpy counts no index at all in int64 even with weights)
+        hist = np.bincount(index, weights=np.ones(index.size),
+                           minlength=count * heads * steps * HIST_BINS).astype(
+            np.float64, copy=False).reshape(count, heads, steps, HIST_BINS)
         cols = slice(first, stop)
+        counts = n.astype(np.float64)
         for m, metric in enumerate(names):
             key = (site, metric)
-            cells = self.cells.get(key) or Cells.empty(heads, 0)
+            cells = self.cells.get(key)
+            if cells is None and first == 0:  # what adding to empty cells would give
+                cells = Cells(counts[m], np.zeros((heads, steps)), low[m], high[m], hist[m])
+                for total in totals:
+                    cells.total += total[m]
+                self.cells[key] = cells
+                continue
+            cells = cells or Cells.empty(heads, stop)
             if cells.n.shape[0] != heads:
                 raise AnalysisError(f"site {site!r} had {cells.n.shape[0]} heads, now {heads}")
             if cells.n.shape[1] < stop:  # room to spare: calls come step by step
@@ -162,10 +173,12 @@ class RowStats:
                                     f"{theirs.n.shape[0]} in the other shard")
             steps = max(mine.n.shape[1], theirs.n.shape[1])
             mine, theirs = mine.grown(steps), theirs.grown(steps)
-            self.cells[key] = Cells(mine.n + theirs.n, mine.total + theirs.total,
-                                    np.minimum(mine.minimum, theirs.minimum),
-                                    np.maximum(mine.maximum, theirs.maximum),
-                                    mine.hist + theirs.hist)
+            mine.n += theirs.n  # in place: this state's own arrays, never another's
+            mine.total += theirs.total
+            np.minimum(mine.minimum, theirs.minimum, out=mine.minimum)
+            np.maximum(mine.maximum, theirs.maximum, out=mine.maximum)
+            mine.hist += theirs.hist
+            self.cells[key] = mine
         for site, kind in other.kinds.items():
             self.kinds.setdefault(site, kind)
 
@@ -225,9 +238,12 @@ def _side_by_side(parts: Sequence[tuple[Mapping[str, Metric], int]], first: int,
     for metrics, offset in parts:
         values = torch.stack([v.detach().to(torch.float64) for v, _ in metrics.values()])
         defined = torch.isfinite(values)
-        for m, (_, given) in enumerate(metrics.values()):
-            if given is not None:
-                defined[m] &= given.to(defined.device).expand(values.shape[1:])
+        shape = values.shape[1:]
+        if any(given is not None for _, given in metrics.values()):  # one AND for them all
+            every = torch.ones((), dtype=torch.bool, device=defined.device).expand(shape)
+            defined &= torch.stack([every if given is None
+                                    else given.to(defined.device).expand(shape)
+                                    for _, given in metrics.values()])
         count, batch, heads, steps = values.shape
         v, d = values.cpu().numpy(), defined.cpu().numpy()
         if offset != first or offset + steps != stop:
@@ -253,15 +269,24 @@ def _quantiles(hist: np.ndarray, lo: np.ndarray, hi: np.ndarray, low: np.ndarray
     Resolution is (hi - lo) / HIST_BINS of the metric's range; values outside the range
     fall in the edge bins (their min/max stay exact).
     """
-    cum = np.cumsum(hist, axis=1)
     width = (hi - lo) / HIST_BINS
-    cells = np.arange(hist.shape[0])
+    # A cell whose counts all sit in one bin (an indicator metric, a constant) needs no
+    # cumulative sum: below that bin nothing, in it every count. The others are summed.
+    single = np.count_nonzero(hist, axis=1) == 1
+    ones, rows = np.flatnonzero(single), np.flatnonzero(~single)
+    first = np.argmax(hist[ones] > 0, axis=1)
+    alone = hist[ones, first]
+    cum = np.cumsum(hist[rows], axis=1)
     out = {}
     for q in QUANTILES:
-        target = q * cum[:, -1]
-        b = np.minimum((cum < target[:, None]).sum(1), hist.shape[1] - 1)  # searchsorted left
-        below = np.where(b > 0, cum[cells, np.maximum(b - 1, 0)], 0.0)
-        in_bin = hist[cells, b]
+        target, below, in_bin = np.empty((3, hist.shape[0]))
+        b = np.empty(hist.shape[0], dtype=np.int64)
+        target[ones], b[ones], below[ones], in_bin[ones] = q * alone, first, 0.0, alone
+        target[rows] = q * cum[:, -1]
+        b[rows] = np.minimum((cum < target[rows, None]).sum(1), hist.shape[1] - 1)  # left
+        below[rows] = np.where(b[rows] > 0, cum[np.arange(len(rows)), np.maximum(b[rows] - 1, 0)],
+                               0.0)
+        in_bin[rows] = hist[rows, b[rows]]
         frac = np.where(in_bin > 0, (target - below) / np.where(in_bin > 0, in_bin, 1.0), 0.0)
         out[f"q{round(q * 100)}"] = np.clip(lo + (b + frac) * width, low, high)
     return out

@@ -35,7 +35,7 @@ import torch
 from attnaudit.capturing.protocol import ValueEdit
 from attnaudit.capturing.recorder import Edit, capture
 from attnaudit.errors import InterventionError
-from attnaudit.interventions.outputs import flip, jsd, tvd
+from attnaudit.interventions.outputs import changes
 from attnaudit.interventions.reference_run import Reference, RowIndex
 from attnaudit.record import Site
 from attnaudit.runtime.progress import Counter
@@ -143,8 +143,11 @@ def edited_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
     """
     if ref.states is None:
         return _rerun_probs(target, ref, example, step, row_edit, items)
+    steps = torch.unique(step).tolist()
+    if len(steps) == 1:  # a chunk of run_items: one step, no (m, V) copies to reorder
+        return _one_step_probs(target, ref, example, steps[0], row_edit, items)
     parts, where = [], []
-    for s in torch.unique(step).tolist():
+    for s in steps:
         at = (step == s).nonzero().squeeze(1)
         parts.append(_one_step_probs(target, ref, example[at], s, row_edit, items[at]))
         where.append(at)
@@ -234,9 +237,7 @@ def run_items(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
         for idx in item_chunks(ref, step, chunk_size):
             before = ref.probs[example[idx], step[idx]]
             after = edited_probs(target, ref, example[idx], step[idx], row_edit, idx)
-            change.tvd[idx] = tvd(before, after)
-            change.jsd[idx] = jsd(before, after)
-            change.flip[idx] = flip(before, after)
+            change.tvd[idx], change.jsd[idx], change.flip[idx] = changes(before, after)
             if progress is not None:
                 progress.update(len(idx))
     return change

@@ -70,3 +70,36 @@ def test_analysers_update_parts_as_update_in_turn() -> None:
         for part in parts:
             apart.update(part)
         pd.testing.assert_frame_equal(together.compute(), apart.compute(), check_exact=True)
+
+
+def _hand_quantile(values: list[float], q: float, lo: float, hi: float) -> float:
+    """The histogram quantile by hand: counts per bin, the first bin whose running count
+    reaches q of the total, linear within it, clipped to the values' own range."""
+    bins = [0] * 256
+    for v in values:
+        bins[min(max(int((v - lo) / (hi - lo) * 256), 0), 255)] += 1
+    target, running = q * len(values), 0
+    for b, count in enumerate(bins):
+        if running + count >= target and count:
+            frac = (target - running) / count
+            return min(max(lo + (b + frac) * (hi - lo) / 256, min(values)), max(values))
+        running += count
+    raise AssertionError("no bin reached")
+
+
+def test_quantiles_of_one_bin_and_spread_cells_by_hand() -> None:
+    """Cells whose values all fall in one bin (read without a cumulative sum) and cells
+    spread over bins, side by side in one summary."""
+    stats = RowStats(SPECS)
+    values = torch.tensor([[[0.0, 0.3, 0.31], [0.7, 0.7001, 0.9]]], dtype=torch.float64)
+    spread = values.expand(4, 2, 3).clone()
+    spread[:, 0, 0] = torch.tensor([0.0, 0.0, 0.0, 0.0])  # one bin: a constant
+    spread[:, 1, 2] = torch.tensor([0.1, 0.5, 0.52, 0.99])  # spread over bins
+    stats.add("s", "self", "a", spread)
+    frame = stats.frame().set_index(["head", "step"])
+    for head in range(2):
+        for step in range(3):
+            column = spread[:, head, step].tolist()
+            for q in (0.1, 0.5, 0.9):
+                expected = _hand_quantile(column, q, 0.0, 1.0)
+                assert abs(frame.loc[(head, step), f"q{round(q * 100)}"] - expected) < 1e-12
