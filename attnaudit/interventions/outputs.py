@@ -35,7 +35,17 @@ def _check(p: torch.Tensor, q: torch.Tensor) -> None:
 def tvd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Total variation distance 1/2 * sum |p - q|, in [0, 1]."""
     _check(p, q)
-    return 0.5 * (p - q).abs().sum(-1)
+    return _half_sum((p - q).abs())
+
+
+def _half_sum(distance: torch.Tensor) -> torch.Tensor:
+    """TVD from ``distance`` = |p - q| (..., V): half its sum over the last axis."""
+    return 0.5 * distance.sum(-1)
+
+
+def _wide(p: torch.Tensor, q: torch.Tensor) -> torch.dtype:
+    """The dtype the divergence is computed in: float32, or the inputs' when wider."""
+    return torch.promote_types(torch.promote_types(p.dtype, q.dtype), torch.float32)
 
 
 def _kl(p: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -48,7 +58,7 @@ def jsd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     Computed in float32, or in the inputs' dtype when wider (float64).
     """
     _check(p, q)
-    wide = torch.promote_types(torch.promote_types(p.dtype, q.dtype), torch.float32)
+    wide = _wide(p, q)
     p, q = p.to(wide), q.to(wide)
     m = 0.5 * (p + q)
     return (0.5 * _kl(p, m) + 0.5 * _kl(q, m)).clamp_min(0.0)
@@ -84,8 +94,8 @@ def _changes(p: torch.Tensor, q: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`changes` of one block of rows."""
     with torch.no_grad():
-        change = torch.sub(p, q).abs_().sum(-1).mul_(0.5)
-        wide = torch.promote_types(torch.promote_types(p.dtype, q.dtype), torch.float32)
+        change = _half_sum(torch.sub(p, q).abs_())
+        wide = _wide(p, q)
         p, q = p.to(wide), q.to(wide)
         log_m = torch.add(p, q).mul_(0.5).add_(EPS).log_()
         smoothed = torch.add(p, EPS)
