@@ -26,7 +26,7 @@ from attnaudit.errors import InterventionError
 from attnaudit.interventions.edited_sources import EditedSourcePasses
 from attnaudit.interventions.reference_run import reference
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
-from tests.helpers.tiny_targets import prompt_inputs
+from tests.helpers.tiny_targets import counting_starts, prompt_inputs
 
 TOL = 1e-5
 # three prompts of a tiny Llama: 26, 9 and 22 words (more than QUICK_LOO_EDITS eligible
@@ -167,18 +167,6 @@ def _eager_probs(model: torch.nn.Module, batch: Batch, emitted: torch.Tensor, to
     return probs
 
 
-def _counting_starts(target):
-    """The target with ``teacher_forced_from`` wrapped: the list of starts it ran from."""
-    starts: list[int] = []
-    inner = target.teacher_forced_from
-
-    def counted(batch, states, emitted, start):
-        starts.append(start)
-        return inner(batch, states, emitted, start)
-
-    return dataclasses.replace(target, teacher_forced_from=counted), starts
-
-
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 @pytest.mark.parametrize("window", [quick_window, 3])
 def test_llama_windows_from_the_cache_equal_eager_passes(llama, window):
@@ -186,7 +174,7 @@ def test_llama_windows_from_the_cache_equal_eager_passes(llama, window):
     eligible = target.explain_keys(batch)
     assert int(eligible.sum(1).max()) > QUICK_LOO_EDITS
     assert ref.states is not None
-    counted, starts = _counting_starts(target)
+    counted, starts = counting_starts(target)
     cached = leave_one_out(counted, batch, ref.emitted, reference_probs=ref.probs,
                            states=ref.states, window=window)
     assert starts and max(starts) > 0  # chunks ran from a later position

@@ -5,6 +5,7 @@ RMSNorm, grouped-query attention), saved with :mod:`tests.helpers.tiny_hf` and l
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,15 @@ def tiny_gpt2_report(tmp_path_factory, *, interventions: bool) -> Path:
     out = tmp_path_factory.mktemp("gpt2_report")
     attnaudit.audit(target, quick=True, interventions=interventions, progress=False).save(out)
     return out
+
+
+def counting_starts(target: Any) -> tuple[Any, list[int]]:
+    """The target with ``teacher_forced_from`` wrapped: the list of starts it ran from."""
+    starts: list[int] = []
+    inner = target.teacher_forced_from
+
+    def counted(batch: Any, states: Any, emitted: torch.Tensor, start: int) -> torch.Tensor:
+        starts.append(start)
+        return inner(batch, states, emitted, start)
+
+    return dataclasses.replace(target, teacher_forced_from=counted), starts

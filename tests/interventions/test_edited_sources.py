@@ -14,6 +14,7 @@ from attnaudit.attribution.loo import leave_one_out, replacement_id
 from attnaudit.interventions.edited_sources import EditedSourcePasses, first_changes
 from attnaudit.interventions.faithfulness import ranking, removal_curves
 from attnaudit.interventions.reference_run import reference
+from tests.helpers.tiny_targets import counting_starts
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
@@ -32,18 +33,6 @@ def llama(tmp_path_factory):
     target = from_hf(folder, PROMPTS, max_new_tokens=4)
     batch = next(target.iter_batches())
     return target, batch, reference(target, batch), eager_model("llama", folder)
-
-
-def _counting(target):
-    """The target with ``teacher_forced_from`` wrapped: the list of starts it ran from."""
-    starts: list[int] = []
-    inner = target.teacher_forced_from
-
-    def counted(batch, states, emitted, start):
-        starts.append(start)
-        return inner(batch, states, emitted, start)
-
-    return dataclasses.replace(target, teacher_forced_from=counted), starts
 
 
 def _eager_probs(model, ids, mask, emitted) -> torch.Tensor:
@@ -65,7 +54,7 @@ def test_first_changes():
 def test_leave_one_out_from_the_cache_equals_whole_eager_passes(llama):
     target, batch, ref, eager = llama
     assert ref.states is not None
-    counted, starts = _counting(target)
+    counted, starts = counting_starts(target)
     loo = leave_one_out(counted, batch, ref.emitted, reference_probs=ref.probs,
                         states=ref.states)
     assert starts and max(starts) > 0  # chunks ran from a later position
@@ -89,7 +78,7 @@ def test_faithfulness_curves_from_the_cache_equal_whole_passes(llama):
     scores = torch.arange(eligible.shape[-1], dtype=torch.float32).expand_as(eligible)
     orders = torch.stack([ranking(scores, eligible), ranking(-scores, eligible)], 1)
     token = replacement_id(target, batch, "pad")
-    counted, starts = _counting(target)
+    counted, starts = counting_starts(target)
     cached = removal_curves(counted, ref, rows, orders, token, chunk_size=3)
     assert starts and max(starts) > 0
     whole = removal_curves(dataclasses.replace(target, teacher_forced_from=None), ref, rows,
