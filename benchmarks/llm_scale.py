@@ -8,14 +8,16 @@ the quick audit, each in a fresh process, with time, peak memory and the ratios.
 The model is built from a ``LlamaConfig`` of the given sizes (defaults: Llama-3.2-1B's, tied
 embeddings, 1.24B parameters; seeded random weights, nothing downloaded) and saved with a
 word-level tokenizer of the same vocabulary (built with ``tokenizers``). Two seeded prompts
-of ``--check-tokens`` / ``--quick-tokens`` words decode ``--new-tokens`` greedily. Four
+of ``--check-tokens`` / ``--quick-tokens`` words decode ``--new-tokens`` greedily. Five
 measurements, each a fresh process that loads the saved folder: the model's own work
 (``generate`` plus one teacher-forced pass over prompt and output) at each prompt length,
-``attnaudit.audit(..., checks_only=True)`` at the check length and ``audit(..., quick=True)``
-at the quick one. Printed per measurement: the timed section's seconds (loading excluded),
-the process's peak RSS, CUDA's peak allocation on a GPU, the load before and after, and for
-the quick audit each protocol's time (its progress line's last words); then
-``check`` and the quick audit as multiples of the model's own work at the same length.
+``attnaudit.audit(..., checks_only=True)`` at the check length, ``audit(..., quick=True)``
+at the quick one, and the full audit's plan at the quick length (``attnaudit.plan``: its
+estimate, not a run). Printed per measurement: the timed section's seconds (loading
+excluded), the process's peak RSS, CUDA's peak allocation on a GPU, the load before and
+after, for the quick audit each protocol's time (its progress line's last words) and for
+the plan its table; then ``check``, the quick audit and the full audit's planned time as
+multiples of the model's own work at the same length.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from benchmarks.harness import banner, load, parser, python_module, run_child
 SIZES = {"layers": 16, "hidden": 2048, "heads": 32, "kv_heads": 8, "mlp": 8192,
          "vocab": 128256}
 SPECIAL = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0-3
+# the ratios' names (the plan's seconds are its estimate of the full audit, not a run)
+LABELS = {"check": "check", "quick": "quick audit", "plan": "full audit's planned time"}
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -45,7 +49,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=6)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    p.add_argument("--child", choices=["model", "check", "quick"], help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=["model", "check", "quick", "plan"],
+                   help=argparse.SUPPRESS)
     p.add_argument("--folder", help=argparse.SUPPRESS)
     p.add_argument("--prompt-tokens", type=int, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -113,6 +118,11 @@ def child(args: argparse.Namespace) -> None:
         target = attnaudit.from_hf(model, texts, tokenizer=tokenizer, batch_size=2,
                                    max_new_tokens=args.new_tokens, decoding="greedy",
                                    name="llm-scale")
+        if args.child == "plan":  # the full audit's plan: its estimate is the measurement
+            plan = attnaudit.plan(target)
+            print(plan, file=sys.stderr)
+            print(json.dumps({"seconds": plan.seconds, "device_peak_gib": None}))
+            return
         # the quick audit's progress line on stderr ends with each protocol's time
         attnaudit.audit(target, checks_only=args.child == "check", quick=args.child == "quick",
                         progress=args.child == "quick")
@@ -132,7 +142,9 @@ def measure(what: str, tokens: int, folder: Path, args: argparse.Namespace) -> d
                                   args.device, "--dtype", args.dtype, *flags))
     result = json.loads(run.stdout.strip().splitlines()[-1])
     return {**result, "rss_gib": run.peak_rss_gib, "load": (before, os.getloadavg()[0]),
-            "breakdown": breakdown(run.stderr)}
+            "breakdown": breakdown(run.stderr),
+            "plan": run.stderr[run.stderr.find("plan of audit"):].strip()
+            if what == "plan" else ""}
 
 
 def breakdown(stderr: str) -> str:
@@ -156,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{params / 1e6:.1f}M parameters, {args.dtype} on {args.device}; 2 prompts, "
               f"{args.new_tokens} new tokens")
         plan = [("model", args.check_tokens), ("check", args.check_tokens),
-                ("model", args.quick_tokens), ("quick", args.quick_tokens)]
+                ("model", args.quick_tokens), ("quick", args.quick_tokens),
+                ("plan", args.quick_tokens)]
         results = {}
         for what, tokens in plan:
             r = results[what, tokens] = measure(what, tokens, folder, args)
@@ -167,11 +180,14 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['load'][1]:.2f}", flush=True)
             if r["breakdown"]:
                 print(f"       per protocol: {r['breakdown']}", flush=True)
-    for what, tokens in (("check", args.check_tokens), ("quick", args.quick_tokens)):
+            if r["plan"]:
+                print("       " + r["plan"].replace("\n", "\n       "), flush=True)
+    for what, tokens in (("check", args.check_tokens), ("quick", args.quick_tokens),
+                         ("plan", args.quick_tokens)):
         own = results["model", tokens]
         ratio = results[what, tokens]["seconds"] / own["seconds"]
         rss = results[what, tokens]["rss_gib"] / own["rss_gib"]
-        print(f"{what} / model's own work at {tokens} tokens: {ratio:.2f}x time, "
+        print(f"{LABELS[what]} / model's own work at {tokens} tokens: {ratio:.2f}x time, "
               f"{rss:.2f}x peak RSS")
     print(f"done; {load()}")
 

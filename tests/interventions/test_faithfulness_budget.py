@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -106,6 +107,7 @@ def test_a_budget_that_holds_no_row_leaves_the_claims_not_tested(tiny_gpt2, monk
     assert all("budget" in c.answer for c in claims)
 
 
-def test_full_mode_has_no_budget(tiny_gpt2):
-    suite = run_suite(tiny_gpt2(), quick=False, progress=False, n_permutations=2, limit=1)
-    assert suite.metadata["faithfulness_budget"].startswith("none")
+def test_full_mode_has_no_budget():
+    full = SimpleNamespace(settings=SimpleNamespace(quick=False))
+    assert faithfulness_protocol.budget_per_example(full) is None
+    assert faithfulness_protocol.budget_text(full.settings, {}).startswith("none")

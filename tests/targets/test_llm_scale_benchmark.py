@@ -1,6 +1,6 @@
 """``python -m benchmarks.llm_scale`` at tiny sizes: the saved model has the flags' shape
 and every measurement the script starts in a fresh process runs (here in this one, to stay
-fast) and reports its seconds."""
+fast) and reports its seconds (the plan's: its estimate of the full audit)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_each_measurement_runs_on_a_model_of_the_flags_shape(tmp_path, capsys):
     assert (config.num_hidden_layers, config.hidden_size, config.num_key_value_heads,
             config.vocab_size, config.tie_word_embeddings) == (1, 32, 2, 120, True)
     assert params == 120 * 32 + 32 * (32 + 2 * 16 + 32) + 3 * 32 * 64 + 3 * 32  # tied head
-    for what, tokens in (("model", "10"), ("check", "10"), ("quick", "8")):
+    for what, tokens in (("model", "10"), ("check", "10"), ("quick", "8"), ("plan", "8")):
         llm_scale.child(llm_scale._arguments(
             [*TINY, "--child", what, "--folder", str(tmp_path), "--prompt-tokens", tokens]))
         printed = capsys.readouterr()
@@ -33,3 +33,5 @@ def test_each_measurement_runs_on_a_model_of_the_flags_shape(tmp_path, capsys):
         if what == "quick":  # each protocol's time, from the progress line
             parts = llm_scale.breakdown(printed.err)
             assert parts.startswith("validity") and "faithfulness" in parts, printed.err[-500:]
+        if what == "plan":  # the full audit's plan, printed whole
+            assert "plan of audit llm-scale" in printed.err and "faithfulness" in printed.err
