@@ -12,12 +12,12 @@ of ``--check-tokens`` / ``--quick-tokens`` words decode ``--new-tokens`` greedil
 measurements, each a fresh process that loads the saved folder: the model's own work
 (``generate`` plus one teacher-forced pass over prompt and output) at each prompt length,
 ``attnaudit.audit(..., checks_only=True)`` at the check length, ``audit(..., quick=True)``
-at the quick one, and the full audit's plan at the quick length (``attnaudit.plan``: its
-estimate, not a run). Printed per measurement: the timed section's seconds (loading
-excluded), the process's peak RSS, CUDA's peak allocation on a GPU, the load before and
-after, for the quick audit each protocol's time (its progress line's last words) and for
-the plan its table; then ``check``, the quick audit and the full audit's planned time as
-multiples of the model's own work at the same length.
+at the quick one, and the full audit's plan at the quick length (the one ``audit()`` prints
+before it runs, without a pilot: its estimate, not a run). Printed per measurement: the
+timed section's seconds (loading excluded), the process's peak RSS, CUDA's peak allocation
+on a GPU, the load before and after, for the quick audit each protocol's time (its progress
+line's last words) and for the plan its table; then ``check``, the quick audit and the full
+audit's planned time as multiples of the model's own work at the same length.
 """
 
 from __future__ import annotations
@@ -98,6 +98,9 @@ def child(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import attnaudit
+    from attnaudit.auditing.plan import plan_audit
+    from attnaudit.options import AuditOptions
+    from attnaudit.targets.checks import checked_target
 
     folder = Path(args.folder)
     device = torch.device(args.device)
@@ -119,7 +122,9 @@ def child(args: argparse.Namespace) -> None:
                                    max_new_tokens=args.new_tokens, decoding="greedy",
                                    name="llm-scale")
         if args.child == "plan":  # the full audit's plan: its estimate is the measurement
-            plan = attnaudit.plan(target)
+            # as audit() prints it before a full audit of these prompts: no pilot run (on
+            # two prompts the pilot would run every protocol, most of the audit itself)
+            plan = plan_audit(checked_target(target), AuditOptions(), pilot=False)
             print(plan, file=sys.stderr)
             print(json.dumps({"seconds": plan.seconds, "device_peak_gib": None}))
             return
