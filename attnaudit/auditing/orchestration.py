@@ -190,16 +190,17 @@ def plan(target_or_model: Seq2SeqTarget | nn.Module | str | Path, data: Any = No
     """What :func:`audit` with the same arguments would run, and an estimate of how long it
     takes (``attnaudit report --dry-run``): the passes and edited items per protocol
     (:mod:`attnaudit.auditing.plan`), at the cost of the first batch's reference run and
-    uniform edit. ``settings``: :func:`audit`'s keywords of the same names
-    (``quick=True``, ``limit=``, ``checks_only=True`` ...). ``print(plan)`` shows it."""
+    uniform edit, and from :data:`~attnaudit.auditing.plan.PILOT_MIN_EXAMPLES` examples on of
+    a pilot run (the plan the audit prints itself). ``settings``: :func:`audit`'s keywords
+    of the same names (``quick=True``, ``limit=``, ``checks_only=True`` ...).
+    ``print(plan)`` shows it."""
     options = _options(settings, options)
     shard = current_shard(None)
 
     def planned(target: Seq2SeqTarget) -> Plan:
         target = checked_target(target)
         _gold(options, target)  # a gold file audit refuses before it runs: its plan too
-        return plan_audit(target, options, attribution_options(options.attribution),
-                          pilot=True)
+        return plan_audit(target, options, attribution_options(options.attribution))
 
     return _on_target(target_or_model, data, tokenizer, options, shard, {}, planned)
 

@@ -4,21 +4,22 @@ items, forward and backward passes) and how long it should take, from a timed fi
 :func:`plan_audit` runs the first batch's reference run (kept in the plan: the audit's suite
 runs its first batch on it) and the uniform edit on at most :data:`TIMED_ROWS` of its rows
 (timed: seconds per forward pass and per edited item), asks every protocol the suite would
-run for its :meth:`~attnaudit.interventions.protocol.InterventionProtocol.cost` on that batch, and
-scales it to the data (exact with one batch; an estimate otherwise, and for protocols whose
-cost is itself one). The time estimate is passes x the timed seconds per pass (a backward
-pass counted as two forward ones) plus items x seconds per item; for a protocol that runs
-whole edited sequences (faithfulness, attribution: its cost's ``sequences``) it is those
-sequences x the seconds per sequence of a timed teacher-forced pass of the first batch (a
-backward sequence counted as two). With a *pilot* each
-protocol's seconds per item are its own: every protocol runs once, in the suite's order, on
-the first example of the first batch (row protocols on at most :data:`PILOT_ROWS` of its
-rows) and is timed; without one they are the uniform edit's. The pilot runs for
-:func:`attnaudit.plan` and ``--dry-run``, and before an audit whose data has at least
-:data:`PILOT_MIN_EXAMPLES` examples (on fewer it would be a large share of the audit
-itself). The progress display replaces the estimate with each part's measured rate as the
-audit runs. A protocol without a cost is listed as "unknown". The same plan feeds the
-progress display (:func:`expect_plan`), :func:`attnaudit.plan` and ``--dry-run``.
+run for its :meth:`~attnaudit.interventions.protocol.InterventionProtocol.cost` on that
+batch, and scales it to the data (exact with one batch; an estimate otherwise, and for
+protocols whose cost is itself one). The time estimate is passes x the timed seconds per
+pass (a backward pass counted as two forward ones) plus items x seconds per item; for a
+protocol that runs whole edited sequences (faithfulness, attribution: its cost's
+``sequences``) it is those sequences x the seconds per sequence of a timed teacher-forced
+pass of the first batch (a backward sequence counted as two). With a *pilot* each protocol's
+seconds per item are its own: every protocol runs once, in the suite's order, on the first
+example of the first batch (row protocols on at most :data:`PILOT_ROWS` of its rows) and is
+timed; without one they are the uniform edit's. The pilot runs when the data has at least
+:data:`PILOT_MIN_EXAMPLES` examples, for :func:`attnaudit.plan` and ``--dry-run`` as before
+an audit (on fewer it would be a large share of the audit itself: on two prompts of a
+billion-parameter model, minutes of adversarial search). The progress display replaces the
+estimate with each part's measured rate as the audit runs. A protocol without a cost is
+listed as "unknown". The same plan feeds the progress display (:func:`expect_plan`),
+:func:`attnaudit.plan` and ``--dry-run``.
 """
 
 from __future__ import annotations
