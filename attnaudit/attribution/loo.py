@@ -83,7 +83,8 @@ def edit_groups(eligible: torch.Tensor, window: Window
 
 def edit_count(eligible: torch.Tensor, window: Window) -> int:
     """The edited sequences leave-one-out runs on eligible keys (B, n) bool with ``window``."""
-    return int((-(-eligible.cpu().sum(1) // example_windows(eligible, window))).sum())
+    edit = edit_groups(eligible, window)[2]
+    return int(edit.max()) + 1 if len(edit) else 0
 
 
 def replacement_id(target: Seq2SeqTarget, batch: Batch, replace_with: str | int,

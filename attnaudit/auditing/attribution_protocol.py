@@ -142,8 +142,8 @@ class Attribution(InterventionProtocol):
             parts["attribution_prefix"] = [prefix]
         if ctx.facts is not None:
             ctx.facts["variants"] = {m: found.variant(m) for m in methods}
-            largest = int(example_windows(target.explain_keys(batch), window).max())
-            ctx.facts["loo_window"] = max(largest, ctx.facts.get("loo_window", 1))
+            windows = example_windows(target.explain_keys(batch), window).tolist()
+            ctx.facts.setdefault("loo_windows", set()).update(windows)
         return {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
 
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
@@ -177,8 +177,9 @@ class Attribution(InterventionProtocol):
         return {"attribution_methods": list(settings.methods),
                 "attribution_variants": facts.get("variants", {}),
                 "attribution_output": settings.attribution.output,
-                "leave_one_out_window": loo_window_text(settings.quick,
-                                                        facts.get("loo_window"))}
+                "leave_one_out_window": loo_window_text(
+                    settings.quick, max(facts["loo_windows"]) if facts.get("loo_windows")
+                    else None)}
 
 
 def loo_window_text(quick: bool, largest: int | None) -> str:

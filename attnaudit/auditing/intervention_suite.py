@@ -249,9 +249,9 @@ def _gathered(shard: Shard, local: list[tuple[int, _BatchParts]], shared: Any
     the ``shared`` facts of the first rank that ran a batch."""
     gathered = shard.all_gather((local, shared))
     first_shared = next(shared for _, shared in gathered if shared is not None)
-    if len(gathered) > 1:  # counts in the facts: every rank's batches
+    if len(gathered) > 1:  # counts and sets in the facts: every rank's batches
         ref_facts, facts = first_shared
-        first_shared = (ref_facts, _summed_counts(facts, [s[1] for _, s in gathered if s]))
+        first_shared = (ref_facts, _merged_facts(facts, [s[1] for _, s in gathered if s]))
     parts: _BatchParts = {}
     for _, batch_parts in sorted((part for rank_parts, _ in gathered for part in rank_parts),
                                  key=lambda part: part[0]):
@@ -260,14 +260,18 @@ def _gathered(shard: Shard, local: list[tuple[int, _BatchParts]], shared: Any
     return parts, first_shared
 
 
-def _summed_counts(first: dict[str, dict[str, Any]], every: list[dict[str, dict[str, Any]]]
-                   ) -> dict[str, dict[str, Any]]:
-    """``first``'s facts with each integer count summed over ``every`` rank's facts."""
+def _merged_facts(first: dict[str, dict[str, Any]], every: list[dict[str, dict[str, Any]]]
+                  ) -> dict[str, dict[str, Any]]:
+    """``first``'s facts with each integer (a count) summed and each set joined over
+    ``every`` rank's facts; other values are the first rank's."""
     out = {name: dict(values) for name, values in first.items()}
     for name, values in out.items():
         for key, value in values.items():
-            if isinstance(value, int) and not isinstance(value, bool):
-                values[key] = sum(int(f.get(name, {}).get(key, 0)) for f in every)
+            found = [f[name][key] for f in every if key in f.get(name, {})]
+            if isinstance(value, set):
+                values[key] = set().union(*found)
+            elif isinstance(value, int) and not isinstance(value, bool):
+                values[key] = sum(found)
     return out
 
 

@@ -194,7 +194,7 @@ class InterventionProtocol(ABC):
                  facts: Mapping[str, Any]) -> dict[str, object]:
         """Its entries of the suite's metadata (asked also when it did not run);
         examples: :meth:`examples`; facts: what its batches left in ``ctx.facts`` (one
-        dict from batch to batch; integer counts summed over the ranks)."""
+        dict from batch to batch; over the ranks integer counts are summed, sets joined)."""
         return {}
 
 

@@ -223,7 +223,7 @@ def test_the_attribution_protocol_costs_the_edits_it_runs(llama, monkeypatch, qu
     assert sum(edited) == expected
     assert (expected < sum(counts)) == quick  # the quick audit's windows run fewer edits
     assert cost.items - len(batch) * len(settings.methods) == expected
-    assert facts["loo_window"] == max(windows)
+    assert max(facts["loo_windows"]) == max(windows)
     text = protocol.metadata(settings, None, facts)["leave_one_out_window"]
     assert (f"largest window: {max(windows)}" in text) == quick
     assert text.startswith("ceil(n_eligible / 20)" if quick else "1 (every key alone)")

@@ -157,3 +157,18 @@ def test_integrated_gradients_and_agreement_against_independent_references(runs)
             assert got["kendall_p"] == pytest.approx(p, abs=1e-9)
             compared += 1
     assert compared >= 8
+
+
+def test_rank_facts_merge_counts_by_sum_and_sets_by_union():
+    """Two ranks' protocol facts: counts add up, sets of values seen join (the largest
+    leave-one-out window is the largest over every rank), other facts are the first's."""
+    from attnaudit.auditing.intervention_suite import _merged_facts
+
+    first = {"faithfulness": {"rows_measured": 3, "budget": 7.5, "token": 0},
+             "attribution": {"loo_windows": {1, 2}, "variants": {"saliency": "a"}}}
+    second = {"faithfulness": {"rows_measured": 4, "budget": 9.0, "token": 0},
+              "attribution": {"loo_windows": {5}, "variants": {"saliency": "b"}}}
+    merged = _merged_facts(first, [first, second])
+    assert merged == {"faithfulness": {"rows_measured": 7, "budget": 7.5, "token": 0},
+                      "attribution": {"loo_windows": {1, 2, 5}, "variants": {"saliency": "a"}}}
+    assert first["faithfulness"]["rows_measured"] == 3  # the first rank's facts unchanged
