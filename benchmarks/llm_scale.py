@@ -49,7 +49,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=6)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    p.add_argument("--child", choices=["model", "check", "quick", "plan"],
+    p.add_argument("--child", choices=["build", "model", "check", "quick", "plan"],
                    help=argparse.SUPPRESS)
     p.add_argument("--folder", help=argparse.SUPPRESS)
     p.add_argument("--prompt-tokens", type=int, help=argparse.SUPPRESS)
@@ -140,16 +140,34 @@ def child(args: argparse.Namespace) -> None:
 
 def measure(what: str, tokens: int, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     before = os.getloadavg()[0]
-    flags = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SIZES]
     run = run_child(python_module("benchmarks.llm_scale", "--child", what, "--folder",
-                                  str(folder), "--prompt-tokens", str(tokens),
-                                  "--new-tokens", str(args.new_tokens), "--device",
-                                  args.device, "--dtype", args.dtype, *flags))
+                                  str(folder), "--prompt-tokens", str(tokens), "--device",
+                                  args.device, *_size_flags(args)))
     result = json.loads(run.stdout.strip().splitlines()[-1])
     return {**result, "rss_gib": run.peak_rss_gib, "load": (before, os.getloadavg()[0]),
-            "breakdown": breakdown(run.stderr),
+            "breakdown": breakdown(run.stderr), "estimate": planned_seconds(run.stderr),
             "plan": run.stderr[run.stderr.find("plan of audit"):].strip()
             if what == "plan" else ""}
+
+
+def _size_flags(args: argparse.Namespace) -> list[str]:
+    """The model's sizes and the lengths and dtype it is built with, as flags for a child."""
+    return [*(f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SIZES),
+            f"--check-tokens={args.check_tokens}", f"--quick-tokens={args.quick_tokens}",
+            f"--new-tokens={args.new_tokens}", f"--dtype={args.dtype}"]
+
+
+def planned_seconds(stderr: str) -> float | None:
+    """The total of the plan an audit printed before it ran (``estimate 1:23 in all`` or
+    ``estimate 4.4 s in all``), in seconds; None when it printed none."""
+    lines = [line for line in stderr.splitlines() if line.strip().startswith("estimate ")]
+    if not lines:
+        return None
+    text = lines[0].split("estimate ", 1)[1].split(" in all", 1)[0]
+    if text.endswith(" s"):
+        return float(text[:-2])
+    minutes, seconds = text.split(":")
+    return 60 * int(minutes) + int(seconds)
 
 
 def breakdown(stderr: str) -> str:
@@ -161,13 +179,20 @@ def breakdown(stderr: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = _arguments(argv)
+    if args.child == "build":
+        print(json.dumps({"parameters": build(Path(args.folder), args)}))
+        return
     if args.child:
         child(args)
         return
     print(banner())
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"
-        params = build(folder, args)
+        # built in a child: a process forked from one that held the model reports that
+        # process's peak as its own (Linux keeps the parent's high-water mark across exec)
+        built = run_child(python_module("benchmarks.llm_scale", "--child", "build", "--folder",
+                                        str(folder), *_size_flags(args)))
+        params = json.loads(built.stdout.strip().splitlines()[-1])["parameters"]
         print(f"Llama-shaped: {args.layers} layers, hidden {args.hidden}, {args.heads} q / "
               f"{args.kv_heads} kv heads, MLP {args.mlp}, vocabulary {args.vocab}, "
               f"{params / 1e6:.1f}M parameters, {args.dtype} on {args.device}; 2 prompts, "
@@ -185,6 +210,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['load'][1]:.2f}", flush=True)
             if r["breakdown"]:
                 print(f"       per protocol: {r['breakdown']}", flush=True)
+            if what == "quick" and r["estimate"]:
+                print(f"       its plan's estimate: {r['estimate']:.1f} s, the run "
+                      f"{r['seconds'] / r['estimate']:.2f}x that", flush=True)
             if r["plan"]:
                 print("       " + r["plan"].replace("\n", "\n       "), flush=True)
     for what, tokens in (("check", args.check_tokens), ("quick", args.quick_tokens),

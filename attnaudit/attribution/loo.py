@@ -18,12 +18,14 @@ Windowed variant (``window`` > 1, the quick audit's on long prompts): an example
 keys, in key order, are cut into consecutive groups of ``window`` eligible keys (the last
 may be shorter); each group is replaced at once (one edited sequence) and every key of the
 group gets that edit's TVD. ``window=1`` is leave-one-out itself. :func:`quick_window` sizes
-the window per example so that it runs at most :data:`QUICK_LOO_EDITS` edits.
+the window per example so that it runs at most :data:`QUICK_LOO_EDITS` edits, or on a model
+whose edited sequences cost more, :func:`quick_edits` of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -40,19 +42,38 @@ from attnaudit.targets.contract import Batch, Seq2SeqTarget
 # number of eligible keys
 Window = int | Callable[[int], int]
 QUICK_LOO_EDITS = 20  # the most edits the quick audit's leave-one-out runs per example
+# ... fewer where that many edited sequences cost more than these multiply-adds (parameters x
+# tokens per sequence): as many as they buy, and at least QUICK_LOO_MIN_EDITS
+QUICK_LOO_MULTIPLY_ADDS = 1e12
+QUICK_LOO_MIN_EDITS = 8
 
 
-def quick_window(n_eligible: int) -> int:
-    """The quick audit's window on an example with ``n_eligible`` keys:
-    ``ceil(n_eligible / QUICK_LOO_EDITS)``, at least 1 (every key alone up to 20 keys; 96
-    keys: windows of 5, 20 edits)."""
-    return max(1, -(-n_eligible // QUICK_LOO_EDITS))
+def quick_edits(sequence_multiply_adds: float) -> int:
+    """The most edits per example of the quick audit's leave-one-out on a model whose
+    edited sequence costs ``sequence_multiply_adds`` (parameters x tokens per sequence):
+    :data:`QUICK_LOO_EDITS`, or as many as :data:`QUICK_LOO_MULTIPLY_ADDS` buy when fewer,
+    at least :data:`QUICK_LOO_MIN_EDITS` (the date models: 20; a 1.24B-parameter model on
+    102-token sequences: 8)."""
+    fits = int(QUICK_LOO_MULTIPLY_ADDS // max(sequence_multiply_adds, 1.0))
+    return max(QUICK_LOO_MIN_EDITS, min(QUICK_LOO_EDITS, fits))
 
 
-def audit_window(quick: bool) -> Window:
-    """The intervention suite's window: :func:`quick_window` per example in a quick audit,
-    every key alone (1) in a full one."""
-    return quick_window if quick else 1
+def quick_window(n_eligible: int, edits: int = QUICK_LOO_EDITS) -> int:
+    """The quick audit's window on an example with ``n_eligible`` keys and at most
+    ``edits`` edits: ``ceil(n_eligible / edits)``, at least 1 (20 edits: every key alone up
+    to 20 keys; 96 keys: windows of 5)."""
+    return max(1, -(-n_eligible // edits))
+
+
+def audit_window(quick: bool, sequence_multiply_adds: float = 0.0) -> Window:
+    """The intervention suite's window: :func:`quick_window` per example, at most
+    :func:`quick_edits` edits, in a quick audit (``sequence_multiply_adds``: what one
+    edited sequence costs the model, parameters x tokens); every key alone (1) in a full
+    one."""
+    if not quick:
+        return 1
+    edits = quick_edits(sequence_multiply_adds)
+    return quick_window if edits == QUICK_LOO_EDITS else partial(quick_window, edits=edits)
 
 
 def example_windows(eligible: torch.Tensor, window: Window) -> torch.Tensor:

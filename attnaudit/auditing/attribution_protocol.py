@@ -22,10 +22,13 @@ from attnaudit.analysis.words import word_importance_table
 from attnaudit.attribution.agreement import agreement, summarise_agreement
 from attnaudit.attribution.loo import (
     QUICK_LOO_EDITS,
+    QUICK_LOO_MIN_EDITS,
+    QUICK_LOO_MULTIPLY_ADDS,
     audit_window,
     edit_count,
     example_windows,
     leave_one_out,
+    quick_edits,
 )
 from attnaudit.attribution.methods import attribute
 from attnaudit.attribution.options import (
@@ -92,7 +95,7 @@ class Attribution(InterventionProtocol):
         contribution trace's pass."""
         methods, examples = ctx.settings.methods, len(ctx.batch)
         edits = edit_count(ctx.target.explain_keys(ctx.batch),
-                           audit_window(ctx.settings.quick))
+                           audit_window(ctx.settings.quick, ctx.sequence_multiply_adds()))
         loo = -(-edits // max(examples, 1))
         detached = (DETACHED_BY_DEFAULT if ctx.settings.attribution is None
                     else ctx.settings.attribution.detach_attention)
@@ -113,7 +116,7 @@ class Attribution(InterventionProtocol):
                           contrast=options.contrast_ids(batch, ref.emitted, target.eos_id),
                           max_memory=ref.budget.max_memory, seed=ref.seed,
                           first_example=ref.first_example)
-        window = audit_window(ctx.settings.quick)
+        window = audit_window(ctx.settings.quick, ctx.sequence_multiply_adds())
         loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
                             max_memory=ref.budget.max_memory, progress=progress,
                             states=ref.states, window=window)
@@ -144,6 +147,8 @@ class Attribution(InterventionProtocol):
             ctx.facts["variants"] = {m: found.variant(m) for m in methods}
             windows = example_windows(target.explain_keys(batch), window).tolist()
             ctx.facts.setdefault("loo_windows", set()).update(windows)
+            ctx.facts.setdefault("loo_edits", set()).add(
+                quick_edits(ctx.sequence_multiply_adds()))
         return {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
 
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
@@ -179,15 +184,19 @@ class Attribution(InterventionProtocol):
                 "attribution_output": settings.attribution.output,
                 "leave_one_out_window": loo_window_text(
                     settings.quick, max(facts["loo_windows"]) if facts.get("loo_windows")
-                    else None)}
+                    else None, min(facts["loo_edits"]) if facts.get("loo_edits") else None)}
 
 
-def loo_window_text(quick: bool, largest: int | None) -> str:
+def loo_window_text(quick: bool, largest: int | None, edits: int | None = None) -> str:
     """The metadata's account of the leave-one-out that ran; largest: the largest window
-    it used (None: it did not run)."""
+    it used, edits: the fewest edits per example it allowed (None: it did not run)."""
     if not quick:
         return "1 (every key alone)"
-    text = (f"ceil(n_eligible / {QUICK_LOO_EDITS}) consecutive eligible keys replaced at once "
-            f"(at most {QUICK_LOO_EDITS} edits per example; every key alone up to "
-            f"{QUICK_LOO_EDITS} eligible keys)")
+    text = (f"ceil(n_eligible / E) consecutive eligible keys replaced at once, at most E edits "
+            f"per example: E = {QUICK_LOO_EDITS}, or on a model where {QUICK_LOO_EDITS} edited "
+            f"sequences cost more than {QUICK_LOO_MULTIPLY_ADDS:.0e} multiply-adds (parameters "
+            f"x tokens per sequence) as many as they buy, at least {QUICK_LOO_MIN_EDITS}; "
+            f"every key alone up to E eligible keys")
+    if edits is not None:
+        text += f"; here E = {edits}"
     return text if largest is None else f"{text}; largest window: {largest}"

@@ -38,7 +38,12 @@ from attnaudit.alignments.pharaoh import Alignment, parse_line
 from attnaudit.alignments.units import CONVENTIONS, batch_units
 from attnaudit.analysis.bootstrap import bootstrap_interval
 from attnaudit.attribution.agreement import ATTENTION, LOO, agreement, summarise_agreement
-from attnaudit.contributions import contributions, measure_maps_or_reasons, sink_table
+from attnaudit.contributions import (
+    Contributions,
+    contributions,
+    measure_maps_or_reasons,
+    sink_table,
+)
 from attnaudit.errors import AttnauditError
 from attnaudit.interventions.reference_run import Reference
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
@@ -66,12 +71,15 @@ def _add(parts: _Parts, name: str, frame: pd.DataFrame) -> None:
 
 
 def contribution_importances(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
-                             measures: tuple[str, ...] = CONTRIBUTION_MEASURES
+                             measures: tuple[str, ...] = CONTRIBUTION_MEASURES, *,
+                             traced: Contributions | None = None
                              ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Measure -> (B, T, n) key-level map (module docstring) of the measures that could be
-    computed, and measure -> why not (in words) of the others."""
+    computed, and measure -> why not (in words) of the others; ``traced``: the batch's
+    :func:`~attnaudit.contributions.contributions`, when already computed."""
     try:
-        maps, reasons = measure_maps_or_reasons(target, batch, emitted, measures)
+        maps, reasons = measure_maps_or_reasons(target, batch, emitted, measures,
+                                                traced=traced)
     except AttnauditError as exc:  # no measure can be read: the same reason for each
         return {}, dict.fromkeys(measures, str(exc))
     n_keys = batch.source_ids.shape[1]  # a decoder-only model's maps go on to the prefix
@@ -168,7 +176,10 @@ def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
     (a gold file), scored in place of the target's ``gold_alignments``.
     """
     measures = CONTRIBUTION_MEASURES + ((ZEROING,) if zeroing else ())
-    found, reasons = contribution_importances(target, batch, ref.emitted, measures)
+    # the first batch's trace also gives its sink table: traced once for both
+    traced = _traced(target, batch, ref.emitted) if ref.first_example == 0 else None
+    found, reasons = contribution_importances(target, batch, ref.emitted, measures,
+                                              traced=traced)
     _add(parts, "contribution_measures", pd.DataFrame(
         [{"measure": m, "reading": READINGS[m], "status": "computed" if m in found else
           "not applicable", "reason": reasons.get(m, "")} for m in measures]
@@ -189,10 +200,19 @@ def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
                                                          batch_gold(target, batch, ref, gold)))
     if ref.first_example == 0:
         _add(parts, "contribution_example", _example_frame(target, ref, every))
-        if found:  # the measures ran, so the traced pass does too
-            _add(parts, "sinks", sink_table(contributions(target, batch, ref.emitted,
-                                                          alti=False)))
+        if found and traced is not None:
+            _add(parts, "sinks", sink_table(traced))
     return found, reasons
+
+
+def _traced(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor
+            ) -> Contributions | None:
+    """The batch's :func:`~attnaudit.contributions.contributions` with ALTI, or None when
+    it cannot be traced (:func:`contribution_importances` then says why, per measure)."""
+    try:
+        return contributions(target, batch, emitted)
+    except AttnauditError:
+        return None
 
 
 def contribution_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:

@@ -100,7 +100,7 @@ def _suite_importances(ctx: BatchContext) -> dict[str, torch.Tensor]:
                       seed=ref.seed, first_example=ref.first_example)
     loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
                         max_memory=ref.budget.max_memory, states=ref.states,
-                        window=audit_window(ctx.settings.quick))
+                        window=audit_window(ctx.settings.quick, ctx.sequence_multiply_adds()))
     return {"attention": ref.attention, **found.importance, "loo": loo}
 
 
@@ -249,10 +249,8 @@ def budget_per_example(ctx: BatchContext) -> float | None:
     settings = ctx.settings
     if not settings.quick:
         return None
-    parameters = sum(p.numel() for p in ctx.target.model.parameters())
-    tokens = int(ctx.batch.source_ids.shape[1]) + int(ctx.ref.emitted.shape[1])
     sequences = max(QUICK_SEQUENCES_PER_EXAMPLE * settings.n_examples,
-                    QUICK_MULTIPLY_ADDS / max(parameters * tokens, 1))
+                    QUICK_MULTIPLY_ADDS / max(ctx.sequence_multiply_adds(), 1.0))
     return sequences / min(QUICK_EXAMPLES, settings.n_examples)
 
 

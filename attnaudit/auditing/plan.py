@@ -55,7 +55,7 @@ from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 VALIDITY = "validity"
 TIMED_COPIES = 4  # copies per row in the second timed uniform edit
-TIMED_ROWS = 8  # the first batch's rows the uniform edit is timed on
+TIMED_ROWS = 4  # the first batch's rows the uniform edit is timed on
 BACKWARD_FORWARDS = 2.0  # a backward pass costs about two forward passes
 PILOT_ROWS = 4  # rows of the pilot example each row protocol is timed on
 PILOT_MIN_EXAMPLES = 16  # an audit's own plan runs the pilot from this many examples on
@@ -229,12 +229,13 @@ def _timed_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, fallback
                  ) -> tuple[float, float]:
     """Seconds per forward pass and per edited item, from the uniform edit of ``rows`` run
     with one and with :data:`TIMED_COPIES` copies per row (the same passes, more items per
-    pass); ``fallback`` per pass and nothing per item without rows."""
+    pass; warm: the reference run has just run the model and its cached steps); ``fallback``
+    per pass and nothing per item without rows."""
     if not len(rows):
         return fallback, 0.0
     eligible = ref.eligible[rows.example, rows.step]
     times = []
-    for copies in (1, 1, TIMED_COPIES):  # the first run warms up
+    for copies in (1, TIMED_COPIES):
         example = rows.example.repeat_interleave(copies)
         step = rows.step.repeat_interleave(copies)
         started = time.perf_counter()
@@ -243,10 +244,10 @@ def _timed_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, fallback
         times.append(time.perf_counter() - started)
     passes = sum(1 for _ in item_chunks(ref, rows.step))
     extra = passes != sum(1 for _ in item_chunks(ref, rows.step.repeat_interleave(TIMED_COPIES)))
-    item_s = max(times[2] - times[1], 0.0) / ((TIMED_COPIES - 1) * len(rows))
+    item_s = max(times[1] - times[0], 0.0) / ((TIMED_COPIES - 1) * len(rows))
     if extra:  # more items took more passes: spread the time over the items alone
-        return 0.0, times[2] / (TIMED_COPIES * len(rows))
-    return max(times[1] - item_s * len(rows), 0.0) / passes, item_s
+        return 0.0, times[1] / (TIMED_COPIES * len(rows))
+    return max(times[0] - item_s * len(rows), 0.0) / passes, item_s
 
 
 def expect_plan(plan: Plan, *, suite_only: bool = False) -> None:

@@ -83,7 +83,9 @@ def _suite_settings(metadata: Mapping[str, Any]) -> list[str]:
     if "n_permutations" in metadata:
         lines.append(f"Edited sites: {', '.join(map(str, metadata.get('sites', [])))}; "
                      f"{metadata['n_permutations']} permutations per row; cumulative removal "
-                     f"on {len(metadata.get('cumulative_examples', []))} seeded examples; "
+                     f"on {len(metadata.get('cumulative_examples', []))} seeded examples"
+                     + (f" ({metadata['cumulative_random_draws']} random orders per row)"
+                        if "cumulative_random_draws" in metadata else "") + "; "
                      f"adversarial search on {len(metadata.get('adversarial_examples', []))} "
                      f"seeded examples; attributions: "
                      f"{', '.join(metadata.get('attribution_methods', []))}"

@@ -23,7 +23,12 @@ from attnaudit.checklist.items import (
     ItemResult,
     missing_item,
 )
-from attnaudit.runtime.measurement import MAX_TIMING_REPEATS, MIN_TIMED_S, TIMING_REPEATS
+from attnaudit.runtime.measurement import (
+    MAX_TIMING_REPEATS,
+    MIN_TIMED_S,
+    QUICK_TIMING_REPEATS,
+    TIMING_REPEATS,
+)
 from attnaudit.validity.result import ValidityAudit
 
 # The performance item's thresholds on the capture overhead: the smallest over every batch's
@@ -103,12 +108,14 @@ def performance_item(audit: ValidityAudit) -> ItemResult:
     ]
     return ItemResult(
         ITEM_BY_KEY["performance"], overhead_status(overhead),
-        f"Latency and valid-token throughput measured per batch on this machine, each time "
-        f"the median of at least {TIMING_REPEATS} runs; judged by the capture overhead.",
+        "Latency and valid-token throughput measured per batch on this machine, each time "
+        f"the median of at least {TIMING_REPEATS} runs ({QUICK_TIMING_REPEATS} of a slow pass "
+        "in a quick audit); judged by the capture overhead.",
         measured=[f"Per batch, greedy decoding and the teacher-forced forward without and "
                   f"with capture (alternating which runs first) were each run at least "
-                  f"{TIMING_REPEATS} times, and more while the runs added up to less than "
-                  f"{MIN_TIMED_S:g} s (at most {MAX_TIMING_REPEATS}): here {repeats} runs. "
+                  f"{TIMING_REPEATS} times ({QUICK_TIMING_REPEATS} in a quick audit), and "
+                  f"more while the runs added up to less than {MIN_TIMED_S:g} s (at most "
+                  f"{MAX_TIMING_REPEATS}): here {repeats} runs. "
                   "Every time shown is the median of its runs with the fastest and slowest; "
                   "valid tokens = real source tokens + emitted steps up to EOS.",
                   "Status from the smallest capture overhead over every round (load "

@@ -132,6 +132,13 @@ class BatchContext:
     shared: dict[str, Any] | None = None
     facts: dict[str, Any] | None = None
 
+    def sequence_multiply_adds(self) -> float:
+        """What one edited sequence of the batch costs the model, roughly: its parameters x
+        the tokens of a sequence (the source or prompt and the emitted steps)."""
+        parameters = sum(p.numel() for p in self.target.model.parameters())
+        return float(parameters) * (int(self.batch.source_ids.shape[1])
+                                    + int(self.ref.emitted.shape[1]))
+
 
 class InterventionProtocol(ABC):
     """One protocol: what it runs, its tables, summary, checklist lines and metadata.

@@ -62,6 +62,9 @@ from attnaudit.interventions.values import (
 )
 
 SEQUENCE = "sequence_effects"  # its name: the permutation test keeps its median draw for it
+# random removal orders per row of a quick audit's cumulative test (a full one: RANDOM_DRAWS);
+# the random orders are the ones that flip last, most of the test's cached steps
+QUICK_RANDOM_DRAWS = 2
 
 
 def _passes(ref: Reference, step: torch.Tensor, *, grad: bool = False) -> int:
@@ -260,7 +263,9 @@ class ValueReplacement(InterventionProtocol):
 @register_protocol
 @dataclass(frozen=True)
 class CumulativeRemoval(InterventionProtocol):
-    """Remove keys in each order until the argmax flips, on a seeded subset of examples."""
+    """Remove keys in each order until the argmax flips, on a seeded subset of examples
+    (``random_draws`` random orders per row, at most :data:`QUICK_RANDOM_DRAWS` in a quick
+    audit)."""
 
     random_draws: int = RANDOM_DRAWS
     name: ClassVar[str] = "cumulative"
@@ -274,16 +279,21 @@ class CumulativeRemoval(InterventionProtocol):
         return seeded_examples(settings.n_examples, settings.cumulative_examples,
                                settings.seed)
 
+    def draws(self, settings: SuiteSettings) -> int:
+        """The random orders per row this audit runs."""
+        return min(self.random_draws, QUICK_RANDOM_DRAWS) if settings.quick \
+            else self.random_draws
+
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
         return {"cumulative": cumulative_test(ctx.target, ctx.ref, ctx.rows,
-                                              random_draws=self.random_draws,
+                                              random_draws=self.draws(ctx.settings),
                                               progress=ctx.settings.progress)}
 
     def cost(self, ctx: BatchContext) -> Cost:
         """At most n_valid - 1 removals per row and order (it stops at the first flip), and
         the gradient pass of the gradient orders."""
         n_valid = ctx.ref.eligible[ctx.rows.example, ctx.rows.step].sum(-1)
-        removals = (n_valid - 1).clamp_min(0) * (3 + self.random_draws)
+        removals = (n_valid - 1).clamp_min(0) * (3 + self.draws(ctx.settings))
         step = ctx.rows.step.repeat_interleave(removals)
         gradient = _passes(ctx.ref, ctx.rows.step, grad=True)
         return Cost(len(step), _passes(ctx.ref, step) + gradient, gradient, exact=False)
@@ -306,7 +316,8 @@ class CumulativeRemoval(InterventionProtocol):
 
     def metadata(self, settings: SuiteSettings, examples: set[int] | None,
                  facts: Mapping[str, Any]) -> dict[str, object]:
-        return {"cumulative_examples": sorted(examples or ())}
+        return {"cumulative_examples": sorted(examples or ()),
+                "cumulative_random_draws": self.draws(settings)}
 
 
 @register_protocol

@@ -105,7 +105,8 @@ def contribution_figures(tables: Mapping[str, pd.DataFrame], family: Family | No
                  "rollout composed through the whole model, value zeroing (mean over decoder "
                  "layers; not in a quick audit) and input leave-one-out (a quick audit "
                  f"replaces windows of keys at once on prompts of more than {QUICK_LOO_EDITS} "
-                 "eligible keys); each "
+                 "eligible keys, or fewer on a large model: the metadata's "
+                 "leave_one_out_window says); each "
                  "row is divided by its sum over the eligible source keys so that the "
                  f"panels share one scale. Rows are {rows.split(' (')[0]}s, columns "
                  f"{columns}."))]

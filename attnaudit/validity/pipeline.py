@@ -36,7 +36,7 @@ from attnaudit.capturing.parity import ParityGap, parity_of, sampled
 from attnaudit.errors import TargetError
 from attnaudit.options import positive_count
 from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
-from attnaudit.runtime.measurement import PERFORMANCE_COLUMNS, capture_bytes
+from attnaudit.runtime.measurement import PERFORMANCE_COLUMNS, TIMING_REPEATS, capture_bytes
 from attnaudit.runtime.progress import advance, display, phase
 from attnaudit.targets.checks import call_target, checked_target
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
@@ -64,6 +64,7 @@ class _Options:
     """How each batch is audited (see :func:`run_validity_audit`'s arguments)."""
 
     timing: bool
+    least_repeats: int  # the fewest runs of each timed pass
     checks_only: bool
     keep: int  # the examples whose maps are kept (0: none)
     streaming: bool
@@ -92,6 +93,7 @@ class _AuditState:
 def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                        progress: bool = True, keep_example: bool = True,
                        regions: bool = True, timing: bool = True,
+                       timing_repeats: int = TIMING_REPEATS,
                        max_masked_mass: float = DEFAULT_MAX_MASKED_MASS,
                        row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
                        checks_only: bool = False, shard: Shard = SINGLE,
@@ -113,6 +115,9 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         timing: time greedy decoding and the forward without and with capture, repeated,
             and measure peak memory (:mod:`attnaudit.validity.timing`); without it no time
             is reported.
+        timing_repeats: the fewest runs of each timed pass (more while they add up to less
+            than :data:`~attnaudit.runtime.measurement.MIN_TIMED_S`; a quick audit asks for
+            :data:`~attnaudit.runtime.measurement.QUICK_TIMING_REPEATS`).
         max_masked_mass, row_sum_tolerance: the tolerances failing rows are counted at;
             row_sum_tolerance None: per site from the weights' dtype and key count
             (:func:`attnaudit.analysis.numerics.row_sum_tolerance`).
@@ -146,7 +151,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                          for e in (target.expectations if regions else ())})
     data = TextsDigest()  # what every rank must agree on
     keep = keep_examples if keep_example else 0
-    options = _Options(timing, checks_only, keep, streaming,
+    options = _Options(timing, timing_repeats, checks_only, keep, streaming,
                        DEFAULT_MAX_MEMORY if max_memory is None else parse_memory(max_memory))
     with display(None, enabled=progress, name=f"audit {target.name}"), \
             shard.together("the validity audit"):
@@ -195,7 +200,7 @@ def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditS
     capture hands them over when streaming, see :mod:`attnaudit.validity.batch`), the
     performance row and, while fewer than ``options.keep`` are kept, its examples' maps
     (``first``: the position of its first example in the data)."""
-    emitted, greedy_times = greedy_timed(target, batch, options.timing)
+    emitted, greedy_times = greedy_timed(target, batch, options.timing, options.least_repeats)
     step_mask = target.step_mask(emitted)
     state.degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
     kept_rows = max(min(options.keep - len(state.kept), len(batch)), 0)
@@ -205,7 +210,8 @@ def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditS
                                      timing=options.timing, plain_first=index % 2 == 0,
                                      on_call=analysis.on_call if options.streaming else None,
                                      max_memory=options.max_memory,
-                                     keep_logits=compares_cached(target, options))
+                                     keep_logits=compares_cached(target, options),
+                                     least=options.least_repeats)
         if options.streaming and not analysis.verified():  # analyse a kept capture instead
             analysis = _batch_analysis(target, batch, emitted, step_mask, state, kept_rows)
             cap = kept_pass(target, batch, emitted, keep=not options.checks_only,

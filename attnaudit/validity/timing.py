@@ -4,7 +4,8 @@ The performance table has one row per batch, its columns
 :data:`attnaudit.runtime.measurement.PERFORMANCE_COLUMNS`: examples; real source tokens and
 emitted steps up to EOS; with timing, greedy decoding (``greedy_repeats`` times) and the
 teacher-forced forward without and with capture (``repeats`` times each, alternating which
-runs first) are timed repeatedly (:func:`~attnaudit.runtime.measurement.repeat_count`), and
+runs first) are timed repeatedly (:func:`~attnaudit.runtime.measurement.repeat_count`; a
+quick audit asks for fewer runs of a slow pass), and
 each time is the median with its smallest and largest value (``*_s``, ``*_s_min``,
 ``*_s_max``); capture_overhead = captured / plain per repeat, its median and range; valid
 tokens (source + target) per second from the medians; peak memory above the level before
@@ -26,6 +27,7 @@ import torch
 from attnaudit.capturing import Capture, capture
 from attnaudit.capturing.recorder import OnCall
 from attnaudit.runtime.measurement import (
+    TIMING_REPEATS,
     PeakMemory,
     ratio,
     repeat_count,
@@ -53,15 +55,16 @@ class TimedPasses:
         return [ratio(c, p) for c, p in zip(self.captured, self.plain, strict=True)]
 
 
-def greedy_timed(target: Seq2SeqTarget, batch: Batch, timing: bool
-                 ) -> tuple[torch.Tensor, list[float]]:
+def greedy_timed(target: Seq2SeqTarget, batch: Batch, timing: bool,
+                 least: int = TIMING_REPEATS) -> tuple[torch.Tensor, list[float]]:
     """The greedy output (B, T) and, with ``timing``, the seconds of each of as many runs
-    as :func:`~attnaudit.runtime.measurement.repeat_count` asks for the first (else [])."""
+    (at least ``least``) as :func:`~attnaudit.runtime.measurement.repeat_count` asks for
+    the first (else [])."""
     emitted, first_s = timed(lambda: _greedy(target, batch))
     if not timing:
         return emitted, []
     return emitted, [first_s, *(timed(lambda: _greedy(target, batch))[1]
-                                for _ in range(repeat_count(first_s) - 1))]
+                                for _ in range(repeat_count(first_s, least) - 1))]
 
 
 def _greedy(target: Seq2SeqTarget, batch: Batch) -> torch.Tensor:
@@ -73,14 +76,15 @@ def _greedy(target: Seq2SeqTarget, batch: Batch) -> torch.Tensor:
 def forward_passes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
                    keep: bool, timing: bool, plain_first: bool,
                    on_call: OnCall | None = None, max_memory: int | None = None,
-                   keep_logits: bool = False) -> tuple[Capture, TimedPasses]:
+                   keep_logits: bool = False, least: int = TIMING_REPEATS
+                   ) -> tuple[Capture, TimedPasses]:
     """The teacher-forced pass under capture whose records are analysed (``keep``: scores
     and values too) and, with ``timing``, timed passes without and with capture, as many
-    of each as :func:`~attnaudit.runtime.measurement.repeat_count` asks for the first
-    one, alternating which runs first so that warm-up favours neither; the analysed pass
-    is the first timed one with capture. With ``on_call`` the analysed pass streams its
-    calls to it and keeps none (its time then includes that analysis), and the other
-    captured passes keep none either. ``max_memory``: the capture's block budget.
+    of each (at least ``least``) as :func:`~attnaudit.runtime.measurement.repeat_count`
+    asks for the first one, alternating which runs first so that warm-up favours neither;
+    the analysed pass is the first timed one with capture. With ``on_call`` the analysed
+    pass streams its calls to it and keeps none (its time then includes that analysis), and
+    the other captured passes keep none either. ``max_memory``: the capture's block budget.
     ``keep_logits``: keep one pass's logits in the returned :class:`TimedPasses`."""
     passes = TimedPasses()
     kept: Capture | None = None
@@ -112,7 +116,7 @@ def forward_passes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *
                         passes.logits = logits
                 del logits
         if timing and repeat == 0:
-            repeats = repeat_count(max(passes.plain[0], passes.captured[0]))
+            repeats = repeat_count(max(passes.plain[0], passes.captured[0]), least)
         repeat += 1
     if not timing:
         passes.captured.clear()  # one untimed pass: no timing is reported from it

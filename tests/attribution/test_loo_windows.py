@@ -17,8 +17,12 @@ import torch
 
 from attnaudit.attribution.loo import (
     QUICK_LOO_EDITS,
+    QUICK_LOO_MIN_EDITS,
+    QUICK_LOO_MULTIPLY_ADDS,
+    audit_window,
     edit_count,
     leave_one_out,
+    quick_edits,
     quick_window,
     replacement_id,
 )
@@ -71,6 +75,22 @@ def test_quick_window_caps_the_edits():
     assert edit_count(eligible, quick_window) == 20 + 7 + 13
     assert edit_count(eligible, 1) == 96 + 7 + 25
     assert edit_count(eligible, 4) == 24 + 2 + 7
+
+
+def test_a_large_model_gets_fewer_quick_edits_as_its_budget_buys():
+    """20 edits up to 10^12 multiply-adds for 20 sequences; fewer beyond, never under 8."""
+    assert QUICK_LOO_EDITS == 20 and QUICK_LOO_MIN_EDITS == 8
+    assert quick_edits(0.0) == quick_edits(270_000 * 30) == 20  # the date LSTM
+    assert quick_edits(QUICK_LOO_MULTIPLY_ADDS / 20) == 20
+    assert quick_edits(QUICK_LOO_MULTIPLY_ADDS / 12) == 12
+    assert quick_edits(1.24e9 * 102) == 8  # a 1B model: 7 would fit, the floor is 8
+    assert quick_edits(1e15) == 8
+    window = audit_window(True, QUICK_LOO_MULTIPLY_ADDS / 12)
+    assert callable(window) and [window(n) for n in (12, 13, 96)] == [1, 2, 8]
+    assert audit_window(True, 1.0) is quick_window and audit_window(False, 1e15) == 1
+    eligible = torch.zeros(1, 100, dtype=torch.bool)
+    eligible[0, :96] = True
+    assert edit_count(eligible, window) == 12
 
 
 # --------------------------------------------------------------------- the date LSTM
@@ -226,4 +246,5 @@ def test_the_attribution_protocol_costs_the_edits_it_runs(llama, monkeypatch, qu
     assert max(facts["loo_windows"]) == max(windows)
     text = protocol.metadata(settings, None, facts)["leave_one_out_window"]
     assert (f"largest window: {max(windows)}" in text) == quick
-    assert text.startswith("ceil(n_eligible / 20)" if quick else "1 (every key alone)")
+    assert text.startswith("ceil(n_eligible / E)" if quick else "1 (every key alone)")
+    assert ("here E = 20" in text) == quick  # a tiny model: every one of the 20 edits

@@ -22,11 +22,30 @@ def test_row_sparse_backward_equals_the_dense_one(bias: bool) -> None:
     grad[:, [0, 2, 3]] = 0  # the rows a step's backward pass does not reach
     grad[1, 4] = 0
     sparse = RowSparseLinear.apply(x, weight, b)
-    torch.testing.assert_close(sparse, F.linear(x, weight, b), rtol=0, atol=0)
+    torch.testing.assert_close(sparse, F.linear(x, weight, b), rtol=1e-6, atol=1e-6)
     (got,) = torch.autograd.grad(sparse, x, grad)
     (dense,) = torch.autograd.grad(F.linear(x, weight, b), x, grad)
     torch.testing.assert_close(got, dense, rtol=1e-6, atol=1e-6)
     assert got[:, [0, 2, 3]].abs().max() == 0
+
+
+def test_a_strided_slice_of_the_last_positions_gives_the_dense_values_and_gradients(
+        ) -> None:
+    """The slice a model that keeps only the last positions' logits hands its head
+    (non-contiguous, requiring grad, against a constant weight)."""
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 9, 8, generator=gen, requires_grad=True)
+    weight = torch.randn(40, 8, generator=gen)
+    x = hidden[:, -3:]
+    assert not x.is_contiguous()
+    sparse = RowSparseLinear.apply(x, weight, None)
+    assert sparse.shape == (2, 3, 40)
+    torch.testing.assert_close(sparse, F.linear(x, weight), rtol=1e-6, atol=1e-6)
+    grad = torch.randn(2, 3, 40, generator=gen)
+    (got,) = torch.autograd.grad(sparse, hidden, grad)
+    (dense,) = torch.autograd.grad(F.linear(x, weight), hidden, grad)
+    torch.testing.assert_close(got, dense, rtol=1e-6, atol=1e-6)
+    assert got[:, :-3].abs().max() == 0
 
 
 def test_the_date_bart_head_runs_sparse_and_is_restored() -> None:

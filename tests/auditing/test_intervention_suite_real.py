@@ -5,6 +5,7 @@ import pytest
 from attnaudit.auditing.intervention_suite import run_suite
 from attnaudit.cli.app import build_parser
 from attnaudit.cli.commands import intervene_command
+from attnaudit.interventions.protocols import QUICK_RANDOM_DRAWS
 from tests.helpers.fingerprints import assert_unchanged, model_fingerprint
 
 
@@ -32,6 +33,12 @@ def test_date_model_small_run(tmp_path):
                       cumulative_examples=1)
     _check_suite(suite, 3, values_reachable=False)
     assert suite.metadata["sites"] == ["attend:cross"]
+    # a quick audit's cumulative test draws QUICK_RANDOM_DRAWS random orders per row
+    cumulative = suite.tables["cumulative"]
+    random = cumulative[cumulative["order"] == "random"]
+    assert suite.metadata["cumulative_random_draws"] == QUICK_RANDOM_DRAWS == 2
+    assert sorted(random["draw"].unique()) == [1, 2]
+    assert len(random) == 2 * len(cumulative[cumulative["order"] == "attention"]) > 0
     assert_unchanged(target.model, before)
     paths = suite.write_csv(tmp_path)
     assert (tmp_path / "summary.csv") in paths

@@ -21,6 +21,7 @@ from attnaudit.runtime.measurement import (
     MAX_TIMING_REPEATS,
     MIN_TIMED_S,
     PERFORMANCE_COLUMNS,
+    QUICK_TIMING_REPEATS,
     TIMING_REPEATS,
     PeakMemory,
     spread,
@@ -61,6 +62,33 @@ def test_every_time_is_a_median_of_repeated_runs():
     # the overhead's range is that of the per-run ratios: within the times' own ranges
     assert (perf["capture_overhead_max"] <= perf["captured_s_max"] / perf["plain_s_min"]).all()
     assert (perf["capture_overhead_min"] >= perf["captured_s_min"] / perf["plain_s_max"]).all()
+
+
+@pytest.mark.parametrize("least", [QUICK_TIMING_REPEATS, TIMING_REPEATS])
+def test_a_slow_pass_runs_as_often_as_asked_and_the_item_counts_them(least: int) -> None:
+    """A pass that takes MIN_TIMED_S or longer (a billion-parameter model's) runs ``least``
+    times: once in a quick audit, three times in a full one; the item's text says how many
+    (its summary does not depend on the count: ranks of one audit time differently)."""
+    import time
+
+    target = date_target(limit=4, batch_size=4)
+    calls = {"greedy": 0, "teacher_forced": 0}
+
+    def slow(name, fn):
+        def call(*args):
+            calls[name] += 1
+            time.sleep(MIN_TIMED_S)
+            return fn(*args)
+        return call
+
+    slowed = target.with_options(greedy=slow("greedy", target.greedy),
+                                 teacher_forced=slow("teacher_forced", target.teacher_forced))
+    audit = run_validity_audit(slowed, progress=False, timing_repeats=least)
+    perf = audit.performance
+    assert perf["greedy_repeats"].tolist() == [least] and perf["repeats"].tolist() == [least]
+    assert calls == {"greedy": least, "teacher_forced": 2 * least}
+    item = performance_item(audit)
+    assert f"here {least} runs" in item.measured[0]
 
 
 def test_the_gate_audit_times_nothing():
