@@ -14,10 +14,12 @@ measurements, each a fresh process that loads the saved folder: the model's own 
 ``attnaudit.audit(..., checks_only=True)`` at the check length, ``audit(..., quick=True)``
 at the quick one, and the full audit's plan at the quick length (the one ``audit()`` prints
 before it runs, without a pilot: its estimate, not a run). Printed per measurement: the
-timed section's seconds (loading excluded), the process's peak RSS, CUDA's peak allocation
-on a GPU, the load before and after, for the quick audit each protocol's time (its progress
-line's last words) and for the plan its table; then ``check``, the quick audit and the full
-audit's planned time as multiples of the model's own work at the same length.
+timed section's seconds (loading excluded) and its CPU seconds (every thread of the
+process: less moved by other processes on a shared machine), the process's peak RSS, CUDA's
+peak allocation on a GPU, the load before and after, for the quick audit each protocol's
+time (its progress line's last words) and the estimate of the plan it printed first, and
+for the full audit's plan its table; then ``check``, the quick audit and the full audit's
+planned time as multiples of the model's own work at the same length (wall and CPU time).
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def child(args: argparse.Namespace) -> None:
     texts = prompts(args.vocab, args.prompt_tokens)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     if args.child == "model":
         with torch.no_grad():
             inputs = tokenizer(texts, return_tensors="pt", padding=True).to(device)
@@ -126,16 +128,17 @@ def child(args: argparse.Namespace) -> None:
             # two prompts the pilot would run every protocol, most of the audit itself)
             plan = plan_audit(checked_target(target), AuditOptions(), pilot=False)
             print(plan, file=sys.stderr)
-            print(json.dumps({"seconds": plan.seconds, "device_peak_gib": None}))
+            print(json.dumps({"seconds": plan.seconds, "cpu_seconds": None,
+                              "device_peak_gib": None}))
             return
         # the quick audit's progress line on stderr ends with each protocol's time
         attnaudit.audit(target, checks_only=args.child == "check", quick=args.child == "quick",
                         progress=args.child == "quick")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    print(json.dumps({"seconds": seconds, "device_peak_gib": peak}))
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "device_peak_gib": peak}))
 
 
 def measure(what: str, tokens: int, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -205,8 +208,9 @@ def main(argv: list[str] | None = None) -> None:
             r = results[what, tokens] = measure(what, tokens, folder, args)
             device = ("" if r["device_peak_gib"] is None
                       else f", device peak {r['device_peak_gib']:.2f} GiB")
-            print(f"{what:>6} at {tokens:>4} prompt tokens: {r['seconds']:8.2f} s, peak RSS "
-                  f"{r['rss_gib']:.2f} GiB{device}, load {r['load'][0]:.2f} -> "
+            cpu = "" if r["cpu_seconds"] is None else f" ({r['cpu_seconds']:.2f} s CPU)"
+            print(f"{what:>6} at {tokens:>4} prompt tokens: {r['seconds']:8.2f} s{cpu}, peak "
+                  f"RSS {r['rss_gib']:.2f} GiB{device}, load {r['load'][0]:.2f} -> "
                   f"{r['load'][1]:.2f}", flush=True)
             if r["breakdown"]:
                 print(f"       per protocol: {r['breakdown']}", flush=True)
@@ -217,10 +221,12 @@ def main(argv: list[str] | None = None) -> None:
                 print("       " + r["plan"].replace("\n", "\n       "), flush=True)
     for what, tokens in (("check", args.check_tokens), ("quick", args.quick_tokens),
                          ("plan", args.quick_tokens)):
-        own = results["model", tokens]
-        ratio = results[what, tokens]["seconds"] / own["seconds"]
-        rss = results[what, tokens]["rss_gib"] / own["rss_gib"]
-        print(f"{LABELS[what]} / model's own work at {tokens} tokens: {ratio:.2f}x time, "
+        own, run = results["model", tokens], results[what, tokens]
+        ratio = run["seconds"] / own["seconds"]
+        rss = run["rss_gib"] / own["rss_gib"]
+        cpu = ("" if run["cpu_seconds"] is None
+               else f" ({run['cpu_seconds'] / own['cpu_seconds']:.2f}x CPU time)")
+        print(f"{LABELS[what]} / model's own work at {tokens} tokens: {ratio:.2f}x time{cpu}, "
               f"{rss:.2f}x peak RSS")
     print(f"done; {load()}")
 

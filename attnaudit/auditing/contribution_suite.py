@@ -79,7 +79,7 @@ def contribution_importances(target: Seq2SeqTarget, batch: Batch, emitted: torch
     :func:`~attnaudit.contributions.contributions`, when already computed."""
     try:
         maps, reasons = measure_maps_or_reasons(target, batch, emitted, measures,
-                                                traced=traced)
+                                                computed=traced)
     except AttnauditError as exc:  # no measure can be read: the same reason for each
         return {}, dict.fromkeys(measures, str(exc))
     n_keys = batch.source_ids.shape[1]  # a decoder-only model's maps go on to the prefix

@@ -22,6 +22,7 @@ listed in the metadata's ``faithfulness_not_computed`` with the reason, and has 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -42,6 +43,7 @@ from attnaudit.auditing.contribution_suite import (
 from attnaudit.interventions.faithfulness import (
     FRACTIONS,
     aopc,
+    bin_sizes,
     normalised,
     random_ranking,
     ranking,
@@ -139,17 +141,31 @@ class Faithfulness(InterventionProtocol):
                                settings.seed)
 
     def cost(self, ctx: BatchContext) -> Cost:
-        """A bound: each ordering's removal and keep-only source at every fraction, for every
-        row (identical edited sources of one example run once, so fewer run), at most the
-        quick budget's per example, in chunks the memory budget holds, each a whole
-        teacher-forced sequence; the measures' traced pass besides."""
+        """A bound: each ordering's removal and keep-only source at every distinct bin size k
+        (no more than the k-subsets of the row's keys), for every row (identical edited
+        sources of one example run once, so fewer run); under the quick budget, per example,
+        the rows whose bounds fit in it, taken in turn until one does not; in chunks the
+        memory budget holds, each a whole teacher-forced sequence; the measures' traced pass
+        besides."""
         # per-layer weights and value zeroing: full mode's alone
         full_only = 0 if ctx.settings.quick else len(ctx.ref.sites) + 1
         orderings = 1 + full_only + len(CONTRIBUTION_MEASURES) + len(ctx.settings.methods) + 3
-        items = len(ctx.rows) * orderings * len(FRACTIONS) * 2
+        n_eligible = ctx.ref.eligible[ctx.rows.example, ctx.rows.step].sum(-1).tolist()
+        # per distinct bin size k, at most one edited pair per ordering and per k-subset
+        per_row = [2 * sum(min(orderings, math.comb(n, k)) for k in set(bin_sizes(n)))
+                   for n in n_eligible]
         budget = budget_per_example(ctx)
-        if budget is not None:
-            items = min(items, int(budget) * len(set(ctx.rows.example.tolist())))
+        if budget is None:
+            items = sum(per_row)
+        else:
+            spent: dict[int, int] = {}
+            full: set[int] = set()  # the examples whose next row did not fit: no more rows
+            for example, row in zip(ctx.rows.example.tolist(), per_row, strict=True):
+                if example in full or spent.get(example, 0) + row > budget:
+                    full.add(example)
+                    continue
+                spent[example] = spent.get(example, 0) + row
+            items = sum(spent.values())
         chunk = max(1, ctx.ref.budget.sequences(int(ctx.ref.emitted.shape[1])))
         return Cost(items, -(-items // chunk) + 1, exact=False, sequences=items)
 

@@ -278,20 +278,20 @@ def measure_maps(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
 def measure_maps_or_reasons(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                             measures: Sequence[str] = MEASURES, *,
                             projections: Mapping[str, nn.Module] | None = None,
-                            traced: Contributions | None = None
+                            computed: Contributions | None = None
                             ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """:func:`measure_maps`, measure by measure from one traced pass: the maps of the measures
     that could be computed, and for each one that could not, why, in words (which sites
     lack what). Raises :class:`~attnaudit.errors.ContributionError` only where no measure
     can be read at all (unknown measures, the pass cannot be traced, no reading site).
 
-    traced: :func:`contributions` of this batch and ``emitted`` already computed (with ALTI
+    computed: :func:`contributions` of this batch and ``emitted`` already computed (with ALTI
     when an ALTI measure is asked for), read in place of a new trace."""
     unknown = [m for m in measures if m not in ALL_MEASURES]
     if unknown:
         raise ContributionError(f"unknown measures {unknown}; known: {list(ALL_MEASURES)}")
     alti = bool({"alti", "alti_layer"} & set(measures))
-    result = traced if traced is not None else contributions(
+    result = computed if computed is not None else contributions(
         target, batch, emitted, projections=projections, alti=alti)
     traced = result.trace
     reading = _reading_sites(traced)

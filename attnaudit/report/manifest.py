@@ -37,7 +37,7 @@ def state_dict_sha256(model: nn.Module) -> str:
         tensor = cpu_state(model, name, state[name]).contiguous()
         digest.update(name.encode("utf-8"))
         digest.update(f"{tensor.dtype} {tuple(tensor.shape)}".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # its buffer: no copy
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)  # no copy
     return digest.hexdigest()
 
 

@@ -111,3 +111,23 @@ def test_full_mode_has_no_budget():
     full = SimpleNamespace(settings=SimpleNamespace(quick=False))
     assert faithfulness_protocol.budget_per_example(full) is None
     assert faithfulness_protocol.budget_text(full.settings, {}).startswith("none")
+
+
+def test_the_plan_counts_the_rows_the_budget_holds(tiny_gpt2, monkeypatch):
+    """The plan's faithfulness items under the quick budget: none where one row does not
+    fit (the 1B-shaped model's case), at most the budget where some rows do, and the
+    unbudgeted bound where every row does; at least the edited sources the audit runs."""
+    import attnaudit
+
+    def planned(per_example: int) -> int:
+        monkeypatch.setattr(faithfulness_protocol, "QUICK_SEQUENCES_PER_EXAMPLE", per_example)
+        monkeypatch.setattr(faithfulness_protocol, "QUICK_MULTIPLY_ADDS", 0.0)
+        plan = attnaudit.plan(tiny_gpt2(), quick=True)
+        return next(p for p in plan.protocols if p.name == "faithfulness").cost.items
+
+    assert planned(1) == 0
+    every = planned(10**6)
+    assert 0 < planned(30) <= 30 * 2 < every
+    ran = quick_suite(tiny_gpt2(), 10**6, 0.0, monkeypatch)
+    assert ran.metadata["faithfulness_forward_sequences"] <= every
+
