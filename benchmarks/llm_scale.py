@@ -3,7 +3,7 @@ the quick audit, each in a fresh process, with time, peak memory and the ratios.
 
     python -m benchmarks.llm_scale [--layers 16] [--hidden 2048] [--heads 32] [--kv-heads 8]
         [--mlp 8192] [--vocab 128256] [--check-tokens 512] [--quick-tokens 96]
-        [--new-tokens 6] [--device cpu|cuda] [--dtype bfloat16]
+        [--new-tokens 6] [--device cpu|cuda] [--dtype bfloat16] [--rounds 1]
 
 The model is built from a ``LlamaConfig`` of the given sizes (defaults: Llama-3.2-1B's, tied
 embeddings, 1.24B parameters; seeded random weights, nothing downloaded) and saved with a
@@ -20,6 +20,9 @@ peak allocation on a GPU, the load before and after, for the quick audit each pr
 time (its progress line's last words) and the estimate of the plan it printed first, and
 for the full audit's plan its table; then ``check``, the quick audit and the full audit's
 planned time as multiples of the model's own work at the same length (wall and CPU time).
+With ``--rounds N`` the model's own work and the quick audit at the quick length run N times,
+alternating, and the quick audit's ratio is each round's (to the model's own run just before
+it) and their median: the shared machine's other load moves single runs by about 20 %.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -51,6 +55,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=6)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--rounds", type=int, default=1,
+                   help="alternating runs of the model's own work and the quick audit")
     p.add_argument("--child", choices=["build", "model", "check", "quick", "plan"],
                    help=argparse.SUPPRESS)
     p.add_argument("--folder", help=argparse.SUPPRESS)
@@ -201,11 +207,15 @@ def main(argv: list[str] | None = None) -> None:
               f"{params / 1e6:.1f}M parameters, {args.dtype} on {args.device}; 2 prompts, "
               f"{args.new_tokens} new tokens")
         plan = [("model", args.check_tokens), ("check", args.check_tokens),
-                ("model", args.quick_tokens), ("quick", args.quick_tokens),
-                ("plan", args.quick_tokens)]
-        results = {}
+                *[("model", args.quick_tokens), ("quick", args.quick_tokens)]
+                * max(args.rounds, 1), ("plan", args.quick_tokens)]
+        results: dict[tuple[str, int], dict[str, Any]] = {}
+        rounds: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (model, quick) at quick
         for what, tokens in plan:
-            r = results[what, tokens] = measure(what, tokens, folder, args)
+            r = measure(what, tokens, folder, args)
+            if what == "quick":
+                rounds.append((results["model", tokens], r))
+            results[what, tokens] = r
             device = ("" if r["device_peak_gib"] is None
                       else f", device peak {r['device_peak_gib']:.2f} GiB")
             cpu = "" if r["cpu_seconds"] is None else f" ({r['cpu_seconds']:.2f} s CPU)"
@@ -227,7 +237,15 @@ def main(argv: list[str] | None = None) -> None:
         cpu = ("" if run["cpu_seconds"] is None
                else f" ({run['cpu_seconds'] / own['cpu_seconds']:.2f}x CPU time)")
         print(f"{LABELS[what]} / model's own work at {tokens} tokens: {ratio:.2f}x time{cpu}, "
-              f"{rss:.2f}x peak RSS")
+              f"{rss:.2f}x peak RSS" + (" (the last round)" if what == "quick"
+                                        and len(rounds) > 1 else ""))
+    if len(rounds) > 1:
+        wall = [q["seconds"] / m["seconds"] for m, q in rounds]
+        cpu_ratios = [q["cpu_seconds"] / m["cpu_seconds"] for m, q in rounds]
+        print(f"quick audit / model's own work over {len(rounds)} rounds: median "
+              f"{statistics.median(wall):.2f}x time ({', '.join(f'{x:.2f}' for x in wall)}), "
+              f"{statistics.median(cpu_ratios):.2f}x CPU time "
+              f"({', '.join(f'{x:.2f}' for x in cpu_ratios)})")
     print(f"done; {load()}")
 
 
