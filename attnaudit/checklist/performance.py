@@ -27,6 +27,7 @@ from attnaudit.runtime.measurement import (
     MAX_TIMING_REPEATS,
     MIN_TIMED_S,
     QUICK_TIMING_REPEATS,
+    SLOW_PASS_S,
     TIMING_REPEATS,
 )
 from attnaudit.validity.result import ValidityAudit
@@ -109,11 +110,12 @@ def performance_item(audit: ValidityAudit) -> ItemResult:
     return ItemResult(
         ITEM_BY_KEY["performance"], overhead_status(overhead),
         "Latency and valid-token throughput measured per batch on this machine, each time "
-        f"the median of at least {TIMING_REPEATS} runs ({QUICK_TIMING_REPEATS} of a slow pass "
-        "in a quick audit); judged by the capture overhead.",
+        f"the median of at least {TIMING_REPEATS} runs ({QUICK_TIMING_REPEATS} of a pass of "
+        f"{SLOW_PASS_S:g} s or longer in a quick audit); judged by the capture overhead.",
         measured=[f"Per batch, greedy decoding and the teacher-forced forward without and "
                   f"with capture (alternating which runs first) were each run at least "
-                  f"{TIMING_REPEATS} times ({QUICK_TIMING_REPEATS} in a quick audit), and "
+                  f"{TIMING_REPEATS} times ({QUICK_TIMING_REPEATS} of a pass of "
+                  f"{SLOW_PASS_S:g} s or longer in a quick audit), and "
                   f"more while the runs added up to less than {MIN_TIMED_S:g} s (at most "
                   f"{MAX_TIMING_REPEATS}): here {repeats} runs. "
                   "Every time shown is the median of its runs with the fastest and slowest; "

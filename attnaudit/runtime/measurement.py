@@ -20,10 +20,11 @@ from attnaudit.targets.placement import input_device
 # Each timed pass runs at least TIMING_REPEATS times, and more (up to MAX_TIMING_REPEATS)
 # while its runs add up to less than MIN_TIMED_S, so that millisecond passes are not judged
 # on three noisy readings; the table shows the median and the range. A quick audit asks for
-# at least QUICK_TIMING_REPEATS: a pass that takes MIN_TIMED_S or longer (a billion-parameter
-# model's) runs once, a millisecond one as often as in a full audit.
+# at least QUICK_TIMING_REPEATS runs of a pass whose first run took SLOW_PASS_S or longer (a
+# billion-parameter model's: one), and as many of a faster one as a full audit does.
 TIMING_REPEATS = 3
 QUICK_TIMING_REPEATS = 1
+SLOW_PASS_S = 0.5
 MAX_TIMING_REPEATS = 25
 MIN_TIMED_S = 0.25
 
@@ -50,9 +51,11 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def repeat_count(first_s: float, least: int = TIMING_REPEATS) -> int:
     """How many runs to time of a pass whose first run took ``first_s`` seconds: at least
-    ``least``, and more while they add up to less than :data:`MIN_TIMED_S`."""
+    ``least`` when it took :data:`SLOW_PASS_S` or longer, else at least
+    :data:`TIMING_REPEATS`, and more while they add up to less than :data:`MIN_TIMED_S`."""
     wanted = math.ceil(MIN_TIMED_S / first_s) if first_s > 0 else MAX_TIMING_REPEATS
-    return min(max(wanted, least), MAX_TIMING_REPEATS)
+    fewest = least if first_s >= SLOW_PASS_S else TIMING_REPEATS
+    return min(max(wanted, fewest), MAX_TIMING_REPEATS)
 
 
 def spread(name: str, values: Sequence[float]) -> dict[str, float]:

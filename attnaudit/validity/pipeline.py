@@ -115,9 +115,11 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         timing: time greedy decoding and the forward without and with capture, repeated,
             and measure peak memory (:mod:`attnaudit.validity.timing`); without it no time
             is reported.
-        timing_repeats: the fewest runs of each timed pass (more while they add up to less
-            than :data:`~attnaudit.runtime.measurement.MIN_TIMED_S`; a quick audit asks for
-            :data:`~attnaudit.runtime.measurement.QUICK_TIMING_REPEATS`).
+        timing_repeats: the fewest runs of a timed pass whose first run took
+            :data:`~attnaudit.runtime.measurement.SLOW_PASS_S` or longer (a faster one runs
+            at least :data:`~attnaudit.runtime.measurement.TIMING_REPEATS` times; more while
+            they add up to less than :data:`~attnaudit.runtime.measurement.MIN_TIMED_S`); a
+            quick audit asks for :data:`~attnaudit.runtime.measurement.QUICK_TIMING_REPEATS`.
         max_masked_mass, row_sum_tolerance: the tolerances failing rows are counted at;
             row_sum_tolerance None: per site from the weights' dtype and key count
             (:func:`attnaudit.analysis.numerics.row_sum_tolerance`).
