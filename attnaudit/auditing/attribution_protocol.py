@@ -116,7 +116,8 @@ class Attribution(InterventionProtocol):
                           contrast=options.contrast_ids(batch, ref.emitted, target.eos_id),
                           max_memory=ref.budget.max_memory, seed=ref.seed,
                           first_example=ref.first_example)
-        window = audit_window(ctx.settings.quick, ctx.sequence_multiply_adds())
+        per_sequence = ctx.sequence_multiply_adds()
+        window = audit_window(ctx.settings.quick, per_sequence)
         loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
                             max_memory=ref.budget.max_memory, progress=progress,
                             states=ref.states, window=window)
@@ -147,8 +148,7 @@ class Attribution(InterventionProtocol):
             ctx.facts["variants"] = {m: found.variant(m) for m in methods}
             windows = example_windows(target.explain_keys(batch), window).tolist()
             ctx.facts.setdefault("loo_windows", set()).update(windows)
-            ctx.facts.setdefault("loo_edits", set()).add(
-                quick_edits(ctx.sequence_multiply_adds()))
+            ctx.facts.setdefault("loo_edits", set()).add(quick_edits(per_sequence))
         return {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
 
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]

@@ -71,20 +71,28 @@ def _add(parts: _Parts, name: str, frame: pd.DataFrame) -> None:
 
 
 def contribution_importances(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
-                             measures: tuple[str, ...] = CONTRIBUTION_MEASURES, *,
-                             traced: Contributions | None = None
+                             measures: tuple[str, ...] = CONTRIBUTION_MEASURES
                              ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Measure -> (B, T, n) key-level map (module docstring) of the measures that could be
-    computed, and measure -> why not (in words) of the others; ``traced``: the batch's
-    :func:`~attnaudit.contributions.contributions`, when already computed."""
+    computed, and measure -> why not (in words) of the others."""
+    maps, reasons, _ = traced_importances(target, batch, emitted, measures)
+    return maps, reasons
+
+
+def traced_importances(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
+                       measures: tuple[str, ...]
+                       ) -> tuple[dict[str, torch.Tensor], dict[str, str], Contributions | None]:
+    """:func:`contribution_importances` and the one traced pass (with ALTI) they are read
+    from, which the sink table reads too; None when the pass cannot be traced."""
     try:
+        traced = contributions(target, batch, emitted)
         maps, reasons = measure_maps_or_reasons(target, batch, emitted, measures,
                                                 computed=traced)
     except AttnauditError as exc:  # no measure can be read: the same reason for each
-        return {}, dict.fromkeys(measures, str(exc))
+        return {}, dict.fromkeys(measures, str(exc)), None
     n_keys = batch.source_ids.shape[1]  # a decoder-only model's maps go on to the prefix
     return {m: (found.mean(1) if m in PER_LAYER else found[:, -1])[..., :n_keys].float().cpu()
-            for m, found in maps.items()}, reasons
+            for m, found in maps.items()}, reasons, traced
 
 
 def top_keys(importances: Mapping[str, torch.Tensor], keys: torch.Tensor,
@@ -176,10 +184,7 @@ def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
     (a gold file), scored in place of the target's ``gold_alignments``.
     """
     measures = CONTRIBUTION_MEASURES + ((ZEROING,) if zeroing else ())
-    # the first batch's trace also gives its sink table: traced once for both
-    traced = _traced(target, batch, ref.emitted) if ref.first_example == 0 else None
-    found, reasons = contribution_importances(target, batch, ref.emitted, measures,
-                                              traced=traced)
+    found, reasons, traced = traced_importances(target, batch, ref.emitted, measures)
     _add(parts, "contribution_measures", pd.DataFrame(
         [{"measure": m, "reading": READINGS[m], "status": "computed" if m in found else
           "not applicable", "reason": reasons.get(m, "")} for m in measures]
@@ -200,19 +205,9 @@ def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
                                                          batch_gold(target, batch, ref, gold)))
     if ref.first_example == 0:
         _add(parts, "contribution_example", _example_frame(target, ref, every))
-        if found and traced is not None:
+        if found and traced is not None:  # the measures ran, so the traced pass did too
             _add(parts, "sinks", sink_table(traced))
     return found, reasons
-
-
-def _traced(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor
-            ) -> Contributions | None:
-    """The batch's :func:`~attnaudit.contributions.contributions` with ALTI, or None when
-    it cannot be traced (:func:`contribution_importances` then says why, per measure)."""
-    try:
-        return contributions(target, batch, emitted)
-    except AttnauditError:
-        return None
 
 
 def contribution_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
