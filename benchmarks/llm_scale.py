@@ -17,7 +17,8 @@ before it runs, without a pilot: its estimate, not a run). Printed per measureme
 timed section's seconds (loading excluded) and its CPU seconds (every thread of the
 process: less moved by other processes on a shared machine), the process's peak RSS, CUDA's
 peak allocation on a GPU, the load before and after, for the quick audit each protocol's
-time (its progress line's last words) and the estimate of the plan it printed first, and
+time (its progress line's last words) and the estimate of the plan it printed first against
+what the audit took after the plan was made (the estimate is of what is left), and
 for the full audit's plan its table; then ``check``, the quick audit and the full audit's
 planned time as multiples of the model's own work at the same length (wall and CPU time).
 With ``--rounds N`` the model's own work and the quick audit at the quick length run N times,
@@ -119,6 +120,7 @@ def child(args: argparse.Namespace) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start, cpu_start = time.perf_counter(), time.process_time()
+    audit_start = start  # the audit() call's start, after the modules it imports
     if args.child == "model":
         with torch.no_grad():
             inputs = tokenizer(texts, return_tensors="pt", padding=True).to(device)
@@ -138,13 +140,17 @@ def child(args: argparse.Namespace) -> None:
                               "device_peak_gib": None}))
             return
         # the quick audit's progress line on stderr ends with each protocol's time
-        attnaudit.audit(target, checks_only=args.child == "check", quick=args.child == "quick",
-                        progress=args.child == "quick")
+        run = attnaudit.audit  # imports the audit's modules
+        audit_start = time.perf_counter()
+        run(target, checks_only=args.child == "check", quick=args.child == "quick",
+            progress=args.child == "quick")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "device_peak_gib": peak}))
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "device_peak_gib": peak,
+                      "audit_seconds": time.perf_counter() - audit_start
+                      if args.child in ("check", "quick") else None}))
 
 
 def measure(what: str, tokens: int, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -166,17 +172,24 @@ def _size_flags(args: argparse.Namespace) -> list[str]:
             f"--new-tokens={args.new_tokens}", f"--dtype={args.dtype}"]
 
 
-def planned_seconds(stderr: str) -> float | None:
-    """The total of the plan an audit printed before it ran (``estimate 1:23 in all`` or
-    ``estimate 4.4 s in all``), in seconds; None when it printed none."""
-    lines = [line for line in stderr.splitlines() if line.strip().startswith("estimate ")]
-    if not lines:
-        return None
-    text = lines[0].split("estimate ", 1)[1].split(" in all", 1)[0]
+def _seconds(text: str) -> float:
+    """``4.4 s`` or ``1:23`` as seconds."""
     if text.endswith(" s"):
         return float(text[:-2])
     minutes, seconds = text.split(":")
     return 60 * int(minutes) + int(seconds)
+
+
+def planned_seconds(stderr: str) -> tuple[float, float] | None:
+    """The total of the plan an audit printed before it ran (``estimate 1:23 in all`` or
+    ``estimate 4.4 s in all``: what is left once the plan is made) and what making it took
+    (``planned in 4.1 s``), in seconds; None when it printed none."""
+    lines = [line for line in stderr.splitlines() if line.strip().startswith("estimate ")]
+    heads = [line for line in stderr.splitlines() if "; planned in " in line]
+    if not lines or not heads:
+        return None
+    return (_seconds(lines[0].split("estimate ", 1)[1].split(" in all", 1)[0]),
+            _seconds(heads[0].split("; planned in ", 1)[1].strip()))
 
 
 def breakdown(stderr: str) -> str:
@@ -225,8 +238,11 @@ def main(argv: list[str] | None = None) -> None:
             if r["breakdown"]:
                 print(f"       per protocol: {r['breakdown']}", flush=True)
             if what == "quick" and r["estimate"]:
-                print(f"       its plan's estimate: {r['estimate']:.1f} s, the run "
-                      f"{r['seconds'] / r['estimate']:.2f}x that", flush=True)
+                estimate, planning = r["estimate"]
+                after = r["audit_seconds"] - planning
+                print(f"       its plan (made in {planning:.1f} s) estimated {estimate:.1f} s "
+                      f"for the rest; the rest took {after:.1f} s, {after / estimate:.2f}x "
+                      "that", flush=True)
             if r["plan"]:
                 print("       " + r["plan"].replace("\n", "\n       "), flush=True)
     for what, tokens in (("check", args.check_tokens), ("quick", args.quick_tokens),

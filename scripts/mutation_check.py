@@ -41,6 +41,7 @@ TABLE_OUT_OF_DATE = 2
 EXAMPLES_PACKAGE = "attnaudit_examples"
 
 PINNED = "tests/interventions/test_pinned_interventions.py"
+INCREMENTAL = "tests/interventions/test_incremental.py"
 DEFINITIONS = "tests/interventions/test_definitions.py"
 FULL_SUITE = "tests/auditing/test_intervention_suite.py"
 BATCHING = "tests/interventions/test_batching.py"
@@ -467,6 +468,25 @@ MUTATIONS = (
              "weights @ values used", "attnaudit/capturing/sdpa.py",
              "        return layout.read_from_record(read)",
              "        return torch.matmul(used, self.value)", (OTHER_EXAMPLE,)),
+    Mutation("steps_unmasked", "a call of several cached steps: a row at an earlier step "
+             "also attends to the later steps' cached positions",
+             "attnaudit/targets/hf/causal.py",
+             "        reached = torch.arange(before, device=rows.device)[None, :] < at[:, None]",
+             "        reached = torch.arange(before, device=rows.device)[None, :] >= 0",
+             (INCREMENTAL,)),
+    Mutation("steps_with_step_zero", "items of step 0 folded into the later steps' call "
+             "(whose prompt keys then miss the prompt's last position)",
+             "attnaudit/interventions/reference_run.py",
+             "        return step.clamp(max=1) if self.mixed_steps else step",
+             "        return step.clamp(max=0) if self.mixed_steps else step",
+             (INCREMENTAL,)),
+    Mutation("grouped_heads_interleaved", "grouped-query capture: query head h read with "
+             "key/value head h % groups instead of h // groups",
+             "attnaudit/capturing/sdpa.py",
+             "    folded = rows.reshape(*lead, heads // groups, groups * n_rows, width)",
+             "    folded = rows.reshape(*lead, groups, heads // groups, n_rows, width).transpose("
+             "1, 2).reshape(*lead, heads // groups, groups * n_rows, width)",
+             ("tests/capturing/test_sdpa_path.py",)),
 )
 
 

@@ -3,11 +3,12 @@ items, forward and backward passes) and how long it should take, from a timed fi
 
 :func:`plan_audit` runs the first batch's reference run (kept in the plan: the audit's suite
 runs its first batch on it) and the uniform edit on at most :data:`TIMED_ROWS` of its rows
-(timed: seconds per forward pass and per edited item), asks every protocol the suite would
-run for its :meth:`~attnaudit.interventions.protocol.InterventionProtocol.cost` on that
-batch, and scales it to the data (exact with one batch; an estimate otherwise, and for
-protocols whose cost is itself one). The time estimate is passes x the timed seconds per
-pass (a backward pass counted as two forward ones) plus items x seconds per item; for a
+(timed: seconds per forward pass and per edited item, :func:`_timed_items`), asks every
+protocol the suite would run for its
+:meth:`~attnaudit.interventions.protocol.InterventionProtocol.cost` on that batch, and
+scales it to the data (exact with one batch; an estimate otherwise, and for protocols
+whose cost is itself one). The time estimate is passes x the timed seconds per pass (a
+backward pass counted as two forward ones) plus items x seconds per item; for a
 protocol that runs whole edited sequences (faithfulness, attribution: its cost's
 ``sequences``) it is those sequences x the seconds per sequence of a timed teacher-forced
 pass of the first batch (a backward sequence counted as two). With a *pilot* each protocol's
@@ -19,7 +20,9 @@ an audit (on fewer it would be a large share of the audit itself: on two prompts
 billion-parameter model, minutes of adversarial search). The progress display replaces the
 estimate with each part's measured rate as the audit runs. A protocol without a cost is
 listed as "unknown". The same plan feeds the progress display (:func:`expect_plan`),
-:func:`attnaudit.plan` and ``--dry-run``.
+:func:`attnaudit.plan` and ``--dry-run``. The plan's estimate is of what is left once it is
+made: its parts, and the manifest's model hash
+(:func:`~attnaudit.report.manifest.hash_seconds`); it states what making it took.
 """
 
 from __future__ import annotations
@@ -50,11 +53,12 @@ from attnaudit.interventions.protocol import (
 from attnaudit.interventions.reference_run import Reference, RowIndex, reference
 from attnaudit.interventions.runner import ItemEdit, item_chunks, run_items
 from attnaudit.options import AuditOptions
+from attnaudit.report.manifest import hash_seconds
 from attnaudit.runtime.progress import expect
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 VALIDITY = "validity"
-TIMED_COPIES = 4  # copies per row in the second timed uniform edit
+TIMED_COPIES = 4  # copies per row in the larger timed uniform edits
 TIMED_ROWS = 4  # the first batch's rows the uniform edit is timed on
 BACKWARD_FORWARDS = 2.0  # a backward pass costs about two forward passes
 PILOT_ROWS = 4  # rows of the pilot example each row protocol is timed on
@@ -84,13 +88,16 @@ class Plan:
     seconds_per_item: float
     piloted: bool = False
     seconds_per_sequence: float = 0.0
+    hash_seconds: float = 0.0  # the manifest's model hash (estimated), after the protocols
+    planning_seconds: float = 0.0  # what the plan itself took (its reference run, timings)
     # the first batch's reference run, which the audit's suite takes over (not shown)
     reference: Reference | None = field(default=None, repr=False, compare=False)
 
     @property
     def seconds(self) -> float:
+        """The estimate of what is left once the plan is made: its parts and the hash."""
         parts = (self.validity, *self.protocols)
-        return sum(p.seconds for p in parts if p.seconds is not None)
+        return sum(p.seconds for p in parts if p.seconds is not None) + self.hash_seconds
 
     def __str__(self) -> str:
         lines = [f"plan of audit {self.target}: {self.examples} examples in {self.batches} "
@@ -101,7 +108,8 @@ class Plan:
                     f"{self.seconds_per_item * 1e3:.3g} ms per edited item (no pilot run)")
                  + (f"; {self.seconds_per_sequence * 1e3:.3g} ms per teacher-forced "
                     "sequence (the protocols that run whole edited sequences)"
-                    if self.seconds_per_sequence else ""),
+                    if self.seconds_per_sequence else "")
+                 + f"; planned in {_duration(self.planning_seconds)}",
                  f"  {'part':<18} {'items':>10} {'forward':>9} {'backward':>9} {'estimate':>10}"]
         for p in (self.validity, *self.protocols):
             if p.cost is None:
@@ -112,6 +120,9 @@ class Plan:
             lines.append(f"  {p.name:<18} {mark + str(p.cost.items):>10} "
                          f"{mark + str(p.cost.forward):>9} {mark + str(p.cost.backward):>9} "
                          f"{_duration(p.seconds):>10}")
+        if self.hash_seconds:
+            lines.append(f"  {'model hash':<18} {'':>10} {'':>9} {'':>9} "
+                         f"{_duration(self.hash_seconds):>10}")
         unknown = [p.name for p in self.protocols if p.cost is None]
         lines.append(f"  estimate {_duration(self.seconds)} in all"
                      + (f", besides {', '.join(unknown)} (cost unknown)" if unknown else "")
@@ -172,8 +183,10 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
         else:
             seconds = _passes(cost) * pass_s + cost.items * rates.get(protocol.name, item_s)
         protocols.append(ProtocolPlan(protocol.name, cost, seconds))
+    hashed = 0.0 if options.checks_only else hash_seconds(target.model)  # as the audit hashes
     return Plan(target.name, settings.n_examples, len(batches), validity, tuple(protocols),
                 pass_s, item_s, piloted=bool(rates), seconds_per_sequence=sequence_s or 0.0,
+                hash_seconds=hashed, planning_seconds=time.perf_counter() - started,
                 reference=ref)
 
 
@@ -228,26 +241,28 @@ def _timed_sequence(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) 
 def _timed_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, fallback: float
                  ) -> tuple[float, float]:
     """Seconds per forward pass and per edited item, from the uniform edit of ``rows`` run
-    with one and with :data:`TIMED_COPIES` copies per row (the same passes, more items per
-    pass; warm: the reference run has just run the model and its cached steps); ``fallback``
-    per pass and nothing per item without rows."""
+    with :data:`TIMED_COPIES` copies per row, with one, and with :data:`TIMED_COPIES` again
+    (the same passes, more items per pass; the faster of the two larger runs counts: the
+    first of them also pays for the memory its larger pass takes first); ``fallback`` per
+    pass and nothing per item without rows."""
     if not len(rows):
         return fallback, 0.0
     eligible = ref.eligible[rows.example, rows.step]
-    times = []
-    for copies in (1, TIMED_COPIES):
+    times: dict[int, float] = {}
+    for copies in (TIMED_COPIES, 1, TIMED_COPIES):
         example = rows.example.repeat_interleave(copies)
         step = rows.step.repeat_interleave(copies)
         started = time.perf_counter()
         run_items(target, ref, example, step,
                   ItemEdit(uniform_rows, eligible.repeat_interleave(copies, 0)))
-        times.append(time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        times[copies] = min(times.get(copies, seconds), seconds)
     passes = sum(1 for _ in item_chunks(ref, rows.step))
     extra = passes != sum(1 for _ in item_chunks(ref, rows.step.repeat_interleave(TIMED_COPIES)))
-    item_s = max(times[1] - times[0], 0.0) / ((TIMED_COPIES - 1) * len(rows))
+    item_s = max(times[TIMED_COPIES] - times[1], 0.0) / ((TIMED_COPIES - 1) * len(rows))
     if extra:  # more items took more passes: spread the time over the items alone
-        return 0.0, times[1] / (TIMED_COPIES * len(rows))
-    return max(times[0] - item_s * len(rows), 0.0) / passes, item_s
+        return 0.0, times[TIMED_COPIES] / (TIMED_COPIES * len(rows))
+    return max(times[1] - item_s * len(rows), 0.0) / passes, item_s
 
 
 def expect_plan(plan: Plan, *, suite_only: bool = False) -> None:

@@ -115,10 +115,9 @@ def _explicit(cap: ActiveCapture, site: Site, names: Callable[[], Mapping[str, A
     rest are computed explicitly in query blocks within the capture's memory budget
     (:mod:`attnaudit.capturing.blocks`)."""
     n_q, n_k = query.shape[-2], key.shape[-2]
+    groups = 1  # query heads per key/value head: folded onto the query axis, never repeated
     if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
-        repeat = query.shape[-3] // key.shape[-3]
-        key = key.repeat_interleave(repeat, dim=-3)
-        value = value.repeat_interleave(repeat, dim=-3)
+        groups = query.shape[-3] // key.shape[-3]
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     first = cap.first_needed_row(site, n_q, n_k)
     outputs = []
@@ -127,17 +126,30 @@ def _explicit(cap: ActiveCapture, site: Site, names: Callable[[], Mapping[str, A
         # is_causal is top-left aligned, so the call's first rows keep it as they are
         outputs.append(ORIGINAL_SDPA(query[..., :first, :], key, value,
                                      attn_mask=_mask_rows(attn_mask, 0, first, n_q),
-                                     dropout_p=dropout_p, is_causal=is_causal, scale=scale))
+                                     dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                                     enable_gqa=groups > 1))
     if first < n_q:
         compute = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
         call = _Call(cap, site, names, query, key.to(compute).transpose(-2, -1), value,
-                     attn_mask, dropout_p, is_causal, scale, compute)
-        lead = math.prod(torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]))
+                     attn_mask, dropout_p, is_causal, scale, compute, groups)
+        lead = math.prod(torch.broadcast_shapes(query.shape[:-2],
+                                                (*key.shape[:-3], key.shape[-3] * groups)))
         rows = block_rows(lead * n_k, cap.max_memory)
         outputs.extend(call.block(first + start, first + stop)
                        for start, stop in query_blocks(n_q - first, rows))
     edited = call is not None and call.edited
     return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)), edited
+
+
+def _grouped_matmul(rows: torch.Tensor, per_group: torch.Tensor, groups: int) -> torch.Tensor:
+    """``rows`` (..., H, L, X) times ``per_group`` (..., H / groups, X, Y), query head ``h``
+    with group ``h // groups`` (as ``repeat_interleave(groups, dim=-3)`` pairs them), without
+    repeating ``per_group``: the heads of a group are folded onto the rows. (..., H, L, Y)."""
+    if groups == 1:
+        return torch.matmul(rows, per_group)
+    *lead, heads, n_rows, width = rows.shape
+    folded = rows.reshape(*lead, heads // groups, groups * n_rows, width)
+    return torch.matmul(folded, per_group).reshape(*lead, heads, n_rows, per_group.shape[-1])
 
 
 def _mask_rows(mask: torch.Tensor | None, start: int, stop: int, n_q: int
@@ -157,16 +169,18 @@ def _causal_rows(start: int, stop: int, n_k: int, device: torch.device) -> torch
 
 class _Call:
     """One SDPA call computed explicitly, block of query rows by block (see the module
-    docstring); ``key_t``: the keys in the compute dtype, transposed (..., E, S)."""
+    docstring); ``key_t``: the keys in the compute dtype, transposed (..., E, S);
+    ``groups``: query heads per key/value head (grouped-query attention; 1: one each)."""
 
     def __init__(self, cap: ActiveCapture, site: Site, names: Callable[[], Mapping[str, Any]],
                  query: torch.Tensor, key_t: torch.Tensor, value: torch.Tensor,
                  attn_mask: torch.Tensor | None, dropout_p: float, is_causal: bool,
-                 scale: float, compute: torch.dtype) -> None:
+                 scale: float, compute: torch.dtype, groups: int = 1) -> None:
         self.cap, self.site, self.names = cap, site, names
         self.query, self.key_t, self.value, self.attn_mask = query, key_t, value, attn_mask
         self.dropout_p, self.is_causal, self.scale, self.compute = (dropout_p, is_causal,
                                                                     scale, compute)
+        self.groups = groups
         self.values4: torch.Tensor | None = None  # one tensor shared by every block
         self.edited = False  # did an edit replace any block's weights?
 
@@ -174,14 +188,16 @@ class _Call:
         """The call's values as ``(B, H, K, d_v)``, made when first asked for (only a
         capture that keeps values or edits them asks) and shared by every block."""
         if self.values4 is None:
-            self.values4 = layout.values_to_record(self.value)
+            per_head = self.value if self.groups == 1 else self.value.repeat_interleave(
+                self.groups, dim=-3)
+            self.values4 = layout.values_to_record(per_head)
         return self.values4
 
     def block(self, start: int, stop: int) -> torch.Tensor:
         """Output rows ``start:stop`` (..., stop - start, Ev), their weights recorded."""
         n_q, n_k = self.query.shape[-2], self.key_t.shape[-1]
         query = self.query[..., start:stop, :]
-        scores = torch.matmul(query.to(self.compute), self.key_t).mul_(self.scale)
+        scores = _grouped_matmul(query.to(self.compute), self.key_t, self.groups).mul_(self.scale)
         mask = _mask_rows(self.attn_mask, start, stop, n_q)
         allowed = None
         if self.is_causal:
@@ -227,7 +243,7 @@ class _Call:
         read = None if cap.value_edit is None else cap.value_read(layout.to_record(used),
                                                                   self.values(layout))
         if read is None:
-            return torch.matmul(used, self.value)
+            return _grouped_matmul(used, self.value, self.groups)
         self.edited = True
         return layout.read_from_record(read)
 

@@ -36,7 +36,7 @@ from attnaudit.targets.contract import Seq2SeqTarget
 RANDOM_DRAWS = 5
 ORDERS = ("attention", "random", "gradient", "attention_x_gradient")
 _SALT_ZERO, _SALT_ORDER = 2, 3
-_BLOCK = 4  # removal counts tried per round of the cumulative test
+REMOVAL_ROUND = 4  # removal counts tried per round of the cumulative test
 
 
 def uniform_rows(old: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
@@ -225,10 +225,11 @@ def cumulative_test(target: Seq2SeqTarget, ref: Reference, rows: RowIndex | None
             if not pending.any():
                 break
             row, order = pending.nonzero(as_tuple=True)
-            counts = torch.minimum(tried[row, order] + _BLOCK, n_valid[row] - 1) - tried[row, order]
+            done = tried[row, order]
+            counts = torch.minimum(done + REMOVAL_ROUND, n_valid[row] - 1) - done
             pair = torch.arange(len(row)).repeat_interleave(counts)  # item -> pending pair
             item_row = row[pair]
-            k = tried[row, order][pair] + _offsets_within(counts) + 1
+            k = done[pair] + _offsets_within(counts) + 1
             remove = (rank[item_row, order[pair]] < k[:, None]) & eligible[item_row]
             bar.total += len(k)
             change = run_items(target, ref, rows.example[item_row], rows.step[item_row],

@@ -19,6 +19,7 @@ import torch
 
 from attnaudit.interventions.ablation import (
     RANDOM_DRAWS,
+    REMOVAL_ROUND,
     cumulative_summary,
     cumulative_test,
     random_other_key,
@@ -290,10 +291,11 @@ class CumulativeRemoval(InterventionProtocol):
                                               progress=ctx.settings.progress)}
 
     def cost(self, ctx: BatchContext) -> Cost:
-        """At most n_valid - 1 removals per row and order (it stops at the first flip), and
-        the gradient pass of the gradient orders."""
+        """An estimate: the first round of removals, at most :data:`REMOVAL_ROUND` per row
+        and order (each further round runs only where none flipped the argmax; the most is
+        n_valid - 1), and the gradient pass of the gradient orders."""
         n_valid = ctx.ref.eligible[ctx.rows.example, ctx.rows.step].sum(-1)
-        removals = (n_valid - 1).clamp_min(0) * (3 + self.draws(ctx.settings))
+        removals = (n_valid - 1).clamp(0, REMOVAL_ROUND) * (3 + self.draws(ctx.settings))
         step = ctx.rows.step.repeat_interleave(removals)
         gradient = _passes(ctx.ref, ctx.rows.step, grad=True)
         return Cost(len(step), _passes(ctx.ref, step) + gradient, gradient, exact=False)

@@ -51,7 +51,10 @@ class Reference:
     no output is empty); negligible: bool (B, T), rows whose edited prompt views hold a
     negligible share of the row, or None; see :mod:`attnaudit.analysis.degenerate`.
     cache_note: why edited items re-run the prefix although the target offers a cached
-    step (None: they do not, or it was not offered). mechanisms: site -> the capture
+    step (None: they do not, or it was not offered). mixed_steps: edited items at
+    different steps after the first share one cached call (``target.decode_steps``,
+    checked against the teacher-forced pass: :func:`cached_states`; :meth:`call_group`).
+    mechanisms: site -> the capture
     mechanism its calls came through (``sdpa``, ``softmax``, ``mha``, ``tap``...);
     value_sites: the edited sites whose values capture held, where a value edit applies.
     """
@@ -71,6 +74,7 @@ class Reference:
     states: Any = None
     empty_output: torch.Tensor | None = None
     cache_note: str | None = None
+    mixed_steps: bool = False
     negligible: torch.Tensor | None = None
     mechanisms: dict[str, str] = field(default_factory=dict)
     value_sites: tuple[str, ...] = ()
@@ -115,6 +119,12 @@ class Reference:
         """Every (example, step) row within the step mask that is not degenerate."""
         example, step = (self.steps & (self.reasons == 0)).nonzero(as_tuple=True)
         return RowIndex(example, step)
+
+    def call_group(self, step: torch.Tensor) -> torch.Tensor:
+        """(M,) long: for items at ``step`` (M,), which of them may share one cached call
+        (equal values): items at one step, or with :attr:`mixed_steps` those of step 0 and
+        those of every later step."""
+        return step.clamp(max=1) if self.mixed_steps else step
 
     def positions(self, step: int) -> int:
         """Decoder positions an edited item at ``step`` runs: 1 from a cached state, else
@@ -184,10 +194,11 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
         names = select_sites(cap.records, sites, kind)
         if in_encoder.intersection(names):
             encoded = None  # an edit there changes the encoder output: re-encode every copy
-        states, cache_note = None, None
+        states, cache_note, mixed_steps = None, None, False
         if (incremental and encoded is not None and target.decode_states is not None
                 and target.decode_step is not None):
-            states, cache_note = cached_states(target, batch, encoded, emitted, logits)
+            states, cache_note, mixed_steps = cached_states(target, batch, encoded, emitted,
+                                                            logits)
     n_examples, n_steps = emitted.shape
     n_keys = batch.source_ids.shape[1]
     weights, shares = {}, []
@@ -226,7 +237,7 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
                      eligible=eligible.contiguous(), first_example=first_example,
                      seed=target.seed, budget=budget, encoded=encoded,
                      head_index=None if heads is None else tuple(heads), states=states,
-                     cache_note=cache_note,
+                     cache_note=cache_note, mixed_steps=mixed_steps,
                      mechanisms=mechanisms, value_sites=value_sites,
                      empty_output=(emitted[:, 0] == target.eos_id).cpu() if n_steps
                      else torch.ones(n_examples, dtype=torch.bool),
@@ -234,7 +245,7 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
 
 
 def cached_states(target: Seq2SeqTarget, batch: Batch, encoded: Any, emitted: torch.Tensor,
-                  logits: torch.Tensor) -> tuple[Any, str | None]:
+                  logits: torch.Tensor) -> tuple[Any, str | None, bool]:
     """The unedited decoder states (``target.decode_states``) when one cached step from
     them gives the teacher-forced output, else None and why: the target says its states or
     step cannot be taken (:data:`CACHE_REFUSALS`: a Hugging Face cache that cannot be cut
@@ -242,24 +253,44 @@ def cached_states(target: Seq2SeqTarget, batch: Batch, encoded: Any, emitted: to
     output distributions differ from the teacher-forced ``logits`` (B, T, V) by more than
     :func:`step_tolerance` in total variation. Edited items then re-run the prefix, which
     needs no cache. Any other error is a bug in the cached path and propagates: falling back
-    would hide it behind a slower run."""
+    would hide it behind a slower run.
+
+    The third value: whether items at different steps after the first may share one call
+    (``target.decode_steps``; step 0's input is the prompt's last position, which such a
+    call cannot place among the prompt's keys): its one call on every example at step 1 and
+    at the last step gave the teacher-forced output as above (then ``decode_step`` is
+    checked at step 0 only). Below three steps nothing is shared."""
     n_steps = emitted.shape[1]
     decode_states, decode_step = target.decode_states, target.decode_step
     if n_steps == 0 or decode_states is None or decode_step is None:
-        return None, None
+        return None, None, False
+    tolerance = step_tolerance(logits.dtype)
     try:
         states = decode_states(batch, encoded, emitted)
         every = torch.arange(len(emitted))
-        for step in sorted({0, n_steps - 1}):
+        mixed = False
+        if target.decode_steps is not None and n_steps >= 3:
+            rows = every.repeat(2)
+            steps = torch.tensor([1, n_steps - 1]).repeat_interleave(len(emitted))
+            stepped = target.decode_steps(batch.select(rows), select_state(encoded, rows),
+                                          select_state(states, rows), emitted[rows], steps)
+            mixed = _step_gap(stepped, logits[rows, steps]) <= tolerance
+        for step in [0] if mixed else sorted({0, n_steps - 1}):
             stepped = decode_step(batch, encoded, select_state(states, every), emitted, step)
-            expected = torch.softmax(logits[:, step].float(), -1)
-            gap = 0.5 * (torch.softmax(stepped.float(), -1) - expected).abs().sum(-1).max()
-            if not gap <= step_tolerance(logits.dtype):
+            gap = _step_gap(stepped, logits[:, step])
+            if not gap <= tolerance:
                 return None, (f"one cached step disagreed with the teacher-forced pass at step "
-                              f"{step} (total variation {float(gap):.3g})")
+                              f"{step} (total variation {gap:.3g})"), False
     except CACHE_REFUSALS as exc:
-        return None, f"one cached step could not be taken: {type(exc).__name__}: {exc}"
-    return states, None
+        return None, f"one cached step could not be taken: {type(exc).__name__}: {exc}", False
+    return states, None, mixed
+
+
+def _step_gap(stepped: torch.Tensor, expected: torch.Tensor) -> float:
+    """The largest total variation between the rows of two logits (N, V) as distributions
+    (NaN when either is not finite)."""
+    diff = torch.softmax(stepped.float(), -1) - torch.softmax(expected.float(), -1)
+    return float(0.5 * diff.abs().sum(-1).max())
 
 
 def _budget(target: Seq2SeqTarget, encoded: Any, states: Any, n_examples: int, n_keys: int,

@@ -143,13 +143,14 @@ def edited_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
     """
     if ref.states is None:
         return _rerun_probs(target, ref, example, step, row_edit, items)
-    steps = torch.unique(step).tolist()
-    if len(steps) == 1:  # a chunk of run_items: one step, no (m, V) copies to reorder
-        return _one_step_probs(target, ref, example, steps[0], row_edit, items)
+    group = ref.call_group(step)
+    groups = torch.unique(group).tolist()
+    if len(groups) == 1:  # a chunk of run_items: one call, no (m, V) copies to reorder
+        return _one_step_probs(target, ref, example, step, row_edit, items)
     parts, where = [], []
-    for s in steps:
-        at = (step == s).nonzero().squeeze(1)
-        parts.append(_one_step_probs(target, ref, example[at], s, row_edit, items[at]))
+    for g in groups:
+        at = (group == g).nonzero().squeeze(1)
+        parts.append(_one_step_probs(target, ref, example[at], step[at], row_edit, items[at]))
         where.append(at)
     return torch.cat(parts)[torch.argsort(torch.cat(where))]
 
@@ -172,14 +173,23 @@ def _rerun_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
     return torch.softmax(logits.float(), -1).cpu()
 
 
-def _one_step_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor, step: int,
-                    row_edit: RowEdit | ItemRead, items: torch.Tensor) -> torch.Tensor:
-    assert target.decode_step is not None
+def _one_step_probs(target: Seq2SeqTarget, ref: Reference, example: torch.Tensor,
+                    step: torch.Tensor, row_edit: RowEdit | ItemRead, items: torch.Tensor
+                    ) -> torch.Tensor:
+    """Output probabilities (m, V) of one cached call: every item at one step
+    (``decode_step``), or at their own steps (``decode_steps``, one
+    :meth:`Reference.call_group`)."""
     edit, value_edit = _capture_edits(ref, torch.zeros_like(example), row_edit, items)
+    parts = (ref.batch.select(example), select_state(ref.encoded, example),
+             select_state(ref.states, example), ref.emitted[example])
     with capture(target.model, sites=list(ref.sites), edit=edit, value_edit=value_edit,
                  kinds=target.kinds):
-        logits = target.decode_step(ref.batch.select(example), select_state(ref.encoded, example),
-                                    select_state(ref.states, example), ref.emitted[example], step)
+        if bool((step != step[0]).any()):
+            assert ref.mixed_steps and target.decode_steps is not None
+            logits = target.decode_steps(*parts, step)
+        else:
+            assert target.decode_step is not None
+            logits = target.decode_step(*parts, int(step[0]))
     if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (len(example),
                                                                         ref.probs.shape[-1]):
         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits)
@@ -195,7 +205,8 @@ def item_chunks(ref: Reference, step: torch.Tensor, chunk_size: int | None = Non
 
     A chunk holds at most ``chunk_size`` items, or by default as many as the reference's
     budget allows for the positions its last item runs (``grad``: with a backward pass);
-    items running one cached step are chunked per step.
+    items running one cached step are chunked per step, unless the reference's cached
+    call takes items at different steps (one :meth:`Reference.call_group` per chunk).
     """
     if chunk_size is not None and chunk_size < 1:
         raise InterventionError(f"chunk_size must be a positive number of edited sequences, "
@@ -203,6 +214,7 @@ def item_chunks(ref: Reference, step: torch.Tensor, chunk_size: int | None = Non
                                 "memory budget")
     order = torch.argsort(step, stable=True)
     ordered = step[order].tolist()
+    group = ref.call_group(step[order]).tolist()
     at, n_items = 0, len(ordered)
 
     def fits(last: int) -> int:
@@ -215,7 +227,7 @@ def item_chunks(ref: Reference, step: torch.Tensor, chunk_size: int | None = Non
         while end - at > fits(end - 1):  # later items run more positions
             end = at + fits(end - 1)
         if ref.states is not None:
-            end = at + sum(1 for s in ordered[at:end] if s == ordered[at])
+            end = at + sum(1 for g in group[at:end] if g == group[at])
         yield order[at:end]
         at = end
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
@@ -29,16 +30,40 @@ LIBRARIES = ("torch", "attnaudit", "transformers", "captum", "numpy", "pandas", 
              "matplotlib", "seaborn", "jinja2")
 
 
+HASH_SAMPLE_BYTES = 32 * 2**20  # what hash_seconds times before it scales to the model
+
+
 def state_dict_sha256(model: nn.Module) -> str:
     """The model content hash described in the module docstring."""
     digest = hashlib.sha256()
+    _hash_state(model, digest)
+    return digest.hexdigest()
+
+
+def _hash_state(model: nn.Module, digest: Any, limit: int | None = None) -> int:
+    """Feed ``model``'s sorted state dict to ``digest`` (name, ``dtype shape``, raw bytes),
+    stopping after the tensor that reaches ``limit`` bytes (None: every one); the bytes fed."""
     state = model.state_dict()
+    fed = 0
     for name in sorted(state):
         tensor = cpu_state(model, name, state[name]).contiguous()
         digest.update(name.encode("utf-8"))
         digest.update(f"{tensor.dtype} {tuple(tensor.shape)}".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)  # no copy
-    return digest.hexdigest()
+        fed += tensor.numel() * tensor.element_size()
+        if limit is not None and fed >= limit:
+            break
+    return fed
+
+
+def hash_seconds(model: nn.Module) -> float:
+    """An estimate of :func:`state_dict_sha256`'s seconds on ``model``: its state's bytes at
+    the rate of hashing its first tensors up to :data:`HASH_SAMPLE_BYTES` (read from where
+    they are, as the hash reads them)."""
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    started = time.perf_counter()
+    fed = _hash_state(model, hashlib.sha256(), HASH_SAMPLE_BYTES)
+    return (time.perf_counter() - started) * total / max(fed, 1)
 
 
 def texts_sha256(texts: Iterable[str]) -> str:

@@ -87,18 +87,24 @@ def checked_target(target: Seq2SeqTarget) -> Seq2SeqTarget:
         states = target.decode_states
         changes["decode_states"] = lambda batch, encoded, emitted: call_target(
             name, "decode_states", states, batch, encoded, emitted)
-    if target.decode_step is not None:
-        step = target.decode_step
-        changes["decode_step"] = lambda batch, encoded, st, emitted, t: _check_logits(
-            name, "decode_step",
-            call_target(name, "decode_step", step, batch, encoded, st, emitted, t),
-            (len(batch),))
+    for what in ("decode_step", "decode_steps"):  # logits (B, V) at a step, or per row
+        if getattr(target, what) is not None:
+            changes[what] = _checked_step(name, what, getattr(target, what))
     if target.cached_decode is not None:
         cached = target.cached_decode
         changes["cached_decode"] = lambda batch, emitted: _check_logits(
             name, "cached_decode", call_target(name, "cached_decode", cached, batch, emitted),
             tuple(emitted.shape), fewer_steps=True)
     return target.with_options(**changes)
+
+
+def _checked_step(name: str, what: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (``decode_step`` or ``decode_steps``) with its errors named and its logits
+    checked: one row (V,) per sequence of the batch."""
+    def step(batch: Batch, encoded: Any, states: Any, emitted: torch.Tensor, at: Any) -> Any:
+        return _check_logits(name, what, call_target(name, what, fn, batch, encoded, states,
+                                                     emitted, at), (len(batch),))
+    return step
 
 
 def _mark(fn: Callable[..., Any]) -> Callable[..., Any]:

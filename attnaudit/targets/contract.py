@@ -41,7 +41,9 @@ audited without changing its code:
   step from one unedited teacher-forced pass (a KV cache, a recurrent state), and one
   decoder step from it. An edited copy of step ``t`` then runs one step instead of the
   prefix ``0..t``. :func:`~attnaudit.targets.hf.loading.from_hf` provides both from the
-  model's KV cache;
+  model's KV cache; with them, ``decode_steps(batch, encoded, states, emitted, steps)``
+  runs each row at its own step in one call (a decoder-only model's key/value cache,
+  the positions a row has not reached masked);
 - optionally ``cached_decode(batch, emitted)``: logits ``(B, T', V)``, ``T' <= T``, of the
   same steps as the model's own cached decoding computes them (the source once, then one
   position per step from the model's cache, as its ``generate()`` runs; it may stop once
@@ -191,6 +193,11 @@ class Seq2SeqTarget:
         decode_step: optional, (batch, encoder state, decoder states, emitted (B, T),
             step t) -> logits (B, V) at step t, run from the state before t; equal to
             ``decode(batch, encoded, emitted)[:, t]``. Used only with ``decode_states``.
+        decode_steps: optional, (batch, encoder state, decoder states, emitted (B, T),
+            steps (B,) long) -> logits (B, V), row ``i`` at its own step ``steps[i]``, run
+            from the state before it: ``decode_step``'s rows, every step in one call. The
+            interventions then fold edited items of different steps into one call, once a
+            call on the first and the last steps gave the teacher-forced output.
         cached_decode: optional, (batch, emitted (B, T)) -> logits (B, T', V), T' <= T,
             of the steps as the model's own cached decoding computes them (one step at a
             time from its cache, fed the emitted tokens, until every row has ended); where
@@ -226,6 +233,8 @@ class Seq2SeqTarget:
     decode: Callable[[Batch, Any, torch.Tensor], torch.Tensor] | None = None
     decode_states: Callable[[Batch, Any, torch.Tensor], Any] | None = None
     decode_step: Callable[[Batch, Any, Any, torch.Tensor, int], torch.Tensor] | None = None
+    decode_steps: Callable[[Batch, Any, Any, torch.Tensor, torch.Tensor],
+                           torch.Tensor] | None = None
     cached_decode: Callable[[Batch, torch.Tensor], torch.Tensor] | None = None
     device: torch.device | None = None
     truncation: str = ""

@@ -181,3 +181,37 @@ def test_half_precision_matches_fused(dtype):
         out = block(x, attn_mask=padding_mask())
     assert cap.records["forward"].weights.dtype == dtype
     assert (out.float() - fused.float()).abs().max().item() <= 1e-2
+
+
+@pytest.mark.parametrize("edit", [False, True])
+def test_grouped_query_call_equals_attention_over_repeated_keys(edit):
+    """``enable_gqa``: 4 query heads over 2 key/value heads. The recorded weights are those
+    over each head's repeated keys, the output the fused kernel's, and a uniform edit reads
+    the mean of the head's own group's values."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 5, 8), torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8)
+    allowed = torch.ones(3, 1, 1, 6, dtype=torch.bool)
+    allowed[1, ..., 4:] = False
+    k4, v4 = (t.repeat_interleave(2, dim=1) for t in (k, v))
+
+    class Grouped(nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+
+    def uniform(site, weights, key_mask):
+        eligible = key_mask.expand_as(weights).to(weights.dtype)
+        return eligible / eligible.sum(-1, keepdim=True)
+
+    model = Grouped()
+    with torch.no_grad(), attnaudit.capture(model, edit=uniform if edit else None) as cap:
+        out = model(q, k, v)
+    expected_weights = reference_weights(q, k4, allowed=allowed)
+    torch.testing.assert_close(cap.records["forward"].weights, expected_weights,
+                               rtol=1e-5, atol=1e-6)
+    if edit:
+        lengths = allowed[:, 0, 0].sum(-1)
+        expected = torch.stack([v4[b, :, : lengths[b]].mean(1, keepdim=True).expand(4, 5, 8)
+                                for b in range(3)])
+    else:
+        expected = expected_weights @ v4
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

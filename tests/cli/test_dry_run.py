@@ -24,12 +24,13 @@ def test_report_dry_run_prints_the_plan_alone(tmp_path):
     assert lines[0].startswith("plan of audit date: 2 examples in 1 batches")
     names = [line.split()[0] for line in lines[2:-1]]
     assert names == ["validity", "permutation", "uniform", "zeroing", "values", "cumulative",
-                     "attribution", "faithfulness"]  # quick: no adversarial search
+                     "attribution", "faithfulness", "model"]  # quick: no adversarial search
+    assert lines[-2].split()[:2] == ["model", "hash"]  # the manifest's, after the protocols
     assert "audit date: validity" not in done.stderr  # no audit ran
     assert not (tmp_path / "r").exists()
     check = attnaudit("check", "--limit", "2", "--dry-run")
     assert check.returncode == 0 and check.stdout.splitlines()[2].split()[0] == "validity"
-    assert len(check.stdout.splitlines()) == 4  # the validity pass alone
+    assert len(check.stdout.splitlines()) == 4  # the validity pass alone (the gate hashes none)
 
 
 def test_report_without_out_or_dry_run_is_a_usage_error():

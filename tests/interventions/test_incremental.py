@@ -1,7 +1,10 @@
 """Edited items run as one cached decoder step give what re-running the prefix gives.
 
 The re-run path (``reference(..., incremental=False)``) is the independent computation:
-the whole decoder prefix 0..t runs under the edit, as before the cached path existed.
+the whole decoder prefix 0..t runs under the edit, as before the cached path existed. On a
+tiny Llama (grouped-query attention, prompts of different lengths) the cached path folds
+items of different steps into one call (``decode_steps``: later steps' cached positions
+masked for a row at an earlier one), which must give the same numbers.
 """
 
 from __future__ import annotations
@@ -31,22 +34,31 @@ PROTOCOLS = {
 }
 
 
-def _target(model: str):
+LLAMA_PROMPTS = ["w5 w6 w7 w8 w9", "w10 w11", "w12 w13 w14 w15"]
+
+
+def _target(model: str, tmp_path_factory: pytest.TempPathFactory):
     if model == "date":
         from attnaudit_examples.date.target import make_target
         return make_target(limit=3)
     pytest.importorskip("transformers")
+    if model == "llama":
+        import attnaudit
+        from tests.helpers.tiny_targets import save_tiny
+        folder = save_tiny("llama", tmp_path_factory.mktemp("llama"))
+        return attnaudit.from_hf(folder, LLAMA_PROMPTS, max_new_tokens=5)
     from attnaudit_examples.date_transformer.target import make_target
     return make_target()
 
 
-@pytest.fixture(scope="module", params=["date", "date_transformer"])
-def both_paths(request):
-    target = _target(request.param)
+@pytest.fixture(scope="module", params=["date", "date_transformer", "llama"])
+def both_paths(request, tmp_path_factory):
+    target = _target(request.param, tmp_path_factory)
     batch = next(target.iter_batches(3))
     cached = reference(target, batch)
     rerun = reference(target, batch, incremental=False)
     assert cached.states is not None and rerun.states is None
+    assert cached.mixed_steps == (request.param == "llama")  # decode_steps, checked
     return target, cached, rerun
 
 
@@ -105,3 +117,25 @@ def test_cached_step_is_one_step_of_the_reference(both_paths):
                                lambda site, old, items: old, torch.arange(len(rows)))
     expected = cached.probs[rows.example, rows.step]
     assert float((keep - expected).abs().max()) <= 1e-5
+
+
+def test_items_of_every_later_step_share_one_cached_call(both_paths, monkeypatch):
+    """On the Llama, the uniform edit of every row runs two calls (step 0, then the other
+    steps together) where one call per step ran before."""
+    target, cached, _ = both_paths
+    if not cached.mixed_steps:
+        pytest.skip("the target runs one step per call")
+    calls = []
+    for name in ("decode_step", "decode_steps"):
+        original = getattr(target, name)
+
+        def counted(*args, _original=original, _name=name):
+            calls.append((_name, len(args[0])))
+            return _original(*args)
+
+        monkeypatch.setattr(target, name, counted)
+    rows = cached.rows()
+    uniform_test(target, cached, rows)
+    assert len(set(rows.step.tolist())) > 2
+    assert [name for name, _ in calls] == ["decode_step", "decode_steps"]
+    assert sum(n for _, n in calls) == 2 * len(rows)  # the paper's edit and the variant

@@ -8,7 +8,8 @@ re-run, and the target-side config edges of decoder-only checkpoints.
   step: ``attnaudit report --quick`` still writes the interventions, by the prefix re-run,
   and the manifest says so and why;
 - a cached step that disagrees with the teacher-forced pass is not used: edited items
-  re-run the prefix, with the reason;
+  re-run the prefix, with the reason; a call of several steps (``decode_steps``) that
+  disagrees is not used either: items run one step per call;
 - a report whose intervention suite cannot run exits 3 and says why (never a silent "not
   recorded");
 - a config without ``pad_token_id`` pads with the tokenizer's pad; ``max_position_embeddings
@@ -140,7 +141,7 @@ def test_a_cached_step_that_disagrees_with_teacher_forcing_falls_back_to_the_rer
     def shifted_step(batch, encoded, states, emitted, step):  # a cache off by one position
         return target.decode_step(batch, encoded, states, emitted, max(step - 1, 0))
 
-    off = target.with_options(decode_step=shifted_step)
+    off = target.with_options(decode_step=shifted_step, decode_steps=None)
     ref = reference(off, batch)
     assert ref.states is None
     assert ref.cache_note.startswith("one cached step disagreed with the teacher-forced pass "
@@ -148,4 +149,25 @@ def test_a_cached_step_that_disagrees_with_teacher_forcing_falls_back_to_the_rer
     rerun = reference(target, batch, incremental=False)
     rows = ref.rows()
     got = uniform_test(off, ref, rows)["uniform_tvd"]
+    assert (got - uniform_test(target, rerun, rows)["uniform_tvd"]).abs().max() <= 1e-6
+
+
+def test_a_call_of_several_steps_that_disagrees_is_not_used(tmp_path):
+    """``decode_steps`` running every row at the latest step fails its check: items then
+    run one step per call, and the numbers stay the re-run's."""
+    folder = tmp_path / "llama"
+    save_checkpoint(transformers.LlamaForCausalLM, llama_config(), folder, eos_after=False)
+    target = attnaudit.from_hf(folder, PROMPTS, max_new_tokens=4)
+    batch = next(target.iter_batches())
+
+    def latest(batch, encoded, states, emitted, steps):  # every row at the latest step
+        return target.decode_steps(batch, encoded, states, emitted, steps.max().expand_as(steps))
+
+    off = target.with_options(decode_steps=latest)
+    ref = reference(off, batch)
+    assert ref.states is not None and not ref.mixed_steps and ref.cache_note is None
+    assert reference(target, batch).mixed_steps
+    rows = ref.rows()
+    got = uniform_test(off, ref, rows)["uniform_tvd"]
+    rerun = reference(target, batch, incremental=False)
     assert (got - uniform_test(target, rerun, rows)["uniform_tvd"]).abs().max() <= 1e-6

@@ -318,6 +318,39 @@ class CausalLM:
                              **{cache_argument(self.model): cache})
         return out.logits[:, -1]
 
+    @cached_property
+    def steps_in_one_call(self) -> bool:
+        """Whether :meth:`decode_steps` can run rows at different steps in one call: the
+        model reads padding from the attention mask and takes position ids, adds no
+        positions of its own and is given one new position per cached step."""
+        params = inspect.signature(self.model.forward).parameters
+        own = self.own
+        return (own.pad_id is None and own.lead == 0 and not own.whole_ids_per_step
+                and self._takes_positions and "attention_mask" in params)
+
+    def decode_steps(self, batch: Batch, encoded: Any, states: dict[str, Any],
+                     emitted: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """Logits (B, V): row ``i`` of :meth:`decode_step` at its own step ``steps[i]``, all
+        in one call. The cache is cut back to the latest step's positions; a row at an
+        earlier step masks the cached positions it has not reached (its new position is
+        the call's last, at its own position id), so it attends to what its own
+        :meth:`decode_step` would."""
+        last = int(steps.max())
+        inputs = self.sequence(batch, emitted[:, :last + 1])  # prompt + emitted[:, :last]
+        rows = torch.arange(len(batch), device=inputs["input_ids"].device)
+        at = batch.source_ids.shape[1] - 1 + steps.to(rows.device)  # each row's new position
+        before = int(inputs["input_ids"].shape[1]) - 1  # cached positions of the call
+        reached = torch.arange(before, device=rows.device)[None, :] < at[:, None]
+        mask = torch.cat([inputs["attention_mask"][:, :before] * reached,
+                          torch.ones_like(at)[:, None]], dim=1)
+        positions = inputs["position_ids"][..., rows, at].unsqueeze(-1)
+        cache = cache_before(states, before)
+        with prompt_views(batch.source_ids.shape[1], positions=before + 1):
+            out = self.model(input_ids=inputs["input_ids"][rows, at][:, None], use_cache=True,
+                             attention_mask=mask, position_ids=positions,
+                             **{cache_argument(self.model): cache})
+        return out.logits[:, -1]
+
     def cached_decode(self, batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
         """Logits (B, T', V) of the continuation ``emitted`` (B, T) as the model's own
         ``generate()`` computes them (:func:`~attnaudit.targets.decoding.forced_logits`)."""
@@ -373,8 +406,9 @@ class CausalLM:
             batches=lambda: data.batches(batch_size, where, self.prompts, self.continuations),
             greedy=self.greedy, teacher_forced=self.teacher_forced,
             encode=self.encode, decode=self.decode, decode_states=self.decode_states,
-            decode_step=self.decode_step, cached_decode=self.cached_decode,
-            sequence=self.sequence, raw_pass=self.raw_pass,
+            decode_step=self.decode_step,
+            decode_steps=self.decode_steps if self.steps_in_one_call else None,
+            cached_decode=self.cached_decode, sequence=self.sequence, raw_pass=self.raw_pass,
             teacher_forced_from=None if self.own.whole_ids_per_step else self.teacher_forced_from,
             source_embedding=embedding, source_tokens=self.prompt_tokens,
             target_tokens=self.tokens, eos_id=self.eos_id, special_ids=self.special_ids,
