@@ -1,7 +1,7 @@
 """The plan counts what the suite runs: for every protocol whose cost is exact, its edited
 items and forward passes equal those counted while it runs, on the bundled date LSTM
-(one cached recurrent step per item) and the bundled date BART; a protocol without a
-cost is planned as unknown."""
+(one cached recurrent step per item), the bundled date BART and a tiny Llama (items of
+every later step in one cached call); a protocol without a cost is planned as unknown."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from attnaudit.interventions.reference_run import reference
 from attnaudit.options import AuditMode, AuditOptions
 from attnaudit.targets.contract import Seq2SeqTarget
 
-CALLS = ("teacher_forced", "decode", "decode_step")
+CALLS = ("teacher_forced", "decode", "decode_step", "decode_steps")
 
 
 def _date_lstm() -> Seq2SeqTarget:
@@ -31,6 +31,19 @@ def _date_lstm() -> Seq2SeqTarget:
 def _date_bart() -> Seq2SeqTarget:
     from attnaudit_examples.date_transformer.target import make_target
     return make_target()
+
+
+def _tiny_llama() -> Seq2SeqTarget:
+    import tempfile
+    from pathlib import Path
+
+    from tests.helpers.tiny_targets import save_tiny
+
+    folder = save_tiny("llama", Path(tempfile.mkdtemp()) / "llama")
+    target = attnaudit.from_hf(folder, ["w5 w6 w7 w8 w9", "w10 w11", "w12 w13 w14 w15"],
+                               max_new_tokens=5)
+    assert target.decode_steps is not None
+    return target
 
 
 def _counting(target: Seq2SeqTarget, counts: dict[str, int]) -> dict[str, Any]:
@@ -51,7 +64,8 @@ def _counting(target: Seq2SeqTarget, counts: dict[str, int]) -> dict[str, Any]:
     return originals
 
 
-@pytest.mark.parametrize("make", [_date_lstm, _date_bart], ids=["date_lstm", "date_bart"])
+@pytest.mark.parametrize("make", [_date_lstm, _date_bart, _tiny_llama],
+                         ids=["date_lstm", "date_bart", "tiny_llama"])
 def test_exact_costs_equal_the_passes_and_items_run(make):
     target = make()
     batches, settings, _, _, planned = suite_plan(
