@@ -123,6 +123,8 @@ EXTRA: dict[str, dict[str, Any]] = {
     # own validation refuses)
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0,
                                          "vocab_size_per_layer_input": 0}},
+    # its keys and values are rounded to NVFP4 in blocks of 16 (transformers 5.25)
+    "kolibri1_1": {"head_dim": 16, "index_num_heads": 1},
 }
 
 # Layer types without attention, in the names hybrid configs give them.
