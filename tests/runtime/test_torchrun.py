@@ -1,7 +1,8 @@
 """``torchrun --nproc_per_node 2 -m attnaudit ...`` (gloo, CPU) is the single-process audit:
 on both bundled models (in batches of four, so that both ranks get examples) the per-row
 tables are the same bytes, summaries agree to 1e-9, analyser summaries to 1e-6, the
-checklists (the performance item's status included) and the gate say the same; a rank that
+checklists (but the performance item's status, judged from the times of the moment) and the
+gate say the same; a rank that
 fails stops the job, named, within a bounded time, and a rank that stalls is given up after
 the collective timeout."""
 
@@ -23,7 +24,7 @@ import pytest
 import attnaudit
 from attnaudit.auditing.result import Audit
 from attnaudit.targets.loading import load_target
-from tests.helpers.timing import TIMED
+from tests.helpers.timing import TIMED, load_free
 
 # two ranks per launch, tens of seconds each; a file runs on one worker (--dist loadfile),
 # so the launches run one at a time and a collective timeout measures the job
@@ -96,9 +97,13 @@ def test_two_ranks_write_the_single_process_report(factory, tmp_path):
     for table in SUMMARIES:
         assert_frames_close(read(tmp_path / "single", table), read(out, table), 1e-9, table)
     for table in tables - TIMED - PER_ROW - SUMMARIES:  # analyser summaries, checklist...
-        # the checklist's performance status too: it is judged from the smallest per-round
-        # capture overhead, which load moves only towards pass
-        assert_frames_close(read(tmp_path / "single", table), read(out, table), 1e-6, table)
+        # but the performance item's status: judged from measured times, it moves with the
+        # load of the moment (a rank sharing the cores with the other rank and a test worker
+        # measured capture above 2x in every round where the single process did not)
+        single_table, ranks_table = read(tmp_path / "single", table), read(out, table)
+        if table == "checklist":
+            single_table, ranks_table = load_free(single_table), load_free(ranks_table)
+        assert_frames_close(single_table, ranks_table, 1e-6, table)
     batches = ["batch", "examples", "source_tokens", "target_tokens"]
     assert read(out, "performance")[batches].equals(read(tmp_path / "single", "performance")[
         batches])
