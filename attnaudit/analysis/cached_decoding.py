@@ -161,12 +161,13 @@ def _chunk_gap(cached: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
     gap = torch.zeros(forced.shape[:2], dtype=torch.float32, device=forced.device)
     # step by step: float32 copies of one step's (b, V) at a time, not of (b, T, V)
     for t in range(cached.shape[1]):
-        gap[:, t] = _total_variation(cached[:, t], forced[:, t])
+        gap[:, t] = logits_tvd(cached[:, t], forced[:, t])
     return gap
 
 
-def _total_variation(logits: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """(B,): total variation between the output distributions of logits (B, V) and other."""
+def logits_tvd(logits: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """(...,): total variation between the output distributions (softmax, float32) of
+    logits (..., V) and ``other``, row by row."""
     return 0.5 * (torch.softmax(logits.float(), -1)
                   - torch.softmax(other.float(), -1)).abs().sum(-1)
 

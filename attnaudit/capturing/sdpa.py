@@ -132,8 +132,8 @@ def _explicit(cap: ActiveCapture, site: Site, names: Callable[[], Mapping[str, A
         compute = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
         call = _Call(cap, site, names, query, key.to(compute).transpose(-2, -1), value,
                      attn_mask, dropout_p, is_causal, scale, compute, groups)
-        lead = math.prod(torch.broadcast_shapes(query.shape[:-2],
-                                                (*key.shape[:-3], key.shape[-3] * groups)))
+        key_lead = key.shape[:-2] if groups == 1 else (*key.shape[:-3], key.shape[-3] * groups)
+        lead = math.prod(torch.broadcast_shapes(query.shape[:-2], key_lead))
         rows = block_rows(lead * n_k, cap.max_memory)
         outputs.extend(call.block(first + start, first + stop)
                        for start, stop in query_blocks(n_q - first, rows))

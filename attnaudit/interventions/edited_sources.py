@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from attnaudit.analysis.cached_decoding import step_tolerance
+from attnaudit.analysis.cached_decoding import logits_tvd, step_tolerance
 from attnaudit.targets.contract import Batch, DecoderOnlyTarget, Seq2SeqTarget, select_state
 
 
@@ -71,9 +71,7 @@ class EditedSourcePasses:
         if not self.checked:
             self.checked = True
             whole = self.target.teacher_forced(edited, emitted)
-            gap = 0.5 * (torch.softmax(out.float(), -1)
-                         - torch.softmax(whole.float(), -1)).abs().sum(-1).max()
-            if not gap <= step_tolerance(whole.dtype):
+            if not float(logits_tvd(out, whole).max()) <= step_tolerance(whole.dtype):
                 self.cached = False
                 return whole
         return out

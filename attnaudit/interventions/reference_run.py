@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from attnaudit.analysis.cached_decoding import step_tolerance
+from attnaudit.analysis.cached_decoding import logits_tvd, step_tolerance
 from attnaudit.analysis.degenerate import negligible_rows, row_reasons
 from attnaudit.capturing.recorder import capture
 from attnaudit.errors import InterventionError, TargetError
@@ -274,23 +274,16 @@ def cached_states(target: Seq2SeqTarget, batch: Batch, encoded: Any, emitted: to
             steps = torch.tensor([1, n_steps - 1]).repeat_interleave(len(emitted))
             stepped = target.decode_steps(batch.select(rows), select_state(encoded, rows),
                                           select_state(states, rows), emitted[rows], steps)
-            mixed = _step_gap(stepped, logits[rows, steps]) <= tolerance
+            mixed = float(logits_tvd(stepped, logits[rows, steps]).max()) <= tolerance
         for step in [0] if mixed else sorted({0, n_steps - 1}):
             stepped = decode_step(batch, encoded, select_state(states, every), emitted, step)
-            gap = _step_gap(stepped, logits[:, step])
+            gap = float(logits_tvd(stepped, logits[:, step]).max())
             if not gap <= tolerance:
                 return None, (f"one cached step disagreed with the teacher-forced pass at step "
                               f"{step} (total variation {gap:.3g})"), False
     except CACHE_REFUSALS as exc:
         return None, f"one cached step could not be taken: {type(exc).__name__}: {exc}", False
     return states, None, mixed
-
-
-def _step_gap(stepped: torch.Tensor, expected: torch.Tensor) -> float:
-    """The largest total variation between the rows of two logits (N, V) as distributions
-    (NaN when either is not finite)."""
-    diff = torch.softmax(stepped.float(), -1) - torch.softmax(expected.float(), -1)
-    return float(0.5 * diff.abs().sum(-1).max())
 
 
 def _budget(target: Seq2SeqTarget, encoded: Any, states: Any, n_examples: int, n_keys: int,

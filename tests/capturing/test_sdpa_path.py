@@ -117,6 +117,22 @@ def test_three_dimensional_inputs_read_as_one_head():
     assert (out - F.scaled_dot_product_attention(q, k, v)).abs().max().item() <= 1e-5
 
 
+def test_two_dimensional_inputs_read_as_one_sequence_and_head():
+    torch.manual_seed(1)
+    q, k, v = torch.randn(4, 5), torch.randn(7, 5), torch.randn(7, 3)
+
+    class Plain(nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    model = Plain()
+    with attnaudit.capture(model) as cap:
+        out = model(q, k, v)
+    ref = torch.softmax(q @ k.T / math.sqrt(5), -1)
+    assert (cap.records["forward"].weights.reshape(4, 7) - ref).abs().max().item() <= 1e-5
+    assert (out - ref @ v).abs().max().item() <= 1e-5
+
+
 @pytest.mark.parametrize("mask_type", ["bool", "float"])
 def test_all_masked_row_gives_zero_weights_like_the_fused_kernel(mask_type):
     block, x = make_inputs()
