@@ -487,6 +487,21 @@ MUTATIONS = (
              "    folded = rows.reshape(*lead, groups, heads // groups, n_rows, width).transpose("
              "1, 2).reshape(*lead, heads // groups, groups * n_rows, width)",
              ("tests/capturing/test_sdpa_path.py",)),
+    Mutation("alti_block_residual_offset", "ALTI in key blocks: every block adds the residual "
+             "to the diagonal of its first keys' queries", "attnaudit/contributions/alti.py",
+             "terms[:, :, span].diagonal(dim1=1, dim2=2).add_(own[:, span].transpose(1, 2))",
+             "terms.diagonal(dim1=1, dim2=2).add_(own[:, :terms.shape[1]].transpose(1, 2))",
+             ("tests/contributions/test_alti_reference.py",)),
+    Mutation("greedy_decoded_twice", "the validity audit decodes the first batch again "
+             "beside the plan's timed decoding", "attnaudit/auditing/orchestration.py",
+             "first_greedy=_planned_greedy(plan))", "first_greedy=None)",
+             ("tests/auditing/test_plan.py::test_the_suite_run_on_the_plans_reference_equals_"
+              "one_run_without_a_plan",)),
+    Mutation("hash_tied_by_address", "model hash: tensors that start at one address taken "
+             "as one tensor whatever their shape", "attnaudit/report/manifest.py",
+             "        distinct.setdefault(_tensor_key(name, state[name]), (name, state[name]))",
+             "        distinct.setdefault(_tensor_key(name, state[name])[:2], "
+             "(name, state[name]))", ("tests/report/test_model_hash.py",)),
 )
 
 

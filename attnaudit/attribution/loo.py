@@ -33,7 +33,7 @@ import torch
 from attnaudit.attribution.inputs import resolve_pad_id
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.edited_sources import EditedSourcePasses
-from attnaudit.interventions.memory import ChunkBudget, encoder_bytes
+from attnaudit.interventions.memory import whole_passes
 from attnaudit.interventions.outputs import tvd
 from attnaudit.interventions.runner import progress_bar
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
@@ -181,11 +181,8 @@ def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
         passes = EditedSourcePasses(target, batch, states)
         n_keys, n_edits = batch.source_ids.shape[1], len(by_key)
         if chunk_size is None:
-            budget = ChunkBudget.of(target.model, vocab=int(reference_probs.shape[-1]),
-                                    keys=n_keys, site_heads=0,
-                                    state_bytes=encoder_bytes(target.model, n_keys),
-                                    max_memory=max_memory)
-            chunk_size = budget.sequences(n_steps, compared=n_steps)
+            chunk_size = whole_passes(target, vocab=int(reference_probs.shape[-1]),
+                                      keys=n_keys, steps=n_steps, max_memory=max_memory)
         chunk_size = passes.chunk_size(n_edits, chunk_size)
         importance = torch.zeros(n_examples, n_steps, n_keys)
         with progress_bar(n_edits, "leave-one-out", progress) as bar:

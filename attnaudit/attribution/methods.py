@@ -95,8 +95,9 @@ from attnaudit.attribution.reference_methods import (
     rule_modules,
 )
 from attnaudit.attribution.scores import SCORE_REDUCTIONS, normalised_importance, reduced
-from attnaudit.attribution.step_gradients import OUTPUTS, pass_sequences
+from attnaudit.attribution.step_gradients import OUTPUTS
 from attnaudit.errors import InterventionError
+from attnaudit.interventions.memory import whole_passes
 from attnaudit.interventions.runner import progress_bar
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
@@ -153,8 +154,8 @@ def attribute(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
     inputs = embedded_inputs(passes, emitted[:, :width],
                              None if contrast is None else contrast[:, :width], baseline_id,
                              baseline == "unk")
-    per_pass = internal_batch_size or pass_sequences(
-        target, vocab=inputs.vocab, keys=batch.source_ids.shape[1], steps=width,
+    per_pass = internal_batch_size or whole_passes(
+        target, vocab=inputs.vocab, keys=batch.source_ids.shape[1], steps=width, grad=True,
         max_memory=max_memory)
     plan = _Plan(methods, tuple(m for m in methods if m in detach_attention),
                  rule_modules(target.model) if "deeplift" in methods else (), reduction,

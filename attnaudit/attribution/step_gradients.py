@@ -9,7 +9,7 @@ only go back through the graph. (A single backward batched over the steps,
 ``torch.autograd.grad(..., is_grads_batched=True)``, gave the same numbers but ran slower on
 the bundled models, and holds one gradient copy of the pass per step.) Rows never mix, so
 one backward pass serves every row of a pass; the rows per pass follow a memory budget
-(:func:`pass_sequences`).
+(:func:`~attnaudit.interventions.memory.whole_passes`).
 
 The embedded inputs are the output of the **first call** of ``target.source_embedding``
 (the encoder's call when a decoder shares the module) and, when asked, the calls of
@@ -27,8 +27,6 @@ import torch
 from torch import nn
 
 from attnaudit.errors import InterventionError
-from attnaudit.interventions.memory import ChunkBudget, encoder_bytes
-from attnaudit.targets.contract import Seq2SeqTarget
 
 OUTPUTS = ("prob", "logprob", "logit", "entropy", "contrast", "contrast_logit")
 OUTPUT_VARIANTS = {
@@ -152,14 +150,3 @@ def step_gradients(outputs: torch.Tensor, leaves: tuple[torch.Tensor, ...]
                                     retain_graph=step + 1 < n_steps, allow_unused=True)
         yield step, tuple(torch.zeros_like(leaf) if g is None else g
                           for g, leaf in zip(grads, leaves, strict=True))
-
-
-def pass_sequences(target: Seq2SeqTarget, *, vocab: int, keys: int, steps: int,
-                   max_memory: int | str | None) -> int:
-    """Sequences per forward pass within ``max_memory``: each holds its forward graph over
-    ``steps`` decoder positions with gradients (:class:`ChunkBudget`); the per-step backward
-    passes free their own tensors before the next one."""
-    budget = ChunkBudget.of(target.model, vocab=vocab, keys=keys, site_heads=0,
-                            state_bytes=encoder_bytes(target.model, keys),
-                            max_memory=max_memory)
-    return budget.sequences(steps, compared=steps, grad=True)

@@ -52,6 +52,7 @@ from attnaudit.interventions.faithfulness import (
     row_seed,
     rows_within,
 )
+from attnaudit.interventions.memory import whole_passes
 from attnaudit.interventions.protocol import (
     SUBSET,
     BatchContext,
@@ -166,7 +167,10 @@ class Faithfulness(InterventionProtocol):
                     continue
                 spent[example] = spent.get(example, 0) + row
             items = sum(spent.values())
-        chunk = max(1, ctx.ref.budget.sequences(int(ctx.ref.emitted.shape[1])))
+        ref = ctx.ref
+        chunk = whole_passes(ctx.target, vocab=int(ref.probs.shape[-1]),
+                             keys=int(ref.batch.source_ids.shape[1]),
+                             steps=int(ref.emitted.shape[1]), max_memory=ref.budget.max_memory)
         return Cost(items, -(-items // chunk) + 1, exact=False, sequences=items)
 
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:

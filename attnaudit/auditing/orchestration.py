@@ -269,6 +269,15 @@ def _on_target(target_or_model: Seq2SeqTarget | nn.Module | str | Path, data: An
     return run(target)
 
 
+def _planned_greedy(plan: Plan | None) -> tuple[torch.Tensor, float] | None:
+    """The greedy output of the first batch and its seconds, from the plan's reference run
+    (the validity audit's first batch is that batch)."""
+    ref = None if plan is None else plan.reference
+    if ref is None or ref.greedy_seconds is None:
+        return None
+    return ref.emitted, ref.greedy_seconds
+
+
 def _run(target: Seq2SeqTarget, *, options: AuditOptions, progress: bool,
          command_line: Sequence[str] | str | None, shard: Shard) -> Audit:
     started = time.perf_counter()
@@ -295,7 +304,8 @@ def _run(target: Seq2SeqTarget, *, options: AuditOptions, progress: bool,
                                           max_masked_mass=options.tolerances.max_masked_mass,
                                           row_sum_tolerance=options.tolerances.row_sum_tolerance,
                                           shard=shard, keep_examples=options.explorer_examples,
-                                          max_memory=options.max_memory)
+                                          max_memory=options.max_memory,
+                                          first_greedy=_planned_greedy(plan))
         if suite_runs:
             suite, reason = _run_suite(target, options, progress, shard, gold,
                                        None if plan is None else plan.reference)

@@ -57,11 +57,12 @@ def merged_read(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 def affine_map(module: nn.Module, d_in: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(W (d_in, d_out), b (d_out,))`` float32 with ``module(x) = x W + b``."""
     param = next(module.parameters())  # its dtype; an offloaded one's data is not read
-    probe = torch.cat([torch.zeros(1, d_in), torch.eye(d_in)]).to(execution_device(module),
-                                                                  param.dtype)
+    # the identity's rows, then a zero row: made in place, in the module's dtype
+    probe = torch.eye(d_in + 1, d_in, dtype=param.dtype, device=execution_device(module))
     with torch.no_grad():
-        out = module(probe).float()
-    return out[1:] - out[0], out[0]
+        out = module(probe)
+        bias = out[-1].float()
+        return out[:-1].float().sub_(bias), bias
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -33,7 +33,7 @@ import torch
 
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.edited_sources import EditedSourcePasses, first_changes
-from attnaudit.interventions.memory import ChunkBudget, encoder_bytes
+from attnaudit.interventions.memory import whole_passes
 from attnaudit.interventions.reference_run import Reference, RowIndex
 from attnaudit.interventions.runner import progress_bar
 from attnaudit.targets.contract import Seq2SeqTarget
@@ -193,10 +193,8 @@ def _edited_probabilities(target: Seq2SeqTarget, ref: Reference, edit_rows: list
     for each edited source (example ``edit_rows[e]`` with ``edit_masks[e]`` replaced)."""
     n_steps, n_keys = ref.emitted.shape[1], ref.batch.source_ids.shape[1]
     if chunk_size is None:
-        budget = ChunkBudget.of(target.model, vocab=int(ref.probs.shape[-1]), keys=n_keys,
-                                site_heads=0, state_bytes=encoder_bytes(target.model, n_keys),
-                                max_memory=ref.budget.max_memory)
-        chunk_size = budget.sequences(n_steps, compared=n_steps)
+        chunk_size = whole_passes(target, vocab=int(ref.probs.shape[-1]), keys=n_keys,
+                                  steps=n_steps, max_memory=ref.budget.max_memory)
     out = torch.zeros(len(edit_rows), n_steps, dtype=torch.float64)
     if not edit_rows:
         return out

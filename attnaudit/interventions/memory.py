@@ -7,9 +7,12 @@ sites; once: its encoder and decoder state twice (the copy gathered for the chun
 cache the step writes from it: self-attention keys and values are concatenated with the new
 position into new tensors), and the float32 distribution compared at its step.
 :class:`ChunkBudget` holds those sizes, read off the model and the reference run, and turns
-a byte budget into a number of sequences. An estimate, not a measurement: it keeps the peak
-of a chunk proportional to the budget, whatever the vocabulary or the number of examples
-(``tests/interventions/test_memory_measured.py`` checks it against measured peak memory).
+a byte budget into a number of sequences. A *whole* teacher-forced pass (an edited source's,
+a gradient pass's) computes its source's pass instead of copying a state: counted once, as
+:func:`source_bytes` estimates it (:meth:`ChunkBudget.pass_bytes`). An estimate, not a
+measurement: it keeps the peak of a chunk proportional to the budget, whatever the
+vocabulary or the number of examples (``tests/interventions/test_memory_measured.py`` checks
+it against measured peak memory).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from torch import nn
 
 from attnaudit.capturing.blocks import DEFAULT_MAX_MEMORY, parse_memory
+from attnaudit.targets.contract import DecoderOnlyTarget, Seq2SeqTarget
 
 MAX_CHUNK = 4096  # sequences per forward pass at most: larger chunks do not keep BLAS busier
 # Live activation tensors per decoder layer and position, in units of the model width:
@@ -33,6 +37,10 @@ COMPARED_COPIES = 6
 ATTENTION_COPIES = 3
 STATE_COPIES = 2  # the state gathered for a chunk, and the cache its step writes
 GRADIENT_FACTOR = 3  # a backward pass keeps the forward's tensors and their gradients
+# A whole pass kept for backward passes: its count already holds every layer's activations at
+# once; the backward adds about one layer's gradients at a time (measured 1.3x the count on a
+# Llama-3.2-1B-shaped model in bfloat16: 0.24 GiB per sequence, 0.18 GiB counted).
+WHOLE_GRADIENT_FACTOR = 2
 
 _WIDTH_KEYS = ("d_model", "hidden_size", "n_embd", "dim")
 _LAYER_KEYS = ("decoder_layers", "num_decoder_layers", "n_layer", "num_layers",
@@ -59,6 +67,13 @@ def model_width_and_layers(model: nn.Module) -> tuple[int, int]:
 def model_heads(model: nn.Module) -> int:
     """Attention heads per decoder layer from a Hugging Face-style config, else 1."""
     return max(_config_int(getattr(model, "config", None), _HEAD_KEYS) or 1, 1)
+
+
+def element_bytes(model: nn.Module) -> int:
+    """Bytes per element of the model's floating dtype (its first floating parameter's;
+    4 without one)."""
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    return param.element_size() if param is not None else 4
 
 
 def tensor_bytes(state: object) -> int:
@@ -113,27 +128,67 @@ class ChunkBudget:
     def of(cls, model: nn.Module, *, vocab: int, keys: int, site_heads: int,
            state_bytes: int, max_memory: int | str | None = None) -> ChunkBudget:
         width, layers = model_width_and_layers(model)
-        param = next((p for p in model.parameters() if p.is_floating_point()), None)
-        element_size = param.element_size() if param is not None else 4
         budget = DEFAULT_MAX_MEMORY if max_memory is None else parse_memory(max_memory)
-        return cls(budget, vocab, width, layers, model_heads(model), element_size, keys,
+        return cls(budget, vocab, width, layers, model_heads(model), element_bytes(model), keys,
                    site_heads, state_bytes)
 
-    def sequence_bytes(self, positions: int, *, compared: int = 1, grad: bool = False) -> int:
-        """Estimated bytes of one edited sequence running ``positions`` decoder positions
-        and comparing the distributions of ``compared`` of them."""
+    def _positions_bytes(self, positions: int, compared: int) -> int:
+        """``positions`` decoder positions (logits, activations, attention, captured weights)
+        and ``compared`` compared distributions."""
         per_position = (self.vocab * (self.element_size + 4)
                         + ACTIVATIONS_PER_LAYER * self.width * self.layers * self.element_size
                         + ATTENTION_COPIES * self.heads * self.layers * (self.keys + positions) * 4
                         + 3 * self.site_heads * self.keys * 4)
-        total = (positions * per_position + STATE_COPIES * self.state_bytes
-                 + compared * COMPARED_COPIES * self.vocab * 4)
+        return positions * per_position + compared * COMPARED_COPIES * self.vocab * 4
+
+    def sequence_bytes(self, positions: int, *, compared: int = 1, grad: bool = False) -> int:
+        """Estimated bytes of one edited sequence running ``positions`` decoder positions
+        from its copied state and comparing the distributions of ``compared`` of them."""
+        total = self._positions_bytes(positions, compared) + STATE_COPIES * self.state_bytes
         return total * GRADIENT_FACTOR if grad else total
+
+    def pass_bytes(self, steps: int, *, grad: bool = False) -> int:
+        """Estimated bytes of one sequence's whole teacher-forced pass: its source's pass
+        (``state_bytes``, from :func:`source_bytes`), ``steps`` decoder positions and every
+        step's distribution compared; ``grad``: its graph kept for backward passes."""
+        total = self._positions_bytes(steps, steps) + self.state_bytes
+        return total * WHOLE_GRADIENT_FACTOR if grad else total
 
     def sequences(self, positions: int, *, compared: int = 1, grad: bool = False) -> int:
         """Sequences per chunk: as many as the budget holds, at least 1, at most MAX_CHUNK."""
-        need = self.sequence_bytes(max(positions, 1), compared=compared, grad=grad)
+        return self._fitting(self.sequence_bytes(max(positions, 1), compared=compared,
+                                                 grad=grad))
+
+    def pass_sequences(self, steps: int, *, grad: bool = False) -> int:
+        """Whole passes (:meth:`pass_bytes`) per chunk, as :meth:`sequences` counts them."""
+        return self._fitting(self.pass_bytes(max(steps, 1), grad=grad))
+
+    def _fitting(self, need: int) -> int:
         return int(min(max(self.max_memory // need, 1), MAX_CHUNK))
+
+
+def source_bytes(model: nn.Module, keys: int, *, decoder_only: bool) -> int:
+    """Estimated bytes of one sequence's pass over its ``keys`` source positions: an
+    encoder-decoder's encoder pass (:func:`encoder_bytes`); a decoder-only model's prompt
+    through its decoder, each position with every layer's activations in the model's dtype
+    and its attention over the prompt (float32)."""
+    if not decoder_only:
+        return encoder_bytes(model, keys)
+    width, layers = model_width_and_layers(model)
+    return keys * layers * (ACTIVATIONS_PER_LAYER * width * element_bytes(model)
+                            + ATTENTION_COPIES * model_heads(model) * keys * 4)
+
+
+def whole_passes(target: Seq2SeqTarget, *, vocab: int, keys: int, steps: int,
+                 grad: bool = False, max_memory: int | str | None = None) -> int:
+    """Sequences per whole teacher-forced pass of ``target`` within ``max_memory`` (default
+    :data:`~attnaudit.capturing.blocks.DEFAULT_MAX_MEMORY`): each runs its source of
+    ``keys`` positions (:func:`source_bytes`) and ``steps`` decoder positions, comparing every
+    step's distribution; ``grad``: kept for backward passes (:meth:`ChunkBudget.pass_bytes`)."""
+    state = source_bytes(target.model, keys, decoder_only=isinstance(target, DecoderOnlyTarget))
+    budget = ChunkBudget.of(target.model, vocab=vocab, keys=keys, site_heads=0,
+                            state_bytes=state, max_memory=max_memory)
+    return budget.pass_sequences(steps, grad=grad)
 
 
 def encoder_bytes(model: nn.Module, keys: int) -> int:

@@ -22,6 +22,7 @@ from attnaudit.capturing.recorder import capture
 from attnaudit.errors import InterventionError, TargetError
 from attnaudit.interventions.memory import ChunkBudget, encoder_bytes, tensor_bytes
 from attnaudit.record import AttentionRecord
+from attnaudit.runtime.measurement import timed
 from attnaudit.targets.contract import Batch, Seq2SeqTarget, select_state
 
 # What a target raises when its cached step cannot be taken, so the prefix is re-run:
@@ -51,7 +52,9 @@ class Reference:
     no output is empty); negligible: bool (B, T), rows whose edited prompt views hold a
     negligible share of the row, or None; see :mod:`attnaudit.analysis.degenerate`.
     cache_note: why edited items re-run the prefix although the target offers a cached
-    step (None: they do not, or it was not offered). mixed_steps: edited items at
+    step (None: they do not, or it was not offered). greedy_seconds: what the greedy
+    decoding of ``batch`` took (a validity audit of the same batch counts it as its first
+    timed run instead of decoding again). mixed_steps: edited items at
     different steps after the first share one cached call (``target.decode_steps``,
     checked against the teacher-forced pass: :func:`cached_states`; :meth:`call_group`).
     mechanisms: site -> the capture
@@ -78,6 +81,7 @@ class Reference:
     negligible: torch.Tensor | None = None
     mechanisms: dict[str, str] = field(default_factory=dict)
     value_sites: tuple[str, ...] = ()
+    greedy_seconds: float | None = None
 
     @property
     def heads(self) -> dict[str, int]:
@@ -183,7 +187,7 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
     """
     encoded, in_encoder = None, set()
     with torch.no_grad():
-        emitted = target.greedy(batch)
+        emitted, greedy_seconds = timed(lambda: target.greedy(batch))
         with capture(target.model, sites=target.sites, kinds=target.kinds) as cap:
             if target.encode is not None and target.decode is not None:
                 encoded = target.encode(batch)
@@ -239,6 +243,7 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
                      head_index=None if heads is None else tuple(heads), states=states,
                      cache_note=cache_note, mixed_steps=mixed_steps,
                      mechanisms=mechanisms, value_sites=value_sites,
+                     greedy_seconds=greedy_seconds,
                      empty_output=(emitted[:, 0] == target.eos_id).cpu() if n_steps
                      else torch.ones(n_examples, dtype=torch.bool),
                      negligible=negligible_rows(shares) if len(shares) == len(names) else None)

@@ -2,9 +2,12 @@
 
 Hashes are defined so that anyone can recompute them without attnaudit:
 
-- ``model.sha256``: sha256 over the state_dict in sorted name order; for each entry the
-  UTF-8 name, then ``dtype`` and ``shape`` as text (``"torch.float32 (128, 32)"``), then the
-  tensor's raw bytes (contiguous, CPU, native byte order).
+- ``model.sha256``: sha256 over one UTF-8 line per state_dict entry, in sorted name order:
+  the name, ``dtype``, ``shape`` and the hex sha256 of the tensor's raw bytes (contiguous,
+  CPU, native byte order), space-separated, then ``"\n"``
+  (``"decoder.weight torch.float32 (128, 32) 3f5a...\n"``). Entries that are one tensor
+  (tied weights) hash its bytes once, and the tensors in CPU memory are hashed on
+  :data:`HASH_THREADS` threads at once (hashlib releases the interpreter lock).
 - ``data.sha256``: sha256 over the audited source texts in order, each UTF-8 encoded and
   followed by ``"\\n"``.
 """
@@ -12,10 +15,13 @@ Hashes are defined so that anyone can recompute them without attnaudit:
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
+import os
 import platform
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -31,39 +37,78 @@ LIBRARIES = ("torch", "attnaudit", "transformers", "captum", "numpy", "pandas", 
 
 
 HASH_SAMPLE_BYTES = 32 * 2**20  # what hash_seconds times before it scales to the model
+HASH_THREADS = min(8, os.cpu_count() or 1)  # tensors in CPU memory hashed at once
 
 
 def state_dict_sha256(model: nn.Module) -> str:
     """The model content hash described in the module docstring."""
+    state = model.state_dict()
+    names = sorted(state)
+    tensors = _distinct(state)
+    resident = [key for key, (_, t) in tensors.items() if _in_memory(t)]
+    with ThreadPoolExecutor(HASH_THREADS) as pool:
+        running = {key: pool.submit(_tensor_sha256, tensors[key][1]) for key in resident}
+        # the others are copied from their device or read from where accelerate offloaded
+        # them, one at a time, here
+        digests = {key: _tensor_sha256(cpu_state(model, *tensors[key]))
+                   for key in tensors if key not in running}
+        digests.update({key: future.result() for key, future in running.items()})
     digest = hashlib.sha256()
-    _hash_state(model, digest)
+    for name in names:
+        tensor = state[name]
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)} "
+                      f"{digests[_tensor_key(name, tensor)]}\n".encode())
     return digest.hexdigest()
 
 
-def _hash_state(model: nn.Module, digest: Any, limit: int | None = None) -> int:
-    """Feed ``model``'s sorted state dict to ``digest`` (name, ``dtype shape``, raw bytes),
-    stopping after the tensor that reaches ``limit`` bytes (None: every one); the bytes fed."""
-    state = model.state_dict()
-    fed = 0
+def _tensor_key(name: str, tensor: torch.Tensor) -> tuple[Any, ...]:
+    """One key per distinct tensor: where its data is (tied weights share it); a tensor
+    without data (a meta placeholder) by its name."""
+    if tensor.device.type == "meta" or not tensor.numel():
+        return (name,)
+    return (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape),
+            tensor.stride())
+
+
+def _distinct(state: Mapping[str, torch.Tensor]) -> dict[tuple[Any, ...],
+                                                          tuple[str, torch.Tensor]]:
+    """Key (:func:`_tensor_key`) -> the first (name, tensor) in sorted name order."""
+    distinct: dict[tuple[Any, ...], tuple[str, torch.Tensor]] = {}
     for name in sorted(state):
-        tensor = cpu_state(model, name, state[name]).contiguous()
-        digest.update(name.encode("utf-8"))
-        digest.update(f"{tensor.dtype} {tuple(tensor.shape)}".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)  # no copy
-        fed += tensor.numel() * tensor.element_size()
-        if limit is not None and fed >= limit:
-            break
-    return fed
+        distinct.setdefault(_tensor_key(name, state[name]), (name, state[name]))
+    return distinct
+
+
+def _in_memory(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cpu"
+
+
+def _tensor_sha256(tensor: torch.Tensor) -> str:
+    """The hex sha256 of a CPU tensor's raw bytes (contiguous, native byte order)."""
+    flat = tensor.detach().contiguous().reshape(-1)
+    return hashlib.sha256(flat.view(torch.uint8).numpy().data).hexdigest()  # no copy
 
 
 def hash_seconds(model: nn.Module) -> float:
-    """An estimate of :func:`state_dict_sha256`'s seconds on ``model``: its state's bytes at
-    the rate of hashing its first tensors up to :data:`HASH_SAMPLE_BYTES` (read from where
-    they are, as the hash reads them)."""
-    total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    started = time.perf_counter()
-    fed = _hash_state(model, hashlib.sha256(), HASH_SAMPLE_BYTES)
-    return (time.perf_counter() - started) * total / max(fed, 1)
+    """An estimate of :func:`state_dict_sha256`'s seconds on ``model``: the rate of hashing
+    the first :data:`HASH_SAMPLE_BYTES` of its distinct tensors (read from where they are,
+    as the hash reads them), applied to the busiest of :data:`HASH_THREADS` threads that
+    share the tensors in CPU memory, largest first, plus the others one after another."""
+    tensors = list(_distinct(model.state_dict()).values())
+    sizes = [(t.numel() * t.element_size(), _in_memory(t)) for _, t in tensors]
+    started, fed = time.perf_counter(), 0
+    for name, tensor in tensors:
+        if fed >= HASH_SAMPLE_BYTES:
+            break
+        part = cpu_state(model, name, tensor).reshape(-1)[
+            :-(-(HASH_SAMPLE_BYTES - fed) // tensor.element_size())]
+        _tensor_sha256(part)
+        fed += part.numel() * part.element_size()
+    rate = (time.perf_counter() - started) / max(fed, 1)
+    threads = [0] * HASH_THREADS
+    for size in sorted((size for size, resident in sizes if resident), reverse=True):
+        heapq.heapreplace(threads, threads[0] + size)  # onto the least busy thread
+    return rate * (max(threads) + sum(size for size, resident in sizes if not resident))
 
 
 def texts_sha256(texts: Iterable[str]) -> str:
@@ -97,7 +142,8 @@ def build_manifest(model: nn.Module, *, target_name: str, texts: Sequence[str],
             "class": f"{type(model).__module__}.{type(model).__qualname__}",
             "parameters": sum(p.numel() for p in model.parameters()),
             "sha256": state_dict_sha256(model) if hash_model else None,
-            "hash_recipe": "sha256 over sorted state_dict: name, 'dtype shape', raw bytes",
+            "hash_recipe": "sha256 over sorted state_dict lines 'name dtype shape "
+                           "sha256(raw bytes)\\n'",
         },
         "libraries": library_versions(),
         "seeds": dict(seeds),

@@ -69,6 +69,7 @@ class _Options:
     keep: int  # the examples whose maps are kept (0: none)
     streaming: bool
     max_memory: int
+    first_greedy: tuple[torch.Tensor, float] | None = None  # batch 0's, already timed
 
 
 @dataclass
@@ -98,7 +99,9 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                        row_sum_tolerance: float | None = DEFAULT_ROW_SUM_TOLERANCE,
                        checks_only: bool = False, shard: Shard = SINGLE,
                        keep_examples: int = 1, streaming: bool = True,
-                       max_memory: int | str | None = None) -> ValidityAudit:
+                       max_memory: int | str | None = None,
+                       first_greedy: tuple[torch.Tensor, float] | None = None
+                       ) -> ValidityAudit:
     """Audit every attention site of ``target`` over its data (see the module docstring).
 
     Args:
@@ -138,6 +141,9 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
             The tables are the same either way.
         max_memory: bytes (or ``"2GiB"``) one query block of explicitly computed attention
             may use (:mod:`attnaudit.capturing.blocks`; default 1 GiB).
+        first_greedy: the first batch's greedy output (B, T) and the seconds it took, when
+            the caller already decoded it (the audit's plan, in its reference run): not
+            decoded again, and its time is the first timed run.
 
     Raises:
         TargetError: the target's callables fail or return the wrong shapes, or there is
@@ -154,7 +160,8 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     data = TextsDigest()  # what every rank must agree on
     keep = keep_examples if keep_example else 0
     options = _Options(timing, timing_repeats, checks_only, keep, streaming,
-                       DEFAULT_MAX_MEMORY if max_memory is None else parse_memory(max_memory))
+                       DEFAULT_MAX_MEMORY if max_memory is None else parse_memory(max_memory),
+                       first_greedy)
     with display(None, enabled=progress, name=f"audit {target.name}"), \
             shard.together("the validity audit"):
         phase("validity")
@@ -202,7 +209,8 @@ def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditS
     capture hands them over when streaming, see :mod:`attnaudit.validity.batch`), the
     performance row and, while fewer than ``options.keep`` are kept, its examples' maps
     (``first``: the position of its first example in the data)."""
-    emitted, greedy_times = greedy_timed(target, batch, options.timing, options.least_repeats)
+    emitted, greedy_times = greedy_timed(target, batch, options.timing, options.least_repeats,
+                                         options.first_greedy if index == 0 else None)
     step_mask = target.step_mask(emitted)
     state.degenerate.update(step_mask, target.explain_keys(batch), emitted, target.eos_id)
     kept_rows = max(min(options.keep - len(state.kept), len(batch)), 0)

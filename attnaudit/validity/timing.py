@@ -56,11 +56,13 @@ class TimedPasses:
 
 
 def greedy_timed(target: Seq2SeqTarget, batch: Batch, timing: bool,
-                 least: int = TIMING_REPEATS) -> tuple[torch.Tensor, list[float]]:
+                 least: int = TIMING_REPEATS, known: tuple[torch.Tensor, float] | None = None
+                 ) -> tuple[torch.Tensor, list[float]]:
     """The greedy output (B, T) and, with ``timing``, the seconds of each of as many runs
     (at least ``least``) as :func:`~attnaudit.runtime.measurement.repeat_count` asks for
-    the first (else [])."""
-    emitted, first_s = timed(lambda: _greedy(target, batch))
+    the first (else []); ``known``: the output and seconds of a run the caller already
+    timed on this batch, which counts as the first."""
+    emitted, first_s = known if known is not None else timed(lambda: _greedy(target, batch))
     if not timing:
         return emitted, []
     return emitted, [first_s, *(timed(lambda: _greedy(target, batch))[1]

@@ -13,8 +13,8 @@ from torch import nn
 
 from attnaudit.attribution.methods import attribute
 from attnaudit.attribution.options import ALL_METHODS, AttributionOptions
-from attnaudit.attribution.step_gradients import pass_sequences
 from attnaudit.errors import InterventionError
+from attnaudit.interventions.memory import whole_passes
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from tests.helpers.fingerprints import assert_unchanged, model_fingerprint
 from tests.helpers.toys.attention import (
@@ -105,13 +105,13 @@ def test_pass_size_follows_the_memory_budget_and_changes_nothing() -> None:
     target, batch = bundled("date_transformer")
     emitted = target.greedy(batch)
     keys = batch.source_ids.shape[1]
-    small = pass_sequences(target, vocab=39, keys=keys, steps=emitted.shape[1],
-                           max_memory="4MiB")
-    large = pass_sequences(target, vocab=39, keys=keys, steps=emitted.shape[1],
-                           max_memory="1GiB")
+    small = whole_passes(target, vocab=39, keys=keys, steps=emitted.shape[1], grad=True,
+                         max_memory="2MiB")
+    large = whole_passes(target, vocab=39, keys=keys, steps=emitted.shape[1], grad=True,
+                         max_memory="1GiB")
     assert 1 <= small < 3 < large
     runs = [attribute(target, batch, emitted, ("saliency", "integrated_gradients"), n_steps=4,
-                      max_memory=memory) for memory in ("4MiB", "1GiB")]
+                      max_memory=memory) for memory in ("2MiB", "1GiB")]
     for method, scores in runs[0].token_scores.items():
         torch.testing.assert_close(scores, runs[1].token_scores[method], atol=1e-6, rtol=1e-5)
 

@@ -19,6 +19,7 @@ from attnaudit.interventions.protocol import BATCH, BatchContext, Columns, subse
 from attnaudit.interventions.reference_run import reference
 from attnaudit.options import AuditMode, AuditOptions
 from attnaudit.targets.contract import Seq2SeqTarget
+from attnaudit.validity import timing
 
 CALLS = ("teacher_forced", "decode", "decode_step", "decode_steps")
 
@@ -138,13 +139,31 @@ def test_attnaudit_plan_takes_the_audit_keywords():
     assert checks.protocols == ()
 
 
-def test_the_suite_run_on_the_plans_reference_equals_one_run_without_a_plan(capsys):
-    """With progress the audit plans first and its suite takes over the plan's reference run
-    of the first batch; the tables equal those of an audit without a plan."""
-    planned = attnaudit.audit(_date_lstm(), quick=True, limit=2, progress=True)
+def test_the_suite_run_on_the_plans_reference_equals_one_run_without_a_plan(capsys,
+                                                                            monkeypatch):
+    """With progress the audit plans first, and its validity audit and suite take over the
+    plan's reference run of the first batch (its greedy decoding, timed, is decoded once);
+    the tables equal those of an audit without a plan."""
+    decoded: list[int] = []
+    # each timed pass runs as few times as asked (a millisecond decoding is otherwise timed
+    # until its runs add up to a quarter second)
+    monkeypatch.setattr(timing, "repeat_count", lambda first_s, least: least)
+
+    def counted() -> Seq2SeqTarget:
+        target = _date_lstm()
+        greedy = target.greedy
+        return target.with_options(greedy=lambda batch: decoded.append(len(batch))
+                                   or greedy(batch))
+
+    planned = attnaudit.audit(counted(), quick=True, limit=2, progress=True)
     assert "plan of audit" in capsys.readouterr().err
-    alone = attnaudit.audit(_date_lstm(), quick=True, limit=2, progress=False)
+    assert decoded == [2]  # the plan's, and no other
+    alone = attnaudit.audit(counted(), quick=True, limit=2, progress=False)
+    assert decoded == [2, 2, 2]  # then the validity audit's and the suite's
     assert planned.suite is not None and alone.suite is not None
+    performance = planned.validity.performance
+    assert (performance["greedy_s"] > 0).all(), performance  # the plan's time, counted
+    pd.testing.assert_frame_equal(planned.validity.metrics, alone.validity.metrics)
     for name in ("rows", "faithfulness_rows", "agreement", "cumulative"):
         pd.testing.assert_frame_equal(planned.suite.tables[name], alone.suite.tables[name],
                                       check_exact=False, atol=1e-6)

@@ -59,10 +59,14 @@ def _heads(x: np.ndarray, n: int) -> np.ndarray:
     return x.reshape(x.shape[0], n, -1).transpose(1, 0, 2)
 
 
-@pytest.mark.parametrize("few_heads", [alti.FEW_HEADS, 0], ids=["per-head", "batched"])
-def test_post_ln_alti_equals_a_numpy_alti(tmp_path, monkeypatch, few_heads):
-    # both ways of forming the per-key terms: head by head, and one batched product
+@pytest.mark.parametrize(("few_heads", "block"), [(alti.FEW_HEADS, alti.TERMS_BLOCK),
+                                                  (0, alti.TERMS_BLOCK), (0, 1)],
+                         ids=["per-head", "batched", "key-by-key"])
+def test_post_ln_alti_equals_a_numpy_alti(tmp_path, monkeypatch, few_heads, block):
+    # both ways of forming the per-key terms (head by head, one batched product), and terms
+    # taken one key at a time (the blocks of a long sequence)
     monkeypatch.setattr(alti, "FEW_HEADS", few_heads)
+    monkeypatch.setattr(alti, "TERMS_BLOCK", block)
     folder = save_tiny("bart", tmp_path, layers=1)
     target = from_hf(folder, SOURCES, max_new_tokens=NEW_TOKENS)
     batch = next(target.iter_batches())
@@ -96,7 +100,9 @@ def test_post_ln_alti_equals_a_numpy_alti(tmp_path, monkeypatch, few_heads):
         np.testing.assert_allclose(got, expected, atol=TOL, rtol=0)
 
 
-def test_pre_ln_alti_equals_a_numpy_alti(tmp_path):
+@pytest.mark.parametrize("block", [alti.TERMS_BLOCK, 3], ids=["whole", "key-blocks"])
+def test_pre_ln_alti_equals_a_numpy_alti(tmp_path, monkeypatch, block):
+    monkeypatch.setattr(alti, "TERMS_BLOCK", block)
     folder = save_tiny("gpt2", tmp_path, layers=1)
     target = from_hf(folder, SOURCES, max_new_tokens=NEW_TOKENS)
     batch = next(target.iter_batches())
@@ -130,8 +136,10 @@ def test_pre_ln_alti_equals_a_numpy_alti(tmp_path):
         np.testing.assert_allclose(got, expected, atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("block", [alti.TERMS_BLOCK, 1], ids=["whole", "key-by-key"])
 def test_a_post_ln_cross_attention_block_equals_a_numpy_alti_with_the_stream_as_a_term(
-        tmp_path):
+        tmp_path, monkeypatch, block):
+    monkeypatch.setattr(alti, "TERMS_BLOCK", block)
     folder = save_tiny("bart", tmp_path, layers=1)
     target = from_hf(folder, SOURCES, max_new_tokens=NEW_TOKENS)
     batch = next(target.iter_batches())

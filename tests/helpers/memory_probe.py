@@ -1,6 +1,7 @@
-"""Peak memory of the permutation test on a random BART of a given size and chunk budget,
-measured in its own process: ``python -m tests.helpers.memory_probe WIDTH LAYERS
-BUDGET PATH FOLDER`` prints ``{"peak_mib": ..., "chunks": ...}`` (PATH: cached or rerun)."""
+"""Peak memory of the permutation test (PATH cached or rerun) or of the gradient methods'
+passes (PATH gradients) on a random BART of a given size and chunk budget, measured in its
+own process: ``python -m tests.helpers.memory_probe WIDTH LAYERS BUDGET PATH FOLDER`` prints
+``{"peak_mib": ..., "chunks": ...}``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from pathlib import Path
 import torch
 import transformers
 
+from attnaudit.attribution.methods import attribute
 from attnaudit.interventions import runner
+from attnaudit.interventions.memory import whole_passes
 from attnaudit.interventions.permutation import permutation_test
 from attnaudit.interventions.reference_run import reference
 from attnaudit.targets import from_hf
@@ -58,6 +61,9 @@ def main(width: int, layers: int, budget: str, path: str, folder: Path) -> None:
     outputs = torch.randint(3, 80, (EXAMPLES, STEPS), generator=torch.Generator().manual_seed(0))
     target = from_hf(folder, sources).with_options(greedy=lambda batch: outputs[: len(batch)])
     batch = next(target.iter_batches(EXAMPLES))
+    if path == "gradients":
+        _gradients(target, batch, outputs, budget)
+        return
     incremental = path == "cached"
     # libraries and allocator warmed up on one example, in chunks below any measured peak
     first = batch.select(torch.tensor([0]))
@@ -77,6 +83,19 @@ def main(width: int, layers: int, budget: str, path: str, folder: Path) -> None:
     rows = permutation_test(target, ref, n_permutations=PERMUTATIONS)
     assert len(rows) == EXAMPLES * STEPS
     print(json.dumps({"peak_mib": (peak_kib() - before) / 1024, "chunks": len(chunks)}))
+
+
+def _gradients(target, batch, outputs, budget: str) -> None:
+    """The saliency passes of ``batch`` within ``budget``, after a warm-up on one example."""
+    attribute(target, batch.select(torch.tensor([0])), outputs[:1], ["saliency"],
+              max_memory="1MiB")
+    before = reset_peak()
+    attribute(target, batch, outputs, ["saliency"], max_memory=budget)
+    per_pass = whole_passes(target, vocab=target.model.config.vocab_size,
+                            keys=batch.source_ids.shape[1], steps=STEPS, grad=True,
+                            max_memory=budget)
+    print(json.dumps({"peak_mib": (peak_kib() - before) / 1024,
+                      "chunks": -(-EXAMPLES // per_pass)}))
 
 
 if __name__ == "__main__":

@@ -82,9 +82,8 @@ def _independent_state_hash(model: torch.nn.Module) -> str:
     state = model.state_dict()
     for name in sorted(state):
         t = state[name].contiguous()
-        digest.update(name.encode())
-        digest.update(f"{t.dtype} {tuple(t.shape)}".encode())
-        digest.update(t.numpy().tobytes())
+        data = hashlib.sha256(t.numpy().tobytes()).hexdigest()
+        digest.update(f"{name} {t.dtype} {tuple(t.shape)} {data}\n".encode())
     return digest.hexdigest()
 
 
