@@ -36,7 +36,11 @@ from attnaudit.attribution.options import (
     GRADIENT_METHODS,
     INTEGRATION_POINTS,
 )
-from attnaudit.auditing.contribution_suite import add_contribution_parts, contribution_tables
+from attnaudit.auditing.contribution_suite import (
+    add_contribution_parts,
+    contribution_tables,
+    contribution_terms,
+)
 from attnaudit.interventions.protocol import (
     BATCH,
     BatchContext,
@@ -92,7 +96,8 @@ class Attribution(InterventionProtocol):
         window of them; leave-one-out folds a batch's worth per pass). In whole sequences:
         the embedded pass, one forward per gradient group and per integration point, each
         with a backward pass per step; a sequence per leave-one-out edit; and the
-        contribution trace's pass."""
+        contribution trace's pass; and the terms of ALTI's arithmetic
+        (:func:`~attnaudit.auditing.contribution_suite.contribution_terms`)."""
         methods, examples = ctx.settings.methods, len(ctx.batch)
         edits = edit_count(ctx.target.explain_keys(ctx.batch),
                            audit_window(ctx.settings.quick, ctx.sequence_multiply_adds()))
@@ -104,7 +109,8 @@ class Attribution(InterventionProtocol):
         steps = int(ctx.ref.emitted.shape[1])
         return Cost(examples * len(methods) + edits, len(methods) + loo, len(methods),
                     exact=False, sequences=examples * (2 + gradients) + edits,
-                    backward_sequences=examples * steps * gradients)
+                    backward_sequences=examples * steps * gradients,
+                    terms=contribution_terms(ctx.target, ctx.batch, steps))
 
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
         target, batch, ref, options = ctx.target, ctx.batch, ctx.ref, ctx.settings.attribution

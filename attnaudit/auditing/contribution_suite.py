@@ -45,8 +45,9 @@ from attnaudit.contributions import (
     sink_table,
 )
 from attnaudit.errors import AttnauditError
+from attnaudit.interventions.memory import model_encoder_layers, model_width_and_layers
 from attnaudit.interventions.reference_run import Reference
-from attnaudit.targets.contract import Batch, Seq2SeqTarget
+from attnaudit.targets.contract import Batch, DecoderOnlyTarget, Seq2SeqTarget
 
 CONTRIBUTION_MEASURES = ("value_norm", "alti", "rollout")
 ZEROING = "value_zeroing"
@@ -77,6 +78,23 @@ def contribution_importances(target: Seq2SeqTarget, batch: Batch, emitted: torch
     computed, and measure -> why not (in words) of the others."""
     maps, reasons, _ = traced_importances(target, batch, emitted, measures)
     return maps, reasons
+
+
+def contribution_terms(target: Seq2SeqTarget, batch: Batch, steps: int) -> int:
+    """The numbers of per-key terms ALTI forms on ``batch`` with ``steps`` emitted steps
+    (a :class:`~attnaudit.interventions.protocol.Cost`'s ``terms``): query rows x keys x
+    model width at every site, for every example. A decoder-only model: each layer's
+    self-attention over the prompt and the output before its last step; an encoder-decoder:
+    the encoder's self-attention over the source, and each decoder layer's self-attention
+    over the output and cross-attention over the source."""
+    model, keys = target.model, int(batch.source_ids.shape[1])
+    width, layers = model_width_and_layers(model)
+    if isinstance(target, DecoderOnlyTarget):
+        per_example = layers * (keys + steps - 1) ** 2
+    else:
+        per_example = (model_encoder_layers(model) * keys * keys
+                       + layers * (steps * steps + steps * keys))
+    return len(batch) * per_example * width
 
 
 def traced_importances(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,

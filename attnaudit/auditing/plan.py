@@ -1,17 +1,20 @@
 """The plan of an audit before it runs: what each registered protocol will run (edited
 items, forward and backward passes) and how long it should take, from a timed first batch.
 
-:func:`plan_audit` runs the first batch's reference run (kept in the plan: the audit's suite
-runs its first batch on it) and the uniform edit on at most :data:`TIMED_ROWS` of its rows
-(timed: seconds per forward pass and per edited item, :func:`_timed_items`), asks every
-protocol the suite would run for its
+:func:`plan_audit` runs the first batch's reference run (kept in the plan: the audit's
+validity pass takes its timed greedy decoding, and its suite runs its first batch on it) and
+the uniform edit on at most :data:`TIMED_ROWS` of its rows, of one cached call where they
+can be (timed: seconds per forward pass and per edited item, :func:`_timed_items`), asks
+every protocol the suite would run for its
 :meth:`~attnaudit.interventions.protocol.InterventionProtocol.cost` on that batch, and
-scales it to the data (exact with one batch; an estimate otherwise, and for protocols
-whose cost is itself one). The time estimate is passes x the timed seconds per pass (a
-backward pass counted as two forward ones) plus items x seconds per item; for a
-protocol that runs whole edited sequences (faithfulness, attribution: its cost's
-``sequences``) it is those sequences x the seconds per sequence of a timed teacher-forced
-pass of the first batch (a backward sequence counted as two). With a *pilot* each protocol's
+scales it to the data (exact with one batch; an estimate otherwise, and for protocols whose
+cost is itself one). The time estimate is passes x the timed seconds per pass (a backward
+pass counted as two forward ones) plus items x seconds per item; for a protocol that runs
+whole edited sequences (faithfulness, attribution: its cost's ``sequences``) it is those
+sequences x the seconds per sequence of a timed teacher-forced pass of the first batch (a
+backward sequence counted as two); a cost's ``terms`` (ALTI's arithmetic) add their number x
+the seconds per term of a timed block of random terms of the model's heads and width
+(:func:`~attnaudit.contributions.alti.terms_seconds`). With a *pilot* each protocol's
 seconds per item are its own: every protocol runs once, in the suite's order, on the first
 example of the first batch (row protocols on at most :data:`PILOT_ROWS` of its rows) and is
 timed; without one they are the uniform edit's. The pilot runs when the data has at least
@@ -41,7 +44,9 @@ from attnaudit.auditing.intervention_suite import (
     CUMULATIVE_EXAMPLES,
     suite_plan,
 )
+from attnaudit.contributions.alti import terms_seconds
 from attnaudit.interventions.ablation import uniform_rows
+from attnaudit.interventions.memory import model_heads, model_width_and_layers
 from attnaudit.interventions.protocol import (
     BATCH,
     BatchContext,
@@ -56,6 +61,7 @@ from attnaudit.options import AuditOptions
 from attnaudit.report.manifest import hash_seconds
 from attnaudit.runtime.progress import expect
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
+from attnaudit.targets.placement import execution_device
 
 VALIDITY = "validity"
 TIMED_COPIES = 4  # copies per row in the larger timed uniform edits
@@ -150,9 +156,10 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
     ref_seconds = time.perf_counter() - started
     decoding = int(ref.emitted.shape[1]) + 1  # greedy steps and one teacher-forced pass
     counted = ref.rows()
-    timed = counted.select(torch.arange(min(TIMED_ROWS, len(counted))))
+    timed = counted.select(_timed_rows(ref, counted))
     pass_s, item_s = _timed_items(target, ref, timed, ref_seconds / decoding)
     sequence_s: float | None = None  # timed when a protocol runs whole sequences
+    terms_s: float | None = None  # timed when a protocol's contribution arithmetic runs
     scale, single = settings.n_examples / len(first), len(batches) == 1
     validity = ProtocolPlan(VALIDITY, Cost(settings.n_examples, round(decoding * len(batches)),
                                            exact=False), ref_seconds * len(batches))
@@ -182,6 +189,13 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
             seconds = (cost.sequences + BACKWARD_FORWARDS * cost.backward_sequences) * sequence_s
         else:
             seconds = _passes(cost) * pass_s + cost.items * rates.get(protocol.name, item_s)
+        if cost.terms:
+            if terms_s is None:
+                terms_s = terms_seconds(model_heads(target.model),
+                                        model_width_and_layers(target.model)[0],
+                                        int(first.source_ids.shape[1]),
+                                        execution_device(target.model))
+            seconds += cost.terms * terms_s
         protocols.append(ProtocolPlan(protocol.name, cost, seconds))
     hashed = 0.0 if options.checks_only else hash_seconds(target.model)  # as the audit hashes
     return Plan(target.name, settings.n_examples, len(batches), validity, tuple(protocols),
@@ -236,6 +250,18 @@ def _timed_sequence(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) 
     with torch.no_grad():
         target.teacher_forced(batch, emitted)
     return (time.perf_counter() - started) / max(len(batch), 1)
+
+
+def _timed_rows(ref: Reference, rows: RowIndex) -> torch.Tensor:
+    """(at most :data:`TIMED_ROWS`,) long: the rows the uniform edit is timed on, from the
+    call group (:meth:`~attnaudit.interventions.reference_run.Reference.call_group`) most
+    rows share first, so that the timed runs take as few calls as the items allow."""
+    group = ref.call_group(rows.step)
+    if not len(group):
+        return torch.zeros(0, dtype=torch.long)
+    values, counts = torch.unique(group, return_counts=True)
+    others = (group != values[counts.argmax()]).long()
+    return torch.argsort(others, stable=True)[:TIMED_ROWS]
 
 
 def _timed_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, fallback: float

@@ -31,6 +31,8 @@ pass when at most :data:`RESUM_TOLERANCE` (for fp32; looser for fp16/bf16 models
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -224,6 +226,34 @@ def attention_terms(weights: torch.Tensor, vectors: torch.Tensor
             yield part, block, _terms(by_key[:, block], heads[:, block])
 
 
+def _reduced(terms: torch.Tensor, y: torch.Tensor, resum: torch.Tensor) -> torch.Tensor:
+    """A block's terms (c, k, Q, d) added to ``resum`` (c, Q, d), then their L1 distances
+    to the outputs ``y`` (c, Q, d): (c, Q, k) (the terms are overwritten)."""
+    resum += terms.sum(1)
+    return terms.sub_(y[:, None]).abs_().sum(-1).transpose(1, 2)
+
+
+def terms_seconds(heads: int, width: int, queries: int, device: torch.device | None = None,
+                  repeats: int = 3) -> float:
+    """Seconds per number of per-key terms that :func:`alti_block`'s arithmetic takes here:
+    one block of random terms of ``queries`` query rows, ``heads`` heads and model width
+    ``width`` formed (:func:`attention_terms`), re-summed and reduced to distances, on
+    ``device``; the fastest of ``repeats`` runs (a plan's price of ALTI)."""
+    keys = max(1, TERMS_BLOCK // max(1, queries * width))
+    weights = torch.rand(1, heads, queries, keys, device=device)
+    vectors = torch.randn(1, heads, keys, width, device=device)
+    y = torch.randn(1, queries, width, device=device)
+    best = math.inf
+    for _ in range(repeats):
+        started = time.perf_counter()
+        resum = torch.zeros_like(y)
+        for _, _, terms in attention_terms(weights, vectors):
+            _reduced(terms, y, resum)
+        float(resum[0, 0, 0])  # waits for a device's kernels
+        best = min(best, time.perf_counter() - started)
+    return best / (queries * keys * width)
+
+
 def _terms(by_key: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
     """(c, k, Q, d): Σ_h by_key (c, k, Q, H) x heads (c, k, H, d)."""
     if by_key.shape[-1] > FEW_HEADS:
@@ -262,8 +292,7 @@ def alti_block(site: SiteTrace, vectors: torch.Tensor, bias: torch.Tensor, block
         assert resum is not None and distance is not None
         if site.role != "cross":  # the residual belongs to the query's own position
             terms[:, :, span].diagonal(dim1=1, dim2=2).add_(own[:, span].transpose(1, 2))
-        resum += terms.sum(1)
-        distance[..., span] = terms.sub_(y[:, None]).abs_().sum(-1).transpose(1, 2)
+        distance[..., span] = _reduced(terms, y, resum)
         if span.stop < keys:
             continue
         errors.append((resum - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30))

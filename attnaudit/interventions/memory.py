@@ -64,6 +64,12 @@ def model_width_and_layers(model: nn.Module) -> tuple[int, int]:
     return width, max(_config_int(config, _LAYER_KEYS) or 1, 1)
 
 
+def model_encoder_layers(model: nn.Module) -> int:
+    """Encoder layers from a Hugging Face-style config, else the decoder's layer count."""
+    layers = _config_int(getattr(model, "config", None), _ENCODER_LAYER_KEYS)
+    return max(layers or model_width_and_layers(model)[1], 1)
+
+
 def model_heads(model: nn.Module) -> int:
     """Attention heads per decoder layer from a Hugging Face-style config, else 1."""
     return max(_config_int(getattr(model, "config", None), _HEAD_KEYS) or 1, 1)
@@ -195,7 +201,6 @@ def encoder_bytes(model: nn.Module, keys: int) -> int:
     """Estimated bytes of one sequence's encoder pass over ``keys`` source positions: its
     activations and its attention over the source, in each encoder layer (the config's
     encoder layer count, else the decoder's)."""
-    width, decoder_layers = model_width_and_layers(model)
-    layers = _config_int(getattr(model, "config", None), _ENCODER_LAYER_KEYS) or decoder_layers
-    return keys * max(layers, 1) * (width * ACTIVATIONS_PER_LAYER
-                                    + ATTENTION_COPIES * model_heads(model) * keys) * 4
+    width, _ = model_width_and_layers(model)
+    return keys * model_encoder_layers(model) * (width * ACTIVATIONS_PER_LAYER
+                                                 + ATTENTION_COPIES * model_heads(model) * keys) * 4

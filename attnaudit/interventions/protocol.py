@@ -87,7 +87,9 @@ class Cost:
     cumulative removal, runs at most ``items``); sequences, backward_sequences: for a
     protocol that runs whole teacher-forced passes (an edited source, not one cached step),
     how many example-sequences its forward and backward passes hold in all, the unit the
-    plan times with one teacher-forced pass (0: its passes are cached steps).
+    plan times with one teacher-forced pass (0: its passes are cached steps); terms: the
+    numbers of per-key contribution terms its ALTI arithmetic forms (examples x query rows
+    x keys x model width over every site), which the plan prices by a timed block of them.
     """
 
     items: int
@@ -96,18 +98,21 @@ class Cost:
     exact: bool = True
     sequences: int = 0
     backward_sequences: int = 0
+    terms: int = 0
 
     def __add__(self, other: Cost) -> Cost:
         return Cost(self.items + other.items, self.forward + other.forward,
                     self.backward + other.backward, self.exact and other.exact,
                     self.sequences + other.sequences,
-                    self.backward_sequences + other.backward_sequences)
+                    self.backward_sequences + other.backward_sequences,
+                    self.terms + other.terms)
 
     def scaled(self, factor: float, exact: bool) -> Cost:
         """Every count times ``factor`` (rounded); ``exact`` and'ed with this one's."""
         return Cost(round(self.items * factor), round(self.forward * factor),
                     round(self.backward * factor), self.exact and exact,
-                    round(self.sequences * factor), round(self.backward_sequences * factor))
+                    round(self.sequences * factor), round(self.backward_sequences * factor),
+                    round(self.terms * factor))
 
 
 @dataclass

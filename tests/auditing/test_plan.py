@@ -167,3 +167,32 @@ def test_the_suite_run_on_the_plans_reference_equals_one_run_without_a_plan(caps
     for name in ("rows", "faithfulness_rows", "agreement", "cumulative"):
         pd.testing.assert_frame_equal(planned.suite.tables[name], alone.suite.tables[name],
                                       check_exact=False, atol=1e-6)
+
+
+@pytest.mark.parametrize("make", [_date_bart, _tiny_llama], ids=["date_bart", "tiny_llama"])
+def test_the_attribution_cost_counts_the_terms_alti_forms(make):
+    """The plan prices ALTI by the number of per-key terms it forms: the cost's count equals
+    the query rows x keys x model width of every block the contributions decompose."""
+    from attnaudit.auditing.attribution_protocol import Attribution
+    from attnaudit.contributions import contributions
+
+    target = make()
+    batches, settings, _, _, planned = suite_plan(
+        target, quick=True, limit=2, progress=False, n_permutations=None,
+        cumulative_examples=50, adversarial_examples=2, attribution=None,
+        sequence_effects=False)
+    batch = batches[0]
+    ref = reference(target, batch)
+    ctx = BatchContext(target, batch, ref, ref.rows(), settings,
+                       frozenset(p.name for p, _ in planned), {}, {}, {})
+    cost = Attribution().cost(ctx)
+    found = contributions(target, batch, ref.emitted)
+    assert found.blocks and len(found.blocks) == len(found.projections)  # every site
+    width = target.model.config.hidden_size if hasattr(target.model.config, "hidden_size") \
+        else target.model.config.d_model
+    formed = 0
+    for block in found.blocks.values():
+        examples, queries, keys = block.contributions.shape
+        keys -= block.role == "cross"  # the decoder stream's column is no per-key term
+        formed += examples * queries * keys * width
+    assert cost.terms == formed
