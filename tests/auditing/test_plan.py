@@ -47,6 +47,15 @@ def _tiny_llama() -> Seq2SeqTarget:
     return target
 
 
+def _quick_suite(target: Seq2SeqTarget) -> tuple[Any, Any, Any]:
+    """(batches, settings, planned protocols) of a quick suite on the first 2 examples."""
+    batches, settings, _, _, planned = suite_plan(
+        target, quick=True, limit=2, progress=False, n_permutations=None,
+        cumulative_examples=50, adversarial_examples=2, attribution=None,
+        sequence_effects=False)
+    return batches, settings, planned
+
+
 def _counting(target: Seq2SeqTarget, counts: dict[str, int]) -> dict[str, Any]:
     """Count the target's model calls (each one forward pass of a batch of sequences);
     returns the calls it replaced."""
@@ -69,10 +78,7 @@ def _counting(target: Seq2SeqTarget, counts: dict[str, int]) -> dict[str, Any]:
                          ids=["date_lstm", "date_bart", "tiny_llama"])
 def test_exact_costs_equal_the_passes_and_items_run(make):
     target = make()
-    batches, settings, _, _, planned = suite_plan(
-        target, quick=True, limit=2, progress=False, n_permutations=None,
-        cumulative_examples=50, adversarial_examples=2, attribution=None,
-        sequence_effects=False)
+    batches, settings, planned = _quick_suite(target)
     batch = batches[0]
     assert len(batches) == 1
     ref = reference(target, batch)
@@ -177,10 +183,7 @@ def test_the_attribution_cost_counts_the_terms_alti_forms(make):
     from attnaudit.contributions import contributions
 
     target = make()
-    batches, settings, _, _, planned = suite_plan(
-        target, quick=True, limit=2, progress=False, n_permutations=None,
-        cumulative_examples=50, adversarial_examples=2, attribution=None,
-        sequence_effects=False)
+    batches, settings, planned = _quick_suite(target)
     batch = batches[0]
     ref = reference(target, batch)
     ctx = BatchContext(target, batch, ref, ref.rows(), settings,
