@@ -196,8 +196,9 @@ class Seq2SeqTarget:
         decode_steps: optional, (batch, encoder state, decoder states, emitted (B, T),
             steps (B,) long) -> logits (B, V), row ``i`` at its own step ``steps[i]``, run
             from the state before it: ``decode_step``'s rows, every step in one call. The
-            interventions then fold edited items of different steps into one call, once a
-            call on the first and the last steps gave the teacher-forced output.
+            interventions then fold edited items of steps 1 onward into one call (step 0
+            keeps its own), once one call at step 1 and at the last step gave the
+            teacher-forced output.
         cached_decode: optional, (batch, emitted (B, T)) -> logits (B, T', V), T' <= T,
             of the steps as the model's own cached decoding computes them (one step at a
             time from its cache, fed the emitted tokens, until every row has ended); where

@@ -99,37 +99,22 @@ def test_weights_and_outputs_match(case, grad, imported):
     assert torch.equal(rec.key_mask.expand(3, 2, 6, 6), expected_mask)
 
 
-def test_three_dimensional_inputs_read_as_one_head():
+class PlainSdpa(nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.parametrize("lead", [(2,), ()], ids=["3-d: one head", "2-d: one sequence"])
+def test_inputs_without_a_head_axis_read_as_one_head(lead):
     torch.manual_seed(1)
-    q, k, v = torch.randn(2, 4, 5), torch.randn(2, 7, 5), torch.randn(2, 7, 3)
-
-    class Plain(nn.Module):
-        def forward(self, q, k, v):
-            return F.scaled_dot_product_attention(q, k, v)
-
-    model = Plain()
+    q, k, v = torch.randn(*lead, 4, 5), torch.randn(*lead, 7, 5), torch.randn(*lead, 7, 3)
+    model = PlainSdpa()
     with attnaudit.capture(model) as cap:
         out = model(q, k, v)
     rec = cap.records["forward"]
-    assert rec.weights.shape == (2, 1, 4, 7)
-    ref = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(5), -1)
-    assert (rec.weights[:, 0] - ref).abs().max().item() <= 1e-5
-    assert (out - F.scaled_dot_product_attention(q, k, v)).abs().max().item() <= 1e-5
-
-
-def test_two_dimensional_inputs_read_as_one_sequence_and_head():
-    torch.manual_seed(1)
-    q, k, v = torch.randn(4, 5), torch.randn(7, 5), torch.randn(7, 3)
-
-    class Plain(nn.Module):
-        def forward(self, q, k, v):
-            return F.scaled_dot_product_attention(q, k, v)
-
-    model = Plain()
-    with attnaudit.capture(model) as cap:
-        out = model(q, k, v)
-    ref = torch.softmax(q @ k.T / math.sqrt(5), -1)
-    assert (cap.records["forward"].weights.reshape(4, 7) - ref).abs().max().item() <= 1e-5
+    assert rec.weights.shape == ((*lead, 1, 4, 7) if lead else (1, 1, 4, 7))
+    ref = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(5), -1)
+    assert (rec.weights.reshape(ref.shape) - ref).abs().max().item() <= 1e-5
     assert (out - ref @ v).abs().max().item() <= 1e-5
 
 
