@@ -502,6 +502,19 @@ MUTATIONS = (
              "        distinct.setdefault(_tensor_key(name, state[name]), (name, state[name]))",
              "        distinct.setdefault(_tensor_key(name, state[name])[:2], "
              "(name, state[name]))", ("tests/report/test_model_hash.py",)),
+    Mutation("math_attention_on_long_keys",
+             "gradient passes: the math backend taken for long calls and the fused kernel "
+             "for short ones",
+             "attnaudit/attribution/attention_backward.py",
+             "        and key.shape[-2] <= MATH_KEYS_PER_WIDTH * query.shape[-1]",
+             "        and key.shape[-2] > MATH_KEYS_PER_WIDTH * query.shape[-1]",
+             ("tests/attribution/test_attention_backward.py",)),
+    Mutation("linear_map_untransposed",
+             "output projection: a plain Linear's weight read as the map without its transpose",
+             "attnaudit/contributions/projection.py",
+             "        return weight.t().float(), bias.float()",
+             "        return weight.float(), bias.float()",
+             ("tests/contributions/test_affine_map.py",)),
 )
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attnaudit.attribution.attention_backward import small_attention_on_math
 from attnaudit.attribution.output_head import sparse_output_head
 from attnaudit.attribution.step_gradients import EmbeddingCalls, attributed_output, step_gradients
 from attnaudit.capturing.recorder import capture
@@ -145,12 +146,15 @@ class EmbeddingPasses:
                 source: torch.Tensor | None = None, prefix: torch.Tensor | None = None,
                 detach: bool = False) -> tuple[torch.Tensor, EmbeddingCalls, int]:
         """Attributed outputs (R, T) of examples ``rows`` (R,) with the source (and prefix)
-        embeddings replaced when given, the calls seen, and the vocabulary size."""
+        embeddings replaced when given, the calls seen, and the vocabulary size. With
+        gradients enabled, short attention calls run on the math backend
+        (:mod:`~attnaudit.attribution.attention_backward`)."""
         calls = EmbeddingCalls(self.source_module, self.prefix_module, source, prefix)
         batch = self.batch.select(rows)
         edit = (capture(self.target.model, sites=self.target.sites, edit=_detach_cross,
                         kinds=self.target.kinds) if detach else nullcontext())
-        with edit as cap, calls.active():
+        kernels = small_attention_on_math() if torch.is_grad_enabled() else nullcontext()
+        with edit as cap, calls.active(), kernels:
             logits = self.target.teacher_forced(batch, emitted[rows])
         if cap is not None and not any(rec.kind == "cross" for rec in cap.records.values()):
             raise InterventionError(

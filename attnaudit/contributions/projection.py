@@ -11,7 +11,9 @@ declare the module instead (``projections={site: module}``); a site where neithe
 gets a reason, never a guess.
 
 The module is read as the affine map it is: ``W = proj(I) - proj(0)``, ``b = proj(0)``, so
-``nn.Linear`` (``x W^T``) and GPT-2's ``Conv1D`` (``x W``) need no special case.
+GPT-2's ``Conv1D`` (``x W``) or any other affine module needs no special case; a plain
+``nn.Linear`` (``x W^T``, no subclass, no hooks) gives its parameters directly, the same map
+without a pass over an identity the width of the model.
 """
 
 from __future__ import annotations
@@ -54,8 +56,24 @@ def merged_read(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return read.transpose(1, 2).reshape(batch, queries, heads * width)
 
 
+def _plain_linear(module: nn.Module) -> nn.Linear | None:
+    """The module when it is an ``nn.Linear`` itself (no subclass) running its own forward
+    with no hooks on readable parameters: its map is its parameters."""
+    if not isinstance(module, nn.Linear) or type(module) is not nn.Linear:
+        return None
+    if "forward" in vars(module) or module._forward_hooks or module._forward_pre_hooks:
+        return None
+    return None if module.weight.device.type == "meta" else module
+
+
 def affine_map(module: nn.Module, d_in: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(W (d_in, d_out), b (d_out,))`` float32 with ``module(x) = x W + b``."""
+    """``(W (d_in, d_out), b (d_out,))`` float32 with ``module(x) = x W + b``: a plain
+    ``nn.Linear``'s parameters as they are, any other module's map read off it."""
+    linear = _plain_linear(module)
+    if linear is not None:
+        weight = linear.weight.detach()
+        bias = weight.new_zeros(weight.shape[0]) if linear.bias is None else linear.bias.detach()
+        return weight.t().float(), bias.float()
     param = next(module.parameters())  # its dtype; an offloaded one's data is not read
     # the identity's rows, then a zero row: made in place, in the module's dtype
     probe = torch.eye(d_in + 1, d_in, dtype=param.dtype, device=execution_device(module))
