@@ -515,6 +515,18 @@ MUTATIONS = (
              "        return weight.t().float(), bias.float()",
              "        return weight.float(), bias.float()",
              ("tests/contributions/test_affine_map.py",)),
+    Mutation("cache_tensors_always_shared",
+             "cached step: every cache layer's tensors shared with the copy it selects from",
+             "attnaudit/targets/hf/cache.py",
+             "        return copy.deepcopy(cache)\n",
+             "        pass\n",
+             ("tests/targets/test_hf_cache_paths.py",)),
+    Mutation("merged_cell_written_shared",
+             "row statistics: a cell handed over by merge written to without being copied",
+             "attnaudit/analysis/stats.py",
+             "        elif key in self._shared:\n            cells = cells.copy()\n",
+             "",
+             ("tests/analysis/test_row_stats_parts.py",)),
 )
 
 

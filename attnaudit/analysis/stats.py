@@ -59,6 +59,10 @@ class Cells:
             hist=np.zeros((heads, steps, HIST_BINS)),
         )
 
+    def copy(self) -> Cells:
+        return Cells(*(a.copy() for a in (self.n, self.total, self.minimum, self.maximum,
+                                          self.hist)))
+
     def grown(self, steps: int) -> Cells:
         """These cells with the step axis extended to ``steps``."""
         extra = steps - self.n.shape[1]
@@ -71,16 +75,33 @@ class Cells:
 
 
 class RowStats:
-    """Streaming summaries of per-row metric values, keyed by site and metric."""
+    """Streaming summaries of per-row metric values, keyed by site and metric.
+
+    :meth:`merge` hands a cell this state has not seen over as it is, without copying its
+    arrays (a histogram is heads x steps x 256 float64); both states then mark it shared,
+    and whichever writes to it first copies it (:meth:`_writable`)."""
 
     def __init__(self, specs: tuple[MetricSpec, ...]) -> None:
         self.specs = {s.name: s for s in specs}
         self.cells: dict[tuple[str, str], Cells] = {}
         self.kinds: dict[str, str | None] = {}
+        self._shared: set[tuple[str, str]] = set()
 
     def reset(self) -> None:
         self.cells.clear()
         self.kinds.clear()
+        self._shared.clear()
+
+    def _writable(self, key: tuple[str, str], cells: Cells, steps: int) -> Cells:
+        """``cells`` (this state's cell ``key``) with at least ``steps`` steps, in arrays no
+        other state holds: grown or copied when needed, and stored under ``key``."""
+        if cells.n.shape[1] < steps:
+            cells = cells.grown(steps)
+        elif key in self._shared:
+            cells = cells.copy()
+        self._shared.discard(key)
+        self.cells[key] = cells
+        return cells
 
     def add(self, site: str, kind: str | None, metric: str, values: torch.Tensor,
             defined: torch.Tensor | None = None, step_offset: int = 0) -> None:
@@ -151,34 +172,36 @@ class RowStats:
             cells = cells or Cells.empty(heads, stop)
             if cells.n.shape[0] != heads:
                 raise AnalysisError(f"site {site!r} had {cells.n.shape[0]} heads, now {heads}")
-            if cells.n.shape[1] < stop:  # room to spare: calls come step by step
-                cells = cells.grown(max(stop, 2 * cells.n.shape[1]))
+            # room to spare when growing: calls come step by step
+            cells = self._writable(key, cells, stop if cells.n.shape[1] >= stop
+                                   else max(stop, 2 * cells.n.shape[1]))
             cells.n[:, cols] += n[m]
             for total in totals:
                 cells.total[:, cols] += total[m]
             cells.minimum[:, cols] = np.minimum(cells.minimum[:, cols], low[m])
             cells.maximum[:, cols] = np.maximum(cells.maximum[:, cols], high[m])
             cells.hist[:, cols] += hist[m]
-            self.cells[key] = cells
 
     def merge(self, other: RowStats) -> None:
+        """Fold ``other`` in; ``other`` reads as before (a cell new here is shared, see the
+        class docstring)."""
         for key, theirs in other.cells.items():
             mine = self.cells.get(key)
             if mine is None:
-                self.cells[key] = Cells(*(a.copy() for a in (
-                    theirs.n, theirs.total, theirs.minimum, theirs.maximum, theirs.hist)))
+                self.cells[key] = theirs
+                self._shared.add(key)
+                other._shared.add(key)
                 continue
             if mine.n.shape[0] != theirs.n.shape[0]:
                 raise AnalysisError(f"cannot merge site {key[0]!r}: {mine.n.shape[0]} heads here, "
                                     f"{theirs.n.shape[0]} in the other shard")
             steps = max(mine.n.shape[1], theirs.n.shape[1])
-            mine, theirs = mine.grown(steps), theirs.grown(steps)
+            mine, theirs = self._writable(key, mine, steps), theirs.grown(steps)
             mine.n += theirs.n  # in place: this state's own arrays, never another's
             mine.total += theirs.total
             np.minimum(mine.minimum, theirs.minimum, out=mine.minimum)
             np.maximum(mine.maximum, theirs.maximum, out=mine.maximum)
             mine.hist += theirs.hist
-            self.cells[key] = mine
         for site, kind in other.kinds.items():
             self.kinds.setdefault(site, kind)
 

@@ -103,3 +103,29 @@ def test_quantiles_of_one_bin_and_spread_cells_by_hand() -> None:
             for q in (0.1, 0.5, 0.9):
                 expected = _hand_quantile(column, q, 0.0, 1.0)
                 assert abs(frame.loc[(head, step), f"q{round(q * 100)}"] - expected) < 1e-12
+
+
+def test_a_merged_cell_is_shared_until_either_state_writes_to_it() -> None:
+    """merge hands a new cell over without copying it; adding to either state afterwards
+    leaves the other as it was (each equals a state fed the same parts by itself)."""
+    parts = _parts()
+
+    def fed(*chunks: list[tuple[dict, int]]) -> RowStats:
+        stats = RowStats(SPECS)
+        for chunk in chunks:
+            stats.add_parts("s", "self", chunk)
+        return stats
+
+    source, into = fed(parts[:1]), RowStats(SPECS)
+    into.merge(source)
+    into.add_parts("s", "self", parts[:1])  # steps 0..3 again: written in place, no growth
+    pd.testing.assert_frame_equal(source.frame(), fed(parts[:1]).frame(), check_exact=True)
+    source.add_parts("s", "self", parts[:1])
+    pd.testing.assert_frame_equal(into.frame(), fed(parts[:1], parts[:1]).frame(),
+                                  check_exact=True)
+    pd.testing.assert_frame_equal(source.frame(), into.frame(), check_exact=True)
+    again = RowStats(SPECS)
+    again.merge(source)
+    source.merge(fed(parts[:1]))  # merging into a shared cell leaves the other state too
+    pd.testing.assert_frame_equal(again.frame(), fed(parts[:1], parts[:1]).frame(),
+                                  check_exact=True)

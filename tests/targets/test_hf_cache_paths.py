@@ -3,7 +3,8 @@ re-run, and the target-side config edges of decoder-only checkpoints.
 
 - ``cache_before`` cuts the model's own ``DynamicCache`` to the selected rows and first
   positions through its own API, equal to slicing its tensors by hand, and leaves the
-  original as it was;
+  original as it was, a step run on the copy included; a cache layer outside transformers'
+  dynamic ones (which may write in place) is copied whole first;
 - a hybrid model whose cache holds linear-attention (recurrent) state cannot take one cached
   step: ``attnaudit report --quick`` still writes the interventions, by the prefix re-run,
   and the manifest says so and why;
@@ -33,7 +34,7 @@ from attnaudit.auditing.intervention_suite import run_suite
 from attnaudit.errors import InterventionError
 from attnaudit.interventions.ablation import uniform_test
 from attnaudit.interventions.reference_run import reference
-from attnaudit.targets.hf.cache import cache_before, cache_state
+from attnaudit.targets.hf.cache import cache_argument, cache_before, cache_state
 
 transformers = pytest.importorskip("transformers")
 
@@ -67,6 +68,35 @@ def test_cache_before_cuts_the_models_own_cache_by_its_api():
         assert torch.equal(layer.keys, kept[[2, 0, 2], :, :4])
         assert torch.equal(layer.values, original.values[[2, 0, 2], :, :4])
         assert torch.equal(original.keys, kept)  # the model's cache is left as it was
+    with torch.no_grad():  # a step on the cut copy leaves the model's cache as it was too
+        model(input_ids=torch.randint(3, VOCAB, (3, 1)), use_cache=True,
+              **{cache_argument(model): cut})
+    for layer, original, kept in zip(cut.layers, cache.layers, keys, strict=True):
+        assert layer.keys.shape[2] == 5 and torch.equal(original.keys, kept)
+
+
+def test_a_cache_layer_that_writes_in_place_is_copied_before_its_rows_are_selected():
+    """A layer class outside transformers' dynamic layers may select rows in place: the
+    copy it selects from must then hold its own tensors."""
+    from transformers.cache_utils import DynamicLayer
+
+    class InPlaceLayer(DynamicLayer):
+        def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+            self.keys.copy_(self.keys.index_select(0, beam_idx))
+            self.values.copy_(self.values.index_select(0, beam_idx))
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(llama_config()).eval()
+    with torch.no_grad():
+        cache = model(input_ids=torch.randint(3, VOCAB, (3, 6)), use_cache=True).cache
+    for layer in cache.layers:
+        layer.__class__ = InPlaceLayer
+    keys = [layer.keys.clone() for layer in cache.layers]
+    state = cache_state(cache, 3, 6, torch.device("cpu"))
+    state["rows"] = torch.tensor([2, 0, 1])
+    cut = cache_before(state, 6)
+    for layer, original, kept in zip(cut.layers, cache.layers, keys, strict=True):
+        assert torch.equal(layer.keys, kept[[2, 0, 1]]) and torch.equal(original.keys, kept)
 
 
 def test_report_on_a_hybrid_cache_model_reruns_the_prefix_and_says_why(tmp_path):
