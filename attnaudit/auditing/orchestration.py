@@ -295,6 +295,7 @@ def _run(target: Seq2SeqTarget, *, options: AuditOptions, progress: bool,
     with display(len(texts), 1 + suite_runs, enabled=progress, name=f"audit {target.name}"):
         if plan is not None:
             expect_plan(plan)
+        first_greedy = _planned_greedy(plan)
         with part(VALIDITY):
             validity = run_validity_audit(target, limit=limit, progress=progress,
                                           keep_example=not checks_only, regions=not checks_only,
@@ -305,10 +306,13 @@ def _run(target: Seq2SeqTarget, *, options: AuditOptions, progress: bool,
                                           row_sum_tolerance=options.tolerances.row_sum_tolerance,
                                           shard=shard, keep_examples=options.explorer_examples,
                                           max_memory=options.max_memory,
-                                          first_greedy=_planned_greedy(plan))
+                                          first_greedy=first_greedy,
+                                          first_plain=None if plan is None or first_greedy
+                                          is None else plan.first_plain)
+        reference = None if plan is None else plan.reference
+        plan = None  # its timed pass's logits are the validity audit's, not kept past it
         if suite_runs:
-            suite, reason = _run_suite(target, options, progress, shard, gold,
-                                       None if plan is None else plan.reference)
+            suite, reason = _run_suite(target, options, progress, shard, gold, reference)
         else:
             suite = None
             reason = ("the audit ran the gate's checks only" if checks_only else

@@ -61,10 +61,12 @@ from attnaudit.options import AuditOptions
 from attnaudit.report.manifest import hash_seconds
 from attnaudit.runtime.progress import expect
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
+from attnaudit.targets.kept_decoding import KEPT_LOGITS_BYTES
 from attnaudit.targets.placement import execution_device
+from attnaudit.validity.timing import PlainPass, plain_pass
 
 VALIDITY = "validity"
-TIMED_COPIES = 4  # copies per row in the larger timed uniform edits
+TIMED_ITEMS = 64  # edited items of the larger timed uniform edit
 TIMED_ROWS = 4  # the first batch's rows the uniform edit is timed on
 BACKWARD_FORWARDS = 2.0  # a backward pass costs about two forward passes
 PILOT_ROWS = 4  # rows of the pilot example each row protocol is timed on
@@ -98,6 +100,8 @@ class Plan:
     planning_seconds: float = 0.0  # what the plan itself took (its reference run, timings)
     # the first batch's reference run, which the audit's suite takes over (not shown)
     reference: Reference | None = field(default=None, repr=False, compare=False)
+    # the first batch's timed pass without capture, which the validity audit takes over
+    first_plain: PlainPass | None = field(default=None, repr=False, compare=False)
 
     @property
     def seconds(self) -> float:
@@ -159,6 +163,7 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
     timed = counted.select(_timed_rows(ref, counted))
     pass_s, item_s = _timed_items(target, ref, timed, ref_seconds / decoding)
     sequence_s: float | None = None  # timed when a protocol runs whole sequences
+    first_plain: PlainPass | None = None  # that timed pass
     terms_s: float | None = None  # timed when a protocol's contribution arithmetic runs
     scale, single = settings.n_examples / len(first), len(batches) == 1
     validity = ProtocolPlan(VALIDITY, Cost(settings.n_examples, round(decoding * len(batches)),
@@ -184,8 +189,10 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
             continue
         cost = cost.scaled(factor, single)
         if cost.sequences:
-            if sequence_s is None:
-                sequence_s = _timed_sequence(target, first, ref.emitted)
+            if first_plain is None:
+                first_plain = _timed_sequence(target, first, ref.emitted)
+                sequence_s = first_plain.seconds / max(len(first), 1)
+            assert sequence_s is not None
             seconds = (cost.sequences + BACKWARD_FORWARDS * cost.backward_sequences) * sequence_s
         else:
             seconds = _passes(cost) * pass_s + cost.items * rates.get(protocol.name, item_s)
@@ -201,7 +208,7 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
     return Plan(target.name, settings.n_examples, len(batches), validity, tuple(protocols),
                 pass_s, item_s, piloted=bool(rates), seconds_per_sequence=sequence_s or 0.0,
                 hash_seconds=hashed, planning_seconds=time.perf_counter() - started,
-                reference=ref)
+                reference=ref, first_plain=first_plain)
 
 
 def _passes(cost: Cost) -> float:
@@ -243,13 +250,16 @@ def _pilot_rates(target: Seq2SeqTarget, first: Batch, options: AuditOptions,
     return rates
 
 
-def _timed_sequence(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) -> float:
-    """Seconds per example-sequence of one teacher-forced pass over ``batch`` (warm: the
-    reference run has just run the model)."""
-    started = time.perf_counter()
-    with torch.no_grad():
-        target.teacher_forced(batch, emitted)
-    return (time.perf_counter() - started) / max(len(batch), 1)
+def _timed_sequence(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) -> PlainPass:
+    """One timed teacher-forced pass over ``batch`` without capture (warm: the reference run
+    has just run the model), with its logits while they fit
+    :data:`~attnaudit.targets.kept_decoding.KEPT_LOGITS_BYTES`: the validity audit's first
+    pass without capture on that batch."""
+    timed = plain_pass(target, batch, emitted, keep_logits=True)
+    logits = timed.logits
+    if logits is not None and logits.numel() * logits.element_size() > KEPT_LOGITS_BYTES:
+        timed = PlainPass(timed.seconds, timed.peak_mib)
+    return timed
 
 
 def _timed_rows(ref: Reference, rows: RowIndex) -> torch.Tensor:
@@ -267,27 +277,27 @@ def _timed_rows(ref: Reference, rows: RowIndex) -> torch.Tensor:
 def _timed_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, fallback: float
                  ) -> tuple[float, float]:
     """Seconds per forward pass and per edited item, from the uniform edit of ``rows`` run
-    with :data:`TIMED_COPIES` copies per row, with one, and with :data:`TIMED_COPIES` again
-    (the same passes, more items per pass; the faster of the two larger runs counts: the
-    first of them also pays for the memory its larger pass takes first); ``fallback`` per
-    pass and nothing per item without rows."""
+    with one copy per row and then with enough copies for about :data:`TIMED_ITEMS` items
+    (more items per pass: a cached call's cost per item grows with its rows once reading the
+    weights no longer hides it, so the slope is taken up to the size of the chunks the
+    protocols run; the larger run also pays for the memory its pass takes first, as theirs
+    do); ``fallback`` per pass and nothing per item without rows."""
     if not len(rows):
         return fallback, 0.0
     eligible = ref.eligible[rows.example, rows.step]
     times: dict[int, float] = {}
-    for copies in (TIMED_COPIES, 1, TIMED_COPIES):
-        example = rows.example.repeat_interleave(copies)
-        step = rows.step.repeat_interleave(copies)
+    many = max(2, -(-TIMED_ITEMS // len(rows)))
+    for copies in (1, many):
         started = time.perf_counter()
-        run_items(target, ref, example, step,
+        run_items(target, ref, rows.example.repeat_interleave(copies),
+                  rows.step.repeat_interleave(copies),
                   ItemEdit(uniform_rows, eligible.repeat_interleave(copies, 0)))
-        seconds = time.perf_counter() - started
-        times[copies] = min(times.get(copies, seconds), seconds)
+        times[copies] = time.perf_counter() - started
     passes = sum(1 for _ in item_chunks(ref, rows.step))
-    extra = passes != sum(1 for _ in item_chunks(ref, rows.step.repeat_interleave(TIMED_COPIES)))
-    item_s = max(times[TIMED_COPIES] - times[1], 0.0) / ((TIMED_COPIES - 1) * len(rows))
+    extra = passes != sum(1 for _ in item_chunks(ref, rows.step.repeat_interleave(many)))
     if extra:  # more items took more passes: spread the time over the items alone
-        return 0.0, times[TIMED_COPIES] / (TIMED_COPIES * len(rows))
+        return 0.0, times[many] / (many * len(rows))
+    item_s = max(times[many] - times[1], 0.0) / ((many - 1) * len(rows))
     return max(times[1] - item_s * len(rows), 0.0) / passes, item_s
 
 

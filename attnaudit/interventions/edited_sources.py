@@ -8,10 +8,11 @@ run (on a long prompt with edits late in it, most of the pass). Edited copies ar
 order of their first changed position, so a chunk's copies start near one another; a chunk
 runs from the earliest, and the copies are split into at least :data:`CACHED_CHUNKS` chunks
 (a chunk from position 0 saves nothing; on a model large enough for the cache to matter, a
-smaller chunk costs little more per copy). The first cached chunk of every
-:class:`EditedSourcePasses` is also run whole and compared (total variation within
+smaller chunk costs little more per copy). The last copy of the first cached chunk of every
+:class:`EditedSourcePasses` is also run whole, alone, and compared (total variation within
 :func:`~attnaudit.analysis.cached_decoding.step_tolerance` of the logits' dtype, on every
-step); a gap, or a target without the states, runs every chunk whole. Encoder-decoder
+step; the copy whose example the chunk's state selection places furthest from the first);
+a gap, or a target without the states, runs every chunk whole. Encoder-decoder
 targets always run whole (the encoder reads the whole source).
 """
 
@@ -70,8 +71,10 @@ class EditedSourcePasses:
                                               emitted, start)
         if not self.checked:
             self.checked = True
-            whole = self.target.teacher_forced(edited, emitted)
-            if not float(logits_tvd(out, whole).max()) <= step_tolerance(whole.dtype):
+            last = torch.tensor([len(rows) - 1])  # the chunk's last copy, alone
+            whole = self.target.teacher_forced(edited.select(last), emitted[last])
+            if not float(logits_tvd(out[last.to(out.device)], whole).max()) \
+                    <= step_tolerance(whole.dtype):
                 self.cached = False
-                return whole
+                return self.target.teacher_forced(edited, emitted)
         return out

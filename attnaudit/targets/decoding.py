@@ -17,7 +17,8 @@ the unedited one. Nothing here imports transformers at module level.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -111,16 +112,27 @@ class Decoding:
                 "seed": self.seed}
 
     @torch.no_grad()
-    def generate(self, model: nn.Module, **inputs: Any) -> torch.Tensor:
+    def generate(self, model: nn.Module, *, logits: bool = False, **inputs: Any
+                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """``model.generate(**inputs)`` with these settings: the returned sequences
-        ``(B, L)``, one per input. A sampling decoding runs from a fresh generator state
-        seeded with :attr:`seed`; the caller's random state is restored afterwards."""
-        if not self.samples:
-            return _generate(model)(**inputs, **self.overrides)
-        cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=cuda):
-            torch.manual_seed(int(self.seed))  # type: ignore[arg-type]
-            return _generate(model)(**inputs, **self.overrides)
+        ``(B, L)``, one per input, and with ``logits`` the raw logits (B, V) of each
+        generated step (``output_logits``; else ``()``). A sampling decoding runs from a
+        fresh generator state seeded with :attr:`seed`; the caller's random state is
+        restored afterwards."""
+        if logits:
+            inputs = {**inputs, "output_logits": True, "return_dict_in_generate": True}
+        with nullcontext() if not self.samples else _seeded(int(self.seed)):  # type: ignore[arg-type]
+            out = _generate(model)(**inputs, **self.overrides)
+        return (out.sequences, tuple(out.logits or ())) if logits else (out, ())
+
+
+@contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """Torch's random state seeded with ``seed`` inside, the caller's restored after."""
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        yield
 
 
 def resolve_decoding(model: nn.Module, *, mode: str = "model",

@@ -56,7 +56,13 @@ from attnaudit.validity.sites import (
     merged_site_facts,
     sites_frame,
 )
-from attnaudit.validity.timing import forward_passes, greedy_timed, kept_pass, performance_row
+from attnaudit.validity.timing import (
+    PlainPass,
+    forward_passes,
+    greedy_timed,
+    kept_pass,
+    performance_row,
+)
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class _Options:
     streaming: bool
     max_memory: int
     first_greedy: tuple[torch.Tensor, float] | None = None  # batch 0's, already timed
+    first_plain: PlainPass | None = None  # batch 0's pass without capture, already timed
 
 
 @dataclass
@@ -100,8 +107,8 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
                        checks_only: bool = False, shard: Shard = SINGLE,
                        keep_examples: int = 1, streaming: bool = True,
                        max_memory: int | str | None = None,
-                       first_greedy: tuple[torch.Tensor, float] | None = None
-                       ) -> ValidityAudit:
+                       first_greedy: tuple[torch.Tensor, float] | None = None,
+                       first_plain: PlainPass | None = None) -> ValidityAudit:
     """Audit every attention site of ``target`` over its data (see the module docstring).
 
     Args:
@@ -144,6 +151,9 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
         first_greedy: the first batch's greedy output (B, T) and the seconds it took, when
             the caller already decoded it (the audit's plan, in its reference run): not
             decoded again, and its time is the first timed run.
+        first_plain: the first batch's timed teacher-forced pass without capture (on
+            ``first_greedy``'s output), when the caller already ran it: not run again
+            (:func:`~attnaudit.validity.timing.forward_passes`).
 
     Raises:
         TargetError: the target's callables fail or return the wrong shapes, or there is
@@ -161,7 +171,7 @@ def run_validity_audit(target: Seq2SeqTarget, *, limit: int | None = None,
     keep = keep_examples if keep_example else 0
     options = _Options(timing, timing_repeats, checks_only, keep, streaming,
                        DEFAULT_MAX_MEMORY if max_memory is None else parse_memory(max_memory),
-                       first_greedy)
+                       first_greedy, first_plain)
     with display(None, enabled=progress, name=f"audit {target.name}"), \
             shard.together("the validity audit"):
         phase("validity")
@@ -221,7 +231,8 @@ def _audit_batch(target: Seq2SeqTarget, batch: Batch, index: int, state: _AuditS
                                      on_call=analysis.on_call if options.streaming else None,
                                      max_memory=options.max_memory,
                                      keep_logits=compares_cached(target, options),
-                                     least=options.least_repeats)
+                                     least=options.least_repeats,
+                                     known_plain=options.first_plain if index == 0 else None)
         if options.streaming and not analysis.verified():  # analyse a kept capture instead
             analysis = _batch_analysis(target, batch, emitted, step_mask, state, kept_rows)
             cap = kept_pass(target, batch, emitted, keep=not options.checks_only,

@@ -75,11 +75,30 @@ def _greedy(target: Seq2SeqTarget, batch: Batch) -> torch.Tensor:
 
 
 
+@dataclass
+class PlainPass:
+    """One timed teacher-forced pass without capture: its seconds, its peak memory (MiB;
+    NaN: not measured, :class:`~attnaudit.runtime.measurement.PeakMemory`) and, when kept,
+    its logits (B, T, V)."""
+
+    seconds: float
+    peak_mib: float
+    logits: torch.Tensor | None = None
+
+
+def plain_pass(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
+               keep_logits: bool) -> PlainPass:
+    """Run and time one teacher-forced pass over ``batch`` without capture (no gradients)."""
+    with torch.no_grad(), PeakMemory(target.model) as memory:
+        logits, seconds = timed(lambda: target.teacher_forced(batch, emitted))
+    return PlainPass(seconds, memory.peak_mib, logits if keep_logits else None)
+
+
 def forward_passes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *,
                    keep: bool, timing: bool, plain_first: bool,
                    on_call: OnCall | None = None, max_memory: int | None = None,
-                   keep_logits: bool = False, least: int = TIMING_REPEATS
-                   ) -> tuple[Capture, TimedPasses]:
+                   keep_logits: bool = False, least: int = TIMING_REPEATS,
+                   known_plain: PlainPass | None = None) -> tuple[Capture, TimedPasses]:
     """The teacher-forced pass under capture whose records are analysed (``keep``: scores
     and values too) and, with ``timing``, timed passes without and with capture, as many
     of each (at least ``least``) as :func:`~attnaudit.runtime.measurement.repeat_count`
@@ -87,8 +106,13 @@ def forward_passes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *
     the analysed pass is the first timed one with capture. With ``on_call`` the analysed
     pass streams its calls to it and keeps none (its time then includes that analysis), and
     the other captured passes keep none either. ``max_memory``: the capture's block budget.
-    ``keep_logits``: keep one pass's logits in the returned :class:`TimedPasses`."""
+    ``keep_logits``: keep one pass's logits in the returned :class:`TimedPasses`.
+    ``known_plain``: a pass without capture the caller already ran on this batch (the
+    audit's plan), which counts as the first one without capture when it kept its logits
+    or none are asked for."""
     passes = TimedPasses()
+    if known_plain is not None and keep_logits and known_plain.logits is None:
+        known_plain = None
     kept: Capture | None = None
     repeats = 1
     repeat = 0
@@ -109,14 +133,14 @@ def forward_passes(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor, *
                         passes.logits = logits
                 del logits  # not alive through the next pass
             elif timing:
-                with PeakMemory(target.model) as memory:
-                    logits, seconds = timed(lambda: target.teacher_forced(batch, emitted))
-                passes.plain.append(seconds)
+                plain = known_plain if known_plain is not None and not passes.plain else \
+                    plain_pass(target, batch, emitted, keep_logits=keep_logits)
+                passes.plain.append(plain.seconds)
                 if len(passes.plain) == 1:
-                    passes.plain_peak_mib = memory.peak_mib
+                    passes.plain_peak_mib = plain.peak_mib
                     if keep_logits:  # a pass without capture: the model's own numbers
-                        passes.logits = logits
-                del logits
+                        passes.logits = plain.logits
+                del plain
         if timing and repeat == 0:
             repeats = repeat_count(max(passes.plain[0], passes.captured[0]), least)
         repeat += 1

@@ -175,6 +175,39 @@ def test_the_suite_run_on_the_plans_reference_equals_one_run_without_a_plan(caps
                                       check_exact=False, atol=1e-6)
 
 
+@pytest.mark.parametrize("make", [_date_lstm, _tiny_llama], ids=["date_lstm", "tiny_llama"])
+def test_the_validity_audit_takes_over_the_plans_timed_pass_without_capture(capsys,
+                                                                           monkeypatch, make):
+    """The plan's timed teacher-forced pass of the first batch (it prices the protocols that
+    run whole sequences) is the validity audit's first pass without capture: an audit with
+    a plan runs as many passes without capture as one without, its performance row keeps
+    that pass's time, and the cached decoding compared with its logits is the same."""
+    from attnaudit.capturing.state import ACTIVE
+
+    monkeypatch.setattr(timing, "repeat_count", lambda first_s, least: least)
+    plain: list[int] = []
+
+    def counted() -> Seq2SeqTarget:
+        target = make()
+        forced = target.teacher_forced
+        return target.with_options(teacher_forced=lambda batch, emitted: (
+            plain.append(len(batch)) if ACTIVE.capture is None else None)
+            or forced(batch, emitted))
+
+    planned = attnaudit.audit(counted(), quick=True, limit=2, progress=True)
+    assert "per teacher-forced sequence" in capsys.readouterr().err  # the plan timed one
+    with_plan, plain[:] = list(plain), []
+    alone = attnaudit.audit(counted(), quick=True, limit=2, progress=False)
+    assert len(with_plan) == len(plain)
+    assert (planned.validity.performance["plain_s"] > 0).all()
+    pd.testing.assert_frame_equal(planned.validity.metrics, alone.validity.metrics)
+    ours, theirs = planned.validity.cached_decoding, alone.validity.cached_decoding
+    assert ours.measured == theirs.measured
+    if ours.measured:
+        assert ours.rows == theirs.rows and abs(ours.total_variation
+                                                - theirs.total_variation) <= 1e-6
+
+
 @pytest.mark.parametrize("make", [_date_bart, _tiny_llama], ids=["date_bart", "tiny_llama"])
 def test_the_attribution_cost_counts_the_terms_alti_forms(make):
     """The plan prices ALTI by the number of per-key terms it forms: the cost's count equals

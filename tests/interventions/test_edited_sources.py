@@ -105,3 +105,23 @@ def test_a_cached_pass_that_disagrees_falls_back_to_whole_passes(llama):
     whole = target.teacher_forced(dataclasses.replace(batch, source_ids=ids), ref.emitted)
     torch.testing.assert_close(got, whole)
     assert not passes.cached
+
+
+def test_a_cached_pass_wrong_beyond_its_first_row_falls_back_to_whole_passes(llama):
+    """The check runs the chunk's last copy alone: a cached path that misplaces the rows
+    after the first (a state selection off by one) is caught there."""
+    target, batch, ref, _ = llama
+
+    def shifted(batch, states, emitted, start):  # row 0 right, the others its neighbours'
+        out = target.teacher_forced_from(batch, states, emitted, start)
+        return torch.cat([out[:1], out[:-1]])
+
+    passes = EditedSourcePasses(dataclasses.replace(target, teacher_forced_from=shifted),
+                                batch, ref.states)
+    ids = batch.source_ids.clone()
+    ids[:, -2] = replacement_id(target, batch, "pad")
+    rows = torch.arange(len(batch))
+    got = passes.logits(rows, ids, ref.emitted)
+    whole = target.teacher_forced(dataclasses.replace(batch, source_ids=ids), ref.emitted)
+    torch.testing.assert_close(got, whole)
+    assert not passes.cached

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -58,10 +58,11 @@ from attnaudit.capturing.views import prompt_views
 from attnaudit.errors import TargetError
 from attnaudit.targets.contract import Batch, DecoderOnlyTarget
 from attnaudit.targets.data import AuditData
-from attnaudit.targets.decoding import Decoding, forced_logits
+from attnaudit.targets.decoding import Decoding
 from attnaudit.targets.hf.cache import cache_argument, cache_before, cache_state
 from attnaudit.targets.hf.own_input import OwnInput, own_input, refuse_padding_ids
 from attnaudit.targets.hf.tokenizer import source_limit, special_token_ids
+from attnaudit.targets.kept_decoding import KeptDecoding
 from attnaudit.targets.placement import input_device
 
 
@@ -108,6 +109,7 @@ class CausalLM:
     tokenizer: Any
     decoding: Decoding
     limit: int | None = None
+    _kept: KeptDecoding = field(default_factory=KeptDecoding, init=False, repr=False)
 
     @property
     def eos_id(self) -> int | None:
@@ -184,8 +186,9 @@ class CausalLM:
         edit."""
         ids, mask = _prompt(batch)
         with prompt_views(ids.shape[1], lead=self.own.lead):
-            out = self.decoding.generate(self.model, input_ids=ids, attention_mask=mask.long(),
-                                         pad_token_id=self.pad_id, eos_token_id=self.eos_id)
+            out = self._kept.generate(self.decoding, self.model, ids.shape[1], input_ids=ids,
+                                      attention_mask=mask.long(), pad_token_id=self.pad_id,
+                                      eos_token_id=self.eos_id)
         return out[:, ids.shape[1]:]
 
     @cached_property
@@ -353,10 +356,12 @@ class CausalLM:
 
     def cached_decode(self, batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
         """Logits (B, T', V) of the continuation ``emitted`` (B, T) as the model's own
-        ``generate()`` computes them (:func:`~attnaudit.targets.decoding.forced_logits`)."""
+        ``generate()`` computes them (:func:`~attnaudit.targets.decoding.forced_logits`;
+        those :meth:`greedy` kept when it has just decoded them,
+        :mod:`~attnaudit.targets.kept_decoding`)."""
         ids, mask = _prompt(batch)
-        return forced_logits(self.model, emitted, input_ids=ids, attention_mask=mask.long(),
-                             pad_token_id=self.pad_id, eos_token_id=self.eos_id)
+        return self._kept.forced(self.model, emitted, input_ids=ids, attention_mask=mask.long(),
+                                 pad_token_id=self.pad_id, eos_token_id=self.eos_id)
 
     @cached_property
     def _takes_positions(self) -> bool:

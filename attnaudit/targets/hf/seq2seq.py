@@ -25,9 +25,10 @@ from torch import nn
 from attnaudit.errors import TargetError
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from attnaudit.targets.data import AuditData
-from attnaudit.targets.decoding import Decoding, forced_logits
+from attnaudit.targets.decoding import Decoding
 from attnaudit.targets.hf.cache import cache_argument, cache_before, cache_state
 from attnaudit.targets.hf.tokenizer import source_limit, special_token_ids
+from attnaudit.targets.kept_decoding import KeptDecoding
 from attnaudit.targets.placement import input_device
 
 # decode_states' value: the model's own cache with the rows it holds (hf.cache.cache_state)
@@ -49,6 +50,7 @@ class Seq2SeqLM:
     decoding: Decoding
     limit: int | None = None
     _cache_arg: str = field(init=False, repr=False)
+    _kept: KeptDecoding = field(default_factory=KeptDecoding, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # the forward's signature is read once, not on every decoder step
@@ -90,10 +92,10 @@ class Seq2SeqLM:
     def greedy(self, batch: Batch) -> torch.Tensor:
         """The output (B, T) of :attr:`decoding` (greedy, or the best beam), the decoder
         start token left out."""
-        out = self.decoding.generate(
-            self.model, input_ids=batch.source_ids, attention_mask=batch.source_mask.long(),
-            decoder_start_token_id=self.start_id, pad_token_id=self.pad_id,
-            eos_token_id=self.eos_id)
+        out = self._kept.generate(
+            self.decoding, self.model, 1, input_ids=batch.source_ids,
+            attention_mask=batch.source_mask.long(), decoder_start_token_id=self.start_id,
+            pad_token_id=self.pad_id, eos_token_id=self.eos_id)
         return out[:, 1:]
 
     def encode(self, batch: Batch) -> Any:
@@ -139,11 +141,12 @@ class Seq2SeqLM:
 
     def cached_decode(self, batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
         """Logits (B, T', V) of ``emitted`` (B, T) as the model's own ``generate()`` computes
-        them (:func:`~attnaudit.targets.decoding.forced_logits`)."""
-        return forced_logits(self.model, emitted, input_ids=batch.source_ids,
-                             attention_mask=batch.source_mask.long(),
-                             decoder_start_token_id=self.start_id, pad_token_id=self.pad_id,
-                             eos_token_id=self.eos_id)
+        them (:func:`~attnaudit.targets.decoding.forced_logits`; those :meth:`greedy` kept
+        when it has just decoded them, :mod:`~attnaudit.targets.kept_decoding`)."""
+        return self._kept.forced(self.model, emitted, input_ids=batch.source_ids,
+                                 attention_mask=batch.source_mask.long(),
+                                 decoder_start_token_id=self.start_id, pad_token_id=self.pad_id,
+                                 eos_token_id=self.eos_id)
 
     def teacher_forced(self, batch: Batch, emitted: torch.Tensor) -> torch.Tensor:
         """Logits (B, T, V): the source encoded, then the decoder fed ``emitted``."""
