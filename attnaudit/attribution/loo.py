@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -127,6 +127,42 @@ def replacement_id(target: Seq2SeqTarget, batch: Batch, replace_with: str | int,
     return replace_with
 
 
+class _Edits(NamedTuple):
+    """:func:`edit_groups` of a batch's eligible keys (``example``, ``key``, ``edit``: (K,)
+    long each), each edit's example and first (lowest) key (E,) long, and the run order of
+    the edits (E,) long: by their first key, so that a chunk's prompts share a longer
+    prefix."""
+
+    example: torch.Tensor
+    key: torch.Tensor
+    edit: torch.Tensor
+    edited_example: torch.Tensor
+    lowest: torch.Tensor
+    order: torch.Tensor
+
+
+def _edits(target: Seq2SeqTarget, batch: Batch, window: Window) -> _Edits:
+    example, key, edit = edit_groups(target.explain_keys(batch), window)
+    first = torch.ones(len(edit), dtype=torch.bool)
+    first[1:] = edit[1:] != edit[:-1]
+    return _Edits(example, key, edit, example[first], key[first],
+                  torch.argsort(key[first], stable=True))
+
+
+def edit_sequences(target: Seq2SeqTarget, batch: Batch, states: Any, window: Window, *,
+                   vocab: int, steps: int, max_memory: int | str | None) -> float:
+    """What :func:`leave_one_out` on ``batch`` with ``window`` and the decoder ``states``
+    costs in whole teacher-forced sequences of ``steps`` output steps (vocabulary ``vocab``;
+    :meth:`~attnaudit.interventions.edited_sources.EditedSourcePasses.sequences`): fewer
+    than its edits where the cache serves them."""
+    edits = _edits(target, batch, window)
+    passes = EditedSourcePasses(target, batch, states)
+    chunk = passes.chunk_size(len(edits.order), whole_passes(
+        target, vocab=vocab, keys=int(batch.source_ids.shape[1]), steps=steps,
+        max_memory=max_memory))
+    return passes.sequences(edits.lowest[edits.order], chunk, steps)
+
+
 def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
                   replace_with: str | int = "pad", *, pad_id: int | None = None,
                   chunk_size: int | None = None, reference_probs: torch.Tensor | None = None,
@@ -169,13 +205,8 @@ def leave_one_out(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor,
             raise InterventionError(f"reference_probs has shape {tuple(reference_probs.shape)}, "
                                     f"expected ({n_examples}, {n_steps}, V)")
         reference_probs = reference_probs.float().cpu()
-        example, key, edit = edit_groups(target.explain_keys(batch), window)
-        first = torch.ones(len(edit), dtype=torch.bool)  # each edit's first (lowest) key
-        first[1:] = edit[1:] != edit[:-1]
-        edited_example = example[first]
-        # a chunk's prompts share a longer prefix; ``slot``: each pair's edit in run order
-        by_key = torch.argsort(key[first], stable=True)
-        slot = torch.empty_like(by_key)
+        example, key, edit, edited_example, _, by_key = _edits(target, batch, window)
+        slot = torch.empty_like(by_key)  # each pair's edit in run order
         slot[by_key] = torch.arange(len(by_key))
         slot = slot[edit]
         passes = EditedSourcePasses(target, batch, states)

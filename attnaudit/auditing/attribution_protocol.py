@@ -26,6 +26,7 @@ from attnaudit.attribution.loo import (
     QUICK_LOO_MULTIPLY_ADDS,
     audit_window,
     edit_count,
+    edit_sequences,
     example_windows,
     leave_one_out,
     quick_edits,
@@ -95,20 +96,25 @@ class Attribution(InterventionProtocol):
         edited sequence per leave-one-out edit (an eligible key, or in a quick audit a
         window of them; leave-one-out folds a batch's worth per pass). In whole sequences:
         the embedded pass, one forward per gradient group and per integration point, each
-        with a backward pass per step; a sequence per leave-one-out edit; and the
+        with a backward pass per step; leave-one-out's edited sequences, each a share of one
+        where it runs from the cached prefix
+        (:func:`~attnaudit.attribution.loo.edit_sequences`); and the
         contribution trace's pass; and the terms of ALTI's arithmetic
         (:func:`~attnaudit.auditing.contribution_suite.contribution_terms`)."""
-        methods, examples = ctx.settings.methods, len(ctx.batch)
-        edits = edit_count(ctx.target.explain_keys(ctx.batch),
-                           audit_window(ctx.settings.quick, ctx.sequence_multiply_adds()))
+        methods, examples, ref = ctx.settings.methods, len(ctx.batch), ctx.ref
+        window = audit_window(ctx.settings.quick, ctx.sequence_multiply_adds())
+        edits = edit_count(ctx.target.explain_keys(ctx.batch), window)
         loo = -(-edits // max(examples, 1))
         detached = (DETACHED_BY_DEFAULT if ctx.settings.attribution is None
                     else ctx.settings.attribution.detach_attention)
         gradients = (len({m in detached for m in methods if m in GRADIENT_METHODS})
                      + INTEGRATION_POINTS * ("integrated_gradients" in methods))
-        steps = int(ctx.ref.emitted.shape[1])
+        steps = int(ref.emitted.shape[1])
+        edited = edit_sequences(ctx.target, ctx.batch, ref.states, window,
+                                vocab=int(ref.probs.shape[-1]), steps=steps,
+                                max_memory=ref.budget.max_memory)
         return Cost(examples * len(methods) + edits, len(methods) + loo, len(methods),
-                    exact=False, sequences=examples * (2 + gradients) + edits,
+                    exact=False, sequences=examples * (2 + gradients) + edited,
                     backward_sequences=examples * steps * gradients,
                     terms=contribution_terms(ctx.target, ctx.batch, steps))
 

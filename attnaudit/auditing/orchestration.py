@@ -38,7 +38,7 @@ from attnaudit.options import (
 )
 from attnaudit.report.manifest import build_manifest
 from attnaudit.runtime.distributed import Shard, current_shard
-from attnaudit.runtime.measurement import QUICK_TIMING_REPEATS, TIMING_REPEATS
+from attnaudit.runtime.measurement import least_repeats
 from attnaudit.runtime.progress import display, part
 from attnaudit.targets.checks import checked_target
 from attnaudit.targets.contract import Seq2SeqTarget
@@ -300,8 +300,7 @@ def _run(target: Seq2SeqTarget, *, options: AuditOptions, progress: bool,
             validity = run_validity_audit(target, limit=limit, progress=progress,
                                           keep_example=not checks_only, regions=not checks_only,
                                           timing=not checks_only, checks_only=checks_only,
-                                          timing_repeats=QUICK_TIMING_REPEATS if options.quick
-                                          else TIMING_REPEATS,
+                                          timing_repeats=least_repeats(options.quick),
                                           max_masked_mass=options.tolerances.max_masked_mass,
                                           row_sum_tolerance=options.tolerances.row_sum_tolerance,
                                           shard=shard, keep_examples=options.explorer_examples,

@@ -9,12 +9,15 @@ every protocol the suite would run for its
 :meth:`~attnaudit.interventions.protocol.InterventionProtocol.cost` on that batch, and
 scales it to the data (exact with one batch; an estimate otherwise, and for protocols whose
 cost is itself one). The time estimate is passes x the timed seconds per pass (a backward
-pass counted as two forward ones) plus items x seconds per item; for a protocol that runs
-whole edited sequences (faithfulness, attribution: its cost's ``sequences``) it is those
-sequences x the seconds per sequence of a timed teacher-forced pass of the first batch (a
-backward sequence counted as two); a cost's ``terms`` (ALTI's arithmetic) add their number x
-the seconds per term of a timed block of random terms of the model's heads and width
-(:func:`~attnaudit.contributions.alti.terms_seconds`). With a *pilot* each protocol's
+pass counted as :data:`BACKWARD_FORWARDS` forward ones) plus items x seconds per item; for a
+protocol that runs whole edited sequences (faithfulness, attribution: its cost's
+``sequences``) it is those sequences x the seconds per sequence of a timed teacher-forced
+pass of the first batch (a backward sequence counted as :data:`BACKWARD_FORWARDS`); a
+cost's ``terms`` (ALTI's arithmetic) add their number x the seconds per term of a timed
+block of random terms of the model's heads and width
+(:func:`~attnaudit.contributions.alti.terms_seconds`). The validity audit's passes are
+priced by the reference run's timed greedy decoding and teacher-forced pass
+(:func:`_validity_seconds`). With a *pilot* each protocol's
 seconds per item are its own: every protocol runs once, in the suite's order, on the first
 example of the first batch (row protocols on at most :data:`PILOT_ROWS` of its rows) and is
 timed; without one they are the uniform edit's. The pilot runs when the data has at least
@@ -59,6 +62,7 @@ from attnaudit.interventions.reference_run import Reference, RowIndex, reference
 from attnaudit.interventions.runner import ItemEdit, item_chunks, run_items
 from attnaudit.options import AuditOptions
 from attnaudit.report.manifest import hash_seconds
+from attnaudit.runtime.measurement import least_repeats, repeat_count
 from attnaudit.runtime.progress import expect
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 from attnaudit.targets.kept_decoding import KEPT_LOGITS_BYTES
@@ -68,7 +72,10 @@ from attnaudit.validity.timing import PlainPass, plain_pass
 VALIDITY = "validity"
 TIMED_ITEMS = 64  # edited items of the larger timed uniform edit
 TIMED_ROWS = 4  # the first batch's rows the uniform edit is timed on
-BACKWARD_FORWARDS = 2.0  # a backward pass costs about two forward passes
+# A backward pass costs about this many forward passes: no backward pass of the audit takes
+# parameter gradients, only the input's or the attention's (one product per forward one;
+# 1.13 measured on a 1.24B-parameter model's six-step gradient pass in bfloat16)
+BACKWARD_FORWARDS = 1.1
 PILOT_ROWS = 4  # rows of the pilot example each row protocol is timed on
 PILOT_MIN_EXAMPLES = 16  # an audit's own plan runs the pilot from this many examples on
 
@@ -166,8 +173,6 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
     first_plain: PlainPass | None = None  # that timed pass
     terms_s: float | None = None  # timed when a protocol's contribution arithmetic runs
     scale, single = settings.n_examples / len(first), len(batches) == 1
-    validity = ProtocolPlan(VALIDITY, Cost(settings.n_examples, round(decoding * len(batches)),
-                                           exact=False), ref_seconds * len(batches))
     protocols = []
     suite = options.interventions and not options.checks_only
     if pilot is None:
@@ -204,11 +209,31 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
                                         execution_device(target.model))
             seconds += cost.terms * terms_s
         protocols.append(ProtocolPlan(protocol.name, cost, seconds))
+    validity = ProtocolPlan(VALIDITY, Cost(settings.n_examples, round(decoding * len(batches)),
+                                           exact=False),
+                            _validity_seconds(ref, ref_seconds, len(batches),
+                                              least_repeats(options.quick),
+                                              plain_known=first_plain is not None))
     hashed = 0.0 if options.checks_only else hash_seconds(target.model)  # as the audit hashes
     return Plan(target.name, settings.n_examples, len(batches), validity, tuple(protocols),
                 pass_s, item_s, piloted=bool(rates), seconds_per_sequence=sequence_s or 0.0,
                 hash_seconds=hashed, planning_seconds=time.perf_counter() - started,
                 reference=ref, first_plain=first_plain)
+
+
+def _validity_seconds(ref: Reference, ref_seconds: float, batches: int, least: int, *,
+                      plain_known: bool) -> float:
+    """The validity audit's estimate: the reference run's greedy decoding and teacher-forced
+    pass with capture priced by their timings (``ref_seconds`` halved where it has none), each
+    repeated as :func:`~attnaudit.runtime.measurement.repeat_count` asks (at least
+    ``least``), with as many teacher-forced passes without capture, on every batch, less
+    what the plan hands the audit on the first batch (the reference run's decoding and,
+    ``plain_known``, the timed pass without capture). The comparison of the cached decoding
+    is not priced (a kept decoding's logits cost nothing more)."""
+    greedy = ref.greedy_seconds if ref.greedy_seconds is not None else ref_seconds / 2
+    forced = ref.forced_seconds if ref.forced_seconds is not None else ref_seconds / 2
+    per_batch = repeat_count(greedy, least) * greedy + 2 * repeat_count(forced, least) * forced
+    return max(per_batch * batches - greedy - forced * plain_known, 0.0)
 
 
 def _passes(cost: Cost) -> float:

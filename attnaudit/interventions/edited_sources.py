@@ -55,6 +55,26 @@ class EditedSourcePasses:
             return budget
         return max(1, min(budget, -(-copies // CACHED_CHUNKS)))
 
+    def sequences(self, starts: torch.Tensor, chunk: int, steps: int) -> float:
+        """What copies whose first changed positions are ``starts`` (E,) long, in run order,
+        cost in whole teacher-forced sequences of ``P + steps`` positions, run ``chunk`` per
+        pass: a cached chunk's copies from its earliest start on (a share of a sequence
+        each; a chunk from position 0 costs whole ones) and the copy the first cached chunk
+        also runs whole; every copy whole without the cache. An estimate for the plan: it
+        counts positions, not the cache's selection or the vocabulary's projection."""
+        if not self.cached or not len(starts):
+            return float(len(starts))
+        width = int(self.batch.source_ids.shape[1])
+        total = width + steps
+        starts = starts.cpu().clamp(0, width - 1)
+        whole, checked = 0.0, False
+        for at in range(0, len(starts), chunk):
+            part = starts[at : at + chunk]
+            start = int(part.min())
+            whole += len(part) * (total - start) / total if start > 0 else len(part)
+            checked = checked or start > 0
+        return whole + checked
+
     def logits(self, rows: torch.Tensor, ids: torch.Tensor, emitted: torch.Tensor
                ) -> torch.Tensor:
         """(R, T, V): teacher-forced logits of examples ``rows`` (R,) of the batch with their

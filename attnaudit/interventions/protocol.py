@@ -86,8 +86,9 @@ class Cost:
     exact: False when the counts are an estimate (a test that stops early, such as the
     cumulative removal, runs at most ``items``); sequences, backward_sequences: for a
     protocol that runs whole teacher-forced passes (an edited source, not one cached step),
-    how many example-sequences its forward and backward passes hold in all, the unit the
-    plan times with one teacher-forced pass (0: its passes are cached steps); terms: the
+    how many example-sequences its forward and backward passes hold in all (a share of one
+    for a copy run from a cached prefix), the unit the plan times with one teacher-forced
+    pass (0: its passes are cached steps); terms: the
     numbers of per-key contribution terms its ALTI arithmetic forms (examples x query rows
     x keys x model width over every site), which the plan prices by a timed block of them.
     """
@@ -96,8 +97,8 @@ class Cost:
     forward: int
     backward: int = 0
     exact: bool = True
-    sequences: int = 0
-    backward_sequences: int = 0
+    sequences: float = 0.0
+    backward_sequences: float = 0.0
     terms: int = 0
 
     def __add__(self, other: Cost) -> Cost:
@@ -108,10 +109,11 @@ class Cost:
                     self.terms + other.terms)
 
     def scaled(self, factor: float, exact: bool) -> Cost:
-        """Every count times ``factor`` (rounded); ``exact`` and'ed with this one's."""
+        """Every count times ``factor`` (rounded, but for the sequences); ``exact`` and'ed
+        with this one's."""
         return Cost(round(self.items * factor), round(self.forward * factor),
                     round(self.backward * factor), self.exact and exact,
-                    round(self.sequences * factor), round(self.backward_sequences * factor),
+                    self.sequences * factor, self.backward_sequences * factor,
                     round(self.terms * factor))
 
 

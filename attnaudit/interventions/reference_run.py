@@ -10,6 +10,7 @@ picked by index (:class:`RowIndex`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +55,9 @@ class Reference:
     cache_note: why edited items re-run the prefix although the target offers a cached
     step (None: they do not, or it was not offered). greedy_seconds: what the greedy
     decoding of ``batch`` took (a validity audit of the same batch counts it as its first
-    timed run instead of decoding again). mixed_steps: edited items at
+    timed run instead of decoding again); forced_seconds: what its teacher-forced pass under
+    capture took (the audit's plan prices the validity audit's passes by both).
+    mixed_steps: edited items at
     different steps after the first share one cached call (``target.decode_steps``,
     checked against the teacher-forced pass: :func:`cached_states`; :meth:`call_group`).
     mechanisms: site -> the capture
@@ -82,6 +85,7 @@ class Reference:
     mechanisms: dict[str, str] = field(default_factory=dict)
     value_sites: tuple[str, ...] = ()
     greedy_seconds: float | None = None
+    forced_seconds: float | None = None
 
     @property
     def heads(self) -> dict[str, int]:
@@ -188,6 +192,7 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
     encoded, in_encoder = None, set()
     with torch.no_grad():
         emitted, greedy_seconds = timed(lambda: target.greedy(batch))
+        started = time.perf_counter()
         with capture(target.model, sites=target.sites, kinds=target.kinds) as cap:
             if target.encode is not None and target.decode is not None:
                 encoded = target.encode(batch)
@@ -195,6 +200,7 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
                 logits = target.decode(batch, encoded, emitted)
             else:
                 logits = target.teacher_forced(batch, emitted)
+        forced_seconds = time.perf_counter() - started
         names = select_sites(cap.records, sites, kind)
         if in_encoder.intersection(names):
             encoded = None  # an edit there changes the encoder output: re-encode every copy
@@ -243,7 +249,7 @@ def reference(target: Seq2SeqTarget, batch: Batch, *, sites: Sequence[str] | Non
                      head_index=None if heads is None else tuple(heads), states=states,
                      cache_note=cache_note, mixed_steps=mixed_steps,
                      mechanisms=mechanisms, value_sites=value_sites,
-                     greedy_seconds=greedy_seconds,
+                     greedy_seconds=greedy_seconds, forced_seconds=forced_seconds,
                      empty_output=(emitted[:, 0] == target.eos_id).cpu() if n_steps
                      else torch.ones(n_examples, dtype=torch.bool),
                      negligible=negligible_rows(shares) if len(shares) == len(names) else None)

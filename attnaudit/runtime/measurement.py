@@ -49,6 +49,11 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return result, time.perf_counter() - start
 
 
+def least_repeats(quick: bool) -> int:
+    """The fewest timed runs of a slow pass in a quick (``quick``) or full audit."""
+    return QUICK_TIMING_REPEATS if quick else TIMING_REPEATS
+
+
 def repeat_count(first_s: float, least: int = TIMING_REPEATS) -> int:
     """How many runs to time of a pass whose first run took ``first_s`` seconds: at least
     ``least`` when it took :data:`SLOW_PASS_S` or longer, else at least

@@ -232,3 +232,26 @@ def test_the_attribution_cost_counts_the_terms_alti_forms(make):
         keys -= block.role == "cross"  # the decoder stream's column is no per-key term
         formed += examples * queries * keys * width
     assert cost.terms == formed
+
+
+def test_the_validity_estimate_counts_the_passes_the_plan_does_not_hand_over():
+    """Priced from the reference run's timings: per batch the greedy decoding's runs and as
+    many teacher-forced passes with capture as without, less the first batch's decoding
+    and, when the plan timed one, its pass without capture (a slow pass runs once at the
+    quick audit's least, a fast one at least three times and for 0.25 s)."""
+    from types import SimpleNamespace
+
+    from attnaudit.auditing.plan import _validity_seconds
+
+    slow = SimpleNamespace(greedy_seconds=2.0, forced_seconds=1.0)
+    assert _validity_seconds(slow, 9.0, 3, 1, plain_known=False) == pytest.approx(
+        3 * (2.0 + 2 * 1.0) - 2.0)
+    assert _validity_seconds(slow, 9.0, 3, 1, plain_known=True) == pytest.approx(
+        3 * (2.0 + 2 * 1.0) - 2.0 - 1.0)
+    assert _validity_seconds(slow, 9.0, 1, 3, plain_known=True) == pytest.approx(
+        3 * 2.0 + 2 * 3 * 1.0 - 2.0 - 1.0)
+    fast = SimpleNamespace(greedy_seconds=0.01, forced_seconds=0.02)  # 25 and 13 runs
+    assert _validity_seconds(fast, 1.0, 2, 1, plain_known=False) == pytest.approx(
+        2 * (25 * 0.01 + 2 * 13 * 0.02) - 0.01)
+    untimed = SimpleNamespace(greedy_seconds=None, forced_seconds=None)  # halves of 4 s
+    assert _validity_seconds(untimed, 4.0, 1, 1, plain_known=False) == pytest.approx(4.0)

@@ -10,7 +10,12 @@ import dataclasses
 import pytest
 import torch
 
-from attnaudit.attribution.loo import leave_one_out, replacement_id
+from attnaudit.attribution.loo import (
+    edit_count,
+    edit_sequences,
+    leave_one_out,
+    replacement_id,
+)
 from attnaudit.interventions.edited_sources import EditedSourcePasses, first_changes
 from attnaudit.interventions.faithfulness import ranking, removal_curves
 from attnaudit.interventions.reference_run import reference
@@ -125,3 +130,32 @@ def test_a_cached_pass_wrong_beyond_its_first_row_falls_back_to_whole_passes(lla
     whole = target.teacher_forced(dataclasses.replace(batch, source_ids=ids), ref.emitted)
     torch.testing.assert_close(got, whole)
     assert not passes.cached
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_the_plans_leave_one_out_sequences_are_the_positions_it_runs(llama, window):
+    """edit_sequences (the plan's price of leave-one-out) equals the positions the run's
+    passes hold, counted call by call, in whole sequences of prompt + steps positions."""
+    target, batch, ref, _ = llama
+    ran: list[tuple[int, int]] = []  # (copies, first position run) per call
+    inner_from, inner_whole = target.teacher_forced_from, target.teacher_forced
+
+    def counted_from(edited, states, emitted, start):
+        ran.append((len(edited), start))
+        return inner_from(edited, states, emitted, start)
+
+    def counted_whole(edited, emitted):
+        ran.append((len(edited), 0))
+        return inner_whole(edited, emitted)
+
+    counted = dataclasses.replace(target, teacher_forced_from=counted_from,
+                                  teacher_forced=counted_whole)
+    leave_one_out(counted, batch, ref.emitted, reference_probs=ref.probs, states=ref.states,
+                  window=window)
+    width, steps = batch.source_ids.shape[1], ref.emitted.shape[1]
+    positions = sum(copies * (width + steps - start) for copies, start in ran)
+    assert any(start > 0 for _, start in ran)
+    planned = edit_sequences(target, batch, ref.states, window,
+                             vocab=int(ref.probs.shape[-1]), steps=int(steps), max_memory=None)
+    assert planned == pytest.approx(positions / (width + steps))
+    assert planned < edit_count(target.explain_keys(batch), window)  # fewer than whole ones
