@@ -93,6 +93,19 @@ def test_faithfulness_curves_from_the_cache_equal_whole_passes(llama):
     torch.testing.assert_close(cached.sufficiency, whole.sufficiency, atol=TOL, rtol=0)
 
 
+def _assert_falls_back(target, batch, ref, cached_from) -> None:
+    """Edited copies of every example (the last key but one replaced) through a cached path
+    ``cached_from`` (a ``teacher_forced_from``): whole passes' logits, and the cache off."""
+    passes = EditedSourcePasses(dataclasses.replace(target, teacher_forced_from=cached_from),
+                                batch, ref.states)
+    ids = batch.source_ids.clone()
+    ids[:, -2] = replacement_id(target, batch, "pad")
+    got = passes.logits(torch.arange(len(batch)), ids, ref.emitted)
+    whole = target.teacher_forced(dataclasses.replace(batch, source_ids=ids), ref.emitted)
+    torch.testing.assert_close(got, whole)
+    assert not passes.cached
+
+
 def test_a_cached_pass_that_disagrees_falls_back_to_whole_passes(llama):
     target, batch, ref, _ = llama
 
@@ -101,15 +114,7 @@ def test_a_cached_pass_that_disagrees_falls_back_to_whole_passes(llama):
             len(batch), emitted.shape[1], ref.probs.shape[-1], generator=torch.Generator()
             .manual_seed(0))
 
-    passes = EditedSourcePasses(dataclasses.replace(target, teacher_forced_from=wrong), batch,
-                                ref.states)
-    ids = batch.source_ids.clone()
-    ids[:, -2] = replacement_id(target, batch, "pad")
-    rows = torch.arange(len(batch))
-    got = passes.logits(rows, ids, ref.emitted)
-    whole = target.teacher_forced(dataclasses.replace(batch, source_ids=ids), ref.emitted)
-    torch.testing.assert_close(got, whole)
-    assert not passes.cached
+    _assert_falls_back(target, batch, ref, wrong)
 
 
 def test_a_cached_pass_wrong_beyond_its_first_row_falls_back_to_whole_passes(llama):
@@ -121,15 +126,7 @@ def test_a_cached_pass_wrong_beyond_its_first_row_falls_back_to_whole_passes(lla
         out = target.teacher_forced_from(batch, states, emitted, start)
         return torch.cat([out[:1], out[:-1]])
 
-    passes = EditedSourcePasses(dataclasses.replace(target, teacher_forced_from=shifted),
-                                batch, ref.states)
-    ids = batch.source_ids.clone()
-    ids[:, -2] = replacement_id(target, batch, "pad")
-    rows = torch.arange(len(batch))
-    got = passes.logits(rows, ids, ref.emitted)
-    whole = target.teacher_forced(dataclasses.replace(batch, source_ids=ids), ref.emitted)
-    torch.testing.assert_close(got, whole)
-    assert not passes.cached
+    _assert_falls_back(target, batch, ref, shifted)
 
 
 @pytest.mark.parametrize("window", [1, 2])
