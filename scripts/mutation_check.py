@@ -549,7 +549,7 @@ MUTATIONS = (
     Mutation("loo_priced_as_whole_sequences",
              "plan: leave-one-out's copies from the cached prefix priced as whole sequences",
              "attnaudit/interventions/edited_sources.py",
-             "            whole += len(part) * (total - start) / total if start > 0 else len(part)",
+             "            whole += len(part) * (total - start) / total",
              "            whole += len(part)",
              ("tests/interventions/test_edited_sources.py",)),
     Mutation("validity_priced_without_handover",

@@ -169,8 +169,7 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
     counted = ref.rows()
     timed = counted.select(_timed_rows(ref, counted))
     pass_s, item_s = _timed_items(target, ref, timed, ref_seconds / decoding)
-    sequence_s: float | None = None  # timed when a protocol runs whole sequences
-    first_plain: PlainPass | None = None  # that timed pass
+    first_plain: PlainPass | None = None  # timed when a protocol runs whole sequences
     terms_s: float | None = None  # timed when a protocol's contribution arithmetic runs
     scale, single = settings.n_examples / len(first), len(batches) == 1
     protocols = []
@@ -196,9 +195,8 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
         if cost.sequences:
             if first_plain is None:
                 first_plain = _timed_sequence(target, first, ref.emitted)
-                sequence_s = first_plain.seconds / max(len(first), 1)
-            assert sequence_s is not None
-            seconds = (cost.sequences + BACKWARD_FORWARDS * cost.backward_sequences) * sequence_s
+            seconds = ((cost.sequences + BACKWARD_FORWARDS * cost.backward_sequences)
+                       * _per_sequence(first_plain, first))
         else:
             seconds = _passes(cost) * pass_s + cost.items * rates.get(protocol.name, item_s)
         if cost.terms:
@@ -216,7 +214,8 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
                                               plain_known=first_plain is not None))
     hashed = 0.0 if options.checks_only else hash_seconds(target.model)  # as the audit hashes
     return Plan(target.name, settings.n_examples, len(batches), validity, tuple(protocols),
-                pass_s, item_s, piloted=bool(rates), seconds_per_sequence=sequence_s or 0.0,
+                pass_s, item_s, piloted=bool(rates),
+                seconds_per_sequence=_per_sequence(first_plain, first),
                 hash_seconds=hashed, planning_seconds=time.perf_counter() - started,
                 reference=ref, first_plain=first_plain)
 
@@ -285,6 +284,11 @@ def _timed_sequence(target: Seq2SeqTarget, batch: Batch, emitted: torch.Tensor) 
     if logits is not None and logits.numel() * logits.element_size() > KEPT_LOGITS_BYTES:
         timed = PlainPass(timed.seconds, timed.peak_mib)
     return timed
+
+
+def _per_sequence(timed: PlainPass | None, batch: Batch) -> float:
+    """Seconds per example-sequence of the timed pass over ``batch`` (0: none ran)."""
+    return 0.0 if timed is None else timed.seconds / max(len(batch), 1)
 
 
 def _timed_rows(ref: Reference, rows: RowIndex) -> torch.Tensor:

@@ -62,27 +62,28 @@ class EditedSourcePasses:
         each; a chunk from position 0 costs whole ones) and the copy the first cached chunk
         also runs whole; every copy whole without the cache. An estimate for the plan: it
         counts positions, not the cache's selection or the vocabulary's projection."""
-        if not self.cached or not len(starts):
-            return float(len(starts))
-        width = int(self.batch.source_ids.shape[1])
-        total = width + steps
-        starts = starts.cpu().clamp(0, width - 1)
+        total = int(self.batch.source_ids.shape[1]) + steps
         whole, checked = 0.0, False
         for at in range(0, len(starts), chunk):
             part = starts[at : at + chunk]
-            start = int(part.min())
-            whole += len(part) * (total - start) / total if start > 0 else len(part)
+            start = self._run_from(int(part.min()))
+            whole += len(part) * (total - start) / total
             checked = checked or start > 0
-        return whole + checked
+        return whole + float(checked)
+
+    def _run_from(self, first: int) -> int:
+        """The position a chunk whose earliest first change is ``first`` runs from: 0 (a
+        whole pass) without the cache, else ``first``, at most the prompt's last position
+        (it feeds step 0)."""
+        return min(first, int(self.batch.source_ids.shape[1]) - 1) if self.cached else 0
 
     def logits(self, rows: torch.Tensor, ids: torch.Tensor, emitted: torch.Tensor
                ) -> torch.Tensor:
         """(R, T, V): teacher-forced logits of examples ``rows`` (R,) of the batch with their
         source ids replaced by ``ids`` (R, P), on ``emitted`` (R, T)."""
         edited = replace(self.batch.select(rows), source_ids=ids)
-        start = int(first_changes(self.batch.source_ids[rows.to(ids.device)], ids).min()) \
-            if self.cached else 0
-        start = min(start, ids.shape[1] - 1)  # the prompt's last position feeds step 0
+        start = self._run_from(int(first_changes(self.batch.source_ids[rows.to(ids.device)],
+                                                 ids).min()))
         if start <= 0:
             return self.target.teacher_forced(edited, emitted)
         assert isinstance(self.target, DecoderOnlyTarget)
