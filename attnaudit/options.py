@@ -30,6 +30,7 @@ QUICK_PERMUTATIONS = 20  # auditing.intervention_suite: permutations per row, qu
 N_PERMUTATIONS = 100  # interventions.permutation: permutations per row
 DEFAULT_EXPLORER_EXAMPLES = 5  # report.explorer.DEFAULT_EXAMPLES
 DEFAULT_MAX_MASKED_MASS = 1e-6  # validity.analysers
+WORK_BUDGET = 2e12  # interventions.work_budget: multiply-adds per protocol and example
 DEFAULT_ROW_SUM_TOLERANCE = None  # validity.analysers: from the weights' dtype and key count
 DECODING_MODES = ("model", "greedy")  # targets.decoding
 ATTRIBUTION_OUTPUTS = ("prob", "logprob", "logit", "entropy", "contrast",
@@ -207,7 +208,11 @@ class AuditOptions:
     (reduction, baseline, detached methods); None: the default settings. gold: a Pharaoh
     file of gold alignments, one line per example in token units
     (:mod:`attnaudit.alignments.gold`), for the alignment error rate table of any target
-    (a target's own ``gold_alignments`` are used without it).
+    (a target's own ``gold_alignments`` are used without it). work_budget: the multiply-adds
+    (parameters x tokens) each of the costliest protocols may spend per example before it
+    runs less of its work (integrated gradients' points, the adversarial search's steps,
+    leave-one-out's edits, the faithfulness rows; :mod:`attnaudit.interventions.work_budget`;
+    ``math.inf``: no budget). Nothing binds on models below ~10M parameters.
     """
 
     mode: AuditMode = AuditMode.FULL
@@ -222,6 +227,7 @@ class AuditOptions:
     tolerances: Tolerances = field(default_factory=Tolerances)
     loading: Loading = field(default_factory=Loading)
     gold: str | None = None
+    work_budget: float = WORK_BUDGET
 
     def __post_init__(self) -> None:
         if self.gold is not None:
@@ -235,6 +241,11 @@ class AuditOptions:
             raise OptionError(f"mode must be one of {', '.join(m.value for m in AuditMode)}, "
                               f"got {self.mode!r}") from None
         positive_count("limit", self.limit)
+        budget = self.work_budget
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+            raise OptionError(f"work_budget must be a number of multiply-adds > 0 (inf: no "
+                              f"budget), got {budget!r}")
+        object.__setattr__(self, "work_budget", float(budget))
         positive_count("explorer_examples", self.explorer_examples, optional=False)
         _choice("dtype", self.dtype if isinstance(self.dtype, str) else None, DTYPES)
         _flag("interventions", self.interventions)

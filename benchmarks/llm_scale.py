@@ -3,7 +3,7 @@ the quick audit, each in a fresh process, with time, peak memory and the ratios.
 
     python -m benchmarks.llm_scale [--layers 16] [--hidden 2048] [--heads 32] [--kv-heads 8]
         [--mlp 8192] [--vocab 128256] [--check-tokens 512] [--quick-tokens 96]
-        [--new-tokens 6] [--device cpu|cuda] [--dtype bfloat16] [--rounds 1]
+        [--new-tokens 6] [--device cpu|cuda] [--dtype bfloat16] [--rounds 1] [--full]
 
 The model is built from a ``LlamaConfig`` of the given sizes (defaults: Llama-3.2-1B's, tied
 embeddings, 1.24B parameters; seeded random weights, nothing downloaded) and saved with a
@@ -24,6 +24,8 @@ planned time as multiples of the model's own work at the same length (wall and C
 With ``--rounds N`` the model's own work and the quick audit at the quick length run N times,
 alternating, and the quick audit's ratio is each round's (to the model's own run just before
 it) and their median: the shared machine's other load moves single runs by about 20 %.
+With ``--full`` the full audit itself runs last, at the quick length with its progress
+display: its time per protocol, its plan against what it took, and its ratio.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ SIZES = {"layers": 16, "hidden": 2048, "heads": 32, "kv_heads": 8, "mlp": 8192,
          "vocab": 128256}
 SPECIAL = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0-3
 # the ratios' names (the plan's seconds are its estimate of the full audit, not a run)
-LABELS = {"check": "check", "quick": "quick audit", "plan": "full audit's planned time"}
+LABELS = {"check": "check", "quick": "quick audit", "plan": "full audit's planned time",
+          "full": "full audit"}
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -58,7 +61,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--rounds", type=int, default=1,
                    help="alternating runs of the model's own work and the quick audit")
-    p.add_argument("--child", choices=["build", "model", "check", "quick", "plan"],
+    p.add_argument("--full", action="store_true",
+                   help="also run the full audit after its plan, and compare the two")
+    p.add_argument("--child", choices=["build", "model", "check", "quick", "plan", "full"],
                    help=argparse.SUPPRESS)
     p.add_argument("--folder", help=argparse.SUPPRESS)
     p.add_argument("--prompt-tokens", type=int, help=argparse.SUPPRESS)
@@ -143,14 +148,14 @@ def child(args: argparse.Namespace) -> None:
         run = attnaudit.audit  # imports the audit's modules
         audit_start = time.perf_counter()
         run(target, checks_only=args.child == "check", quick=args.child == "quick",
-            progress=args.child == "quick")
+            progress=args.child in ("quick", "full"))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "device_peak_gib": peak,
                       "audit_seconds": time.perf_counter() - audit_start
-                      if args.child in ("check", "quick") else None}))
+                      if args.child in ("check", "quick", "full") else None}))
 
 
 def measure(what: str, tokens: int, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -221,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{args.new_tokens} new tokens")
         plan = [("model", args.check_tokens), ("check", args.check_tokens),
                 *[("model", args.quick_tokens), ("quick", args.quick_tokens)]
-                * max(args.rounds, 1), ("plan", args.quick_tokens)]
+                * max(args.rounds, 1), ("plan", args.quick_tokens),
+                *[("full", args.quick_tokens)] * args.full]
         results: dict[tuple[str, int], dict[str, Any]] = {}
         rounds: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (model, quick) at quick
         for what, tokens in plan:
@@ -237,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['load'][1]:.2f}", flush=True)
             if r["breakdown"]:
                 print(f"       per protocol: {r['breakdown']}", flush=True)
-            if what == "quick" and r["estimate"]:
+            if what in ("quick", "full") and r["estimate"]:
                 estimate, planning = r["estimate"]
                 after = r["audit_seconds"] - planning
                 print(f"       its plan (made in {planning:.1f} s) estimated {estimate:.1f} s "
@@ -246,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
             if r["plan"]:
                 print("       " + r["plan"].replace("\n", "\n       "), flush=True)
     for what, tokens in (("check", args.check_tokens), ("quick", args.quick_tokens),
-                         ("plan", args.quick_tokens)):
+                         ("plan", args.quick_tokens), *[("full", args.quick_tokens)] * args.full):
         own, run = results["model", tokens], results[what, tokens]
         ratio = run["seconds"] / own["seconds"]
         rss = run["rss_gib"] / own["rss_gib"]

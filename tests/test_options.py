@@ -14,6 +14,7 @@ from attnaudit.auditing.intervention_suite import QUICK_PERMUTATIONS
 from attnaudit.auditing.orchestration import attribution_options
 from attnaudit.errors import OptionError, TargetError
 from attnaudit.interventions.permutation import N_PERMUTATIONS
+from attnaudit.interventions.work_budget import WORK_BUDGET
 from attnaudit.report.explorer import DEFAULT_EXAMPLES
 from attnaudit.targets.decoding import DECODING_MODES
 from attnaudit.targets.placement import resolve_dtype
@@ -24,6 +25,7 @@ from attnaudit.validity.pipeline import run_validity_audit
 def test_the_written_out_defaults_are_the_librarys():
     assert options.QUICK_PERMUTATIONS == QUICK_PERMUTATIONS
     assert options.N_PERMUTATIONS == N_PERMUTATIONS
+    assert options.WORK_BUDGET == WORK_BUDGET
     assert options.DEFAULT_EXPLORER_EXAMPLES == DEFAULT_EXAMPLES
     assert options.DEFAULT_MAX_MASKED_MASS == analysers.DEFAULT_MAX_MASKED_MASS
     assert options.DEFAULT_ROW_SUM_TOLERANCE == analysers.DEFAULT_ROW_SUM_TOLERANCE
@@ -56,6 +58,8 @@ def test_limit_is_checked_once_with_one_error_type(bad):
     (lambda: options.AuditOptions(explorer_examples=0), "explorer_examples must be"),
     (lambda: options.AuditOptions(dtype="float8"), "dtype must be one of"),
     (lambda: options.AuditOptions(max_memory=0), "max_memory must be a byte count"),
+    (lambda: options.AuditOptions(work_budget=0), "work_budget must be a number"),
+    (lambda: options.AuditOptions(work_budget="1e12"), "work_budget must be a number"),
     (lambda: options.AuditOptions(edits=("a",)), "edits must be an attnaudit.options.Edits"),
     (lambda: options.Edits(heads=(0, 0)), "heads must be distinct int values"),
     (lambda: options.Edits(heads=(-1,)), "heads must be head indices >= 0"),

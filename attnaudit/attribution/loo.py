@@ -19,11 +19,15 @@ keys, in key order, are cut into consecutive groups of ``window`` eligible keys 
 may be shorter); each group is replaced at once (one edited sequence) and every key of the
 group gets that edit's TVD. ``window=1`` is leave-one-out itself. :func:`quick_window` sizes
 the window per example so that it runs at most :data:`QUICK_LOO_EDITS` edits, or on a model
-whose edited sequences cost more, :func:`quick_edits` of them.
+whose edited sequences cost more, :func:`quick_edits` of them. A full audit replaces every key
+alone unless an example's keys cost more edited sequences than the work budget buys
+(:mod:`attnaudit.interventions.work_budget`): then it runs :func:`audit_edits` of them, in
+windows sized the same way.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
@@ -65,14 +69,27 @@ def quick_window(n_eligible: int, edits: int = QUICK_LOO_EDITS) -> int:
     return max(1, -(-n_eligible // edits))
 
 
-def audit_window(quick: bool, sequence_multiply_adds: float = 0.0) -> Window:
+def audit_edits(quick: bool, sequence_multiply_adds: float = 0.0,
+                work_budget: float = math.inf) -> int | None:
+    """The most edits per example of the intervention suite's leave-one-out
+    (``sequence_multiply_adds``: what one edited sequence costs the model, parameters x
+    tokens): :func:`quick_edits` in a quick audit; in a full one as many as ``work_budget``
+    buys, at least :data:`QUICK_LOO_MIN_EDITS`, or None (every key alone) without a
+    budget."""
+    if quick:
+        return quick_edits(sequence_multiply_adds)
+    if math.isinf(work_budget):
+        return None
+    return max(QUICK_LOO_MIN_EDITS, int(work_budget // max(sequence_multiply_adds, 1.0)))
+
+
+def audit_window(quick: bool, sequence_multiply_adds: float = 0.0,
+                 work_budget: float = math.inf) -> Window:
     """The intervention suite's window: :func:`quick_window` per example, at most
-    :func:`quick_edits` edits, in a quick audit (``sequence_multiply_adds``: what one
-    edited sequence costs the model, parameters x tokens); every key alone (1) in a full
-    one."""
-    if not quick:
+    :func:`audit_edits` edits (every key alone, 1, where they are not bounded)."""
+    edits = audit_edits(quick, sequence_multiply_adds, work_budget)
+    if edits is None:
         return 1
-    edits = quick_edits(sequence_multiply_adds)
     return quick_window if edits == QUICK_LOO_EDITS else partial(quick_window, edits=edits)
 
 

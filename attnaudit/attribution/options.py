@@ -24,6 +24,7 @@ VECTOR_METHODS = ("deeplift", "gradient_shap")  # reference_methods: attribution
 PREFIX_METHODS = (*DETACHABLE, *VECTOR_METHODS)  # those that attribute to the prefix too
 DETACHED_BY_DEFAULT = ("saliency", "input_x_gradient")
 INTEGRATION_POINTS = 50  # integrated gradients' Gauss-Legendre points by default
+LEAST_INTEGRATION_POINTS = 4  # the fewest the suite runs under its work budget
 SHAP_SAMPLES = 8  # gradient_shap's baselines per example
 SHAP_STDEV = 0.1  # and the standard deviation of their Gaussian noise (embedding units)
 

@@ -24,20 +24,22 @@ from attnaudit.attribution.loo import (
     QUICK_LOO_EDITS,
     QUICK_LOO_MIN_EDITS,
     QUICK_LOO_MULTIPLY_ADDS,
+    audit_edits,
     audit_window,
     edit_count,
     edit_sequences,
     example_windows,
     leave_one_out,
-    quick_edits,
 )
 from attnaudit.attribution.methods import attribute
 from attnaudit.attribution.options import (
     DETACHED_BY_DEFAULT,
     GRADIENT_METHODS,
     INTEGRATION_POINTS,
+    LEAST_INTEGRATION_POINTS,
 )
 from attnaudit.auditing.contribution_suite import (
+    NOT_IN_QUICK,
     add_contribution_parts,
     contribution_tables,
     contribution_terms,
@@ -54,11 +56,50 @@ from attnaudit.interventions.protocol import (
     table_with,
 )
 from attnaudit.interventions.registry import register_protocol
+from attnaudit.interventions.work_budget import WORK_BUDGET
 
 ATTRIBUTION = "attribution"
 IMPORTANCES = "importances"  # the ctx.shared key of the batch's importance maps
 # and of the contribution measures' maps and reasons (contribution_importances)
 CONTRIBUTIONS = "contributions"
+
+
+def integration_point_count(ctx: BatchContext) -> int:
+    """Integrated gradients' points on ``ctx``'s batch: :data:`INTEGRATION_POINTS`, or as many
+    as the work budget buys (a point: one forward pass over each sequence and a backward
+    pass per emitted step), at least :data:`LEAST_INTEGRATION_POINTS`."""
+    steps = int(ctx.ref.emitted.shape[1])
+    return ctx.affordable(INTEGRATION_POINTS, ctx.sequence_multiply_adds() * (1 + steps),
+                          LEAST_INTEGRATION_POINTS)
+
+
+def zeroing_reruns(ctx: BatchContext) -> int:
+    """Value zeroing's re-runs per example of ``ctx``'s batch, each a whole pass: one per key
+    (source or prompt, and emitted steps) and edited site."""
+    keys = int(ctx.batch.source_ids.shape[1]) + int(ctx.ref.emitted.shape[1])
+    return len(ctx.ref.sites) * keys
+
+
+def zeroing_left_out(ctx: BatchContext) -> str | None:
+    """Why value zeroing does not run on ``ctx``'s batch (the contribution measures' reason),
+    or None where it runs: a quick audit leaves it out, a full one where its re-runs cost
+    more than the work budget per example."""
+    if ctx.settings.quick:
+        return NOT_IN_QUICK
+    reruns, budget = zeroing_reruns(ctx), ctx.settings.work_budget
+    needed = reruns * ctx.sequence_multiply_adds()
+    if needed <= budget:
+        return None
+    return (f"not run: its {reruns} re-runs per example (one whole pass per key and decoder "
+            f"layer) cost {needed:.1e} multiply-adds, more than the work budget of "
+            f"{budget:.0e} (work_budget)")
+
+
+def loo_window(ctx: BatchContext) -> Any:
+    """The suite's leave-one-out window on ``ctx``'s batch
+    (:func:`~attnaudit.attribution.loo.audit_window` under the settings' work budget)."""
+    return audit_window(ctx.settings.quick, ctx.sequence_multiply_adds(),
+                        ctx.settings.work_budget)
 
 
 def tau_intervals(summary: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
@@ -102,34 +143,47 @@ class Attribution(InterventionProtocol):
         contribution trace's pass; and the terms of ALTI's arithmetic
         (:func:`~attnaudit.auditing.contribution_suite.contribution_terms`)."""
         methods, examples, ref = ctx.settings.methods, len(ctx.batch), ctx.ref
-        window = audit_window(ctx.settings.quick, ctx.sequence_multiply_adds())
-        edits = edit_count(ctx.target.explain_keys(ctx.batch), window)
+        window = loo_window(ctx)
+        keys = ctx.target.explain_keys(ctx.batch)
+        edits = edit_count(keys, window)
         loo = -(-edits // max(examples, 1))
         detached = (DETACHED_BY_DEFAULT if ctx.settings.attribution is None
                     else ctx.settings.attribution.detach_attention)
-        gradients = (len({m in detached for m in methods if m in GRADIENT_METHODS})
-                     + INTEGRATION_POINTS * ("integrated_gradients" in methods))
+        integrated = "integrated_gradients" in methods
+        points = integration_point_count(ctx) if integrated else 0
+        gradients = len({m in detached for m in methods if m in GRADIENT_METHODS}) + points
+        notes = []
+        if integrated and points < INTEGRATION_POINTS:
+            notes.append(f"integrated gradients: {points} of {INTEGRATION_POINTS} points")
+        if not ctx.settings.quick and edits < int(keys.sum()):
+            notes.append(f"leave-one-out: {edits} edits for {int(keys.sum())} keys")
+        zeroing = 0 if ctx.settings.quick else zeroing_reruns(ctx)
+        if zeroing and zeroing_left_out(ctx) is not None:
+            notes.append(f"value zeroing: not run ({zeroing} re-runs per example)")
+            zeroing = 0
         steps = int(ref.emitted.shape[1])
         edited = edit_sequences(ctx.target, ctx.batch, ref.states, window,
                                 vocab=int(ref.probs.shape[-1]), steps=steps,
                                 max_memory=ref.budget.max_memory)
         return Cost(examples * len(methods) + edits, len(methods) + loo, len(methods),
-                    exact=False, sequences=examples * (2 + gradients) + edited,
+                    exact=False, sequences=examples * (2 + gradients + zeroing) + edited,
                     backward_sequences=examples * steps * gradients,
-                    terms=contribution_terms(ctx.target, ctx.batch, steps))
+                    terms=contribution_terms(ctx.target, ctx.batch, steps),
+                    note="; ".join(notes))
 
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
         target, batch, ref, options = ctx.target, ctx.batch, ctx.ref, ctx.settings.attribution
         methods, progress = ctx.settings.methods, ctx.settings.progress
         found = attribute(target, batch, ref.emitted, methods, progress=progress,
-                          output=options.output, reduction=options.reduction,
+                          n_steps=integration_point_count(ctx), output=options.output,
+                          reduction=options.reduction,
                           baseline=options.baseline, target_side=options.target_side,
                           detach_attention=options.detach_attention,
                           contrast=options.contrast_ids(batch, ref.emitted, target.eos_id),
                           max_memory=ref.budget.max_memory, seed=ref.seed,
                           first_example=ref.first_example)
         per_sequence = ctx.sequence_multiply_adds()
-        window = audit_window(ctx.settings.quick, per_sequence)
+        window = loo_window(ctx)
         loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
                             max_memory=ref.budget.max_memory, progress=progress,
                             states=ref.states, window=window)
@@ -143,8 +197,10 @@ class Attribution(InterventionProtocol):
         rows_agree = agreement(importances, target.explain_keys(batch), ref.steps)
         rows_agree["example"] += ref.first_example
         parts["agreement"] = [rows_agree]  # before the contribution agreement
+        skipped = zeroing_left_out(ctx)
         contributions = add_contribution_parts(target, batch, ref, importances, parts,
-                                               zeroing=not ctx.settings.quick,
+                                               zeroing=skipped is None,
+                                               skipped=skipped or NOT_IN_QUICK,
                                                gold=ctx.settings.gold)
         if ctx.shared is not None:
             ctx.shared[CONTRIBUTIONS] = contributions
@@ -160,7 +216,9 @@ class Attribution(InterventionProtocol):
             ctx.facts["variants"] = {m: found.variant(m) for m in methods}
             windows = example_windows(target.explain_keys(batch), window).tolist()
             ctx.facts.setdefault("loo_windows", set()).update(windows)
-            ctx.facts.setdefault("loo_edits", set()).add(quick_edits(per_sequence))
+            edits = audit_edits(ctx.settings.quick, per_sequence, ctx.settings.work_budget)
+            if edits is not None:
+                ctx.facts.setdefault("loo_edits", set()).add(edits)
         return {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
 
     def assemble(self, parts: Mapping[str, pd.DataFrame], tables: Mapping[str, pd.DataFrame]
@@ -196,19 +254,29 @@ class Attribution(InterventionProtocol):
                 "attribution_output": settings.attribution.output,
                 "leave_one_out_window": loo_window_text(
                     settings.quick, max(facts["loo_windows"]) if facts.get("loo_windows")
-                    else None, min(facts["loo_edits"]) if facts.get("loo_edits") else None)}
+                    else None, min(facts["loo_edits"]) if facts.get("loo_edits") else None,
+                    settings.work_budget)}
 
 
-def loo_window_text(quick: bool, largest: int | None, edits: int | None = None) -> str:
+def loo_window_text(quick: bool, largest: int | None, edits: int | None = None,
+                    work_budget: float = WORK_BUDGET) -> str:
     """The metadata's account of the leave-one-out that ran; largest: the largest window
     it used, edits: the fewest edits per example it allowed (None: it did not run)."""
-    if not quick:
+    if not quick and (largest is None or largest == 1):
         return "1 (every key alone)"
-    text = (f"ceil(n_eligible / E) consecutive eligible keys replaced at once, at most E edits "
-            f"per example: E = {QUICK_LOO_EDITS}, or on a model where {QUICK_LOO_EDITS} edited "
-            f"sequences cost more than {QUICK_LOO_MULTIPLY_ADDS:.0e} multiply-adds (parameters "
-            f"x tokens per sequence) as many as they buy, at least {QUICK_LOO_MIN_EDITS}; "
-            f"every key alone up to E eligible keys")
+    if quick:
+        text = (f"ceil(n_eligible / E) consecutive eligible keys replaced at once, at most E "
+                f"edits per example: E = {QUICK_LOO_EDITS}, or on a model where "
+                f"{QUICK_LOO_EDITS} edited sequences cost more than "
+                f"{QUICK_LOO_MULTIPLY_ADDS:.0e} multiply-adds (parameters x tokens per "
+                f"sequence) as many as they buy, at least {QUICK_LOO_MIN_EDITS}; every key "
+                f"alone up to E eligible keys")
+    else:
+        text = (f"ceil(n_eligible / E) consecutive eligible keys replaced at once, E edits per "
+                f"example: as many edited sequences as the work budget "
+                f"({work_budget:.0e} multiply-adds per example, parameters x tokens per "
+                f"sequence) buys, at least {QUICK_LOO_MIN_EDITS}; every key alone up to E "
+                f"eligible keys")
     if edits is not None:
         text += f"; here E = {edits}"
     return text if largest is None else f"{text}; largest window: {largest}"

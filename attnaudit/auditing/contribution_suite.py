@@ -191,15 +191,16 @@ def _aer_table(counts: pd.DataFrame) -> pd.DataFrame:
 
 def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
                            importances: Mapping[str, torch.Tensor], parts: _Parts, *,
-                           zeroing: bool = True,
+                           zeroing: bool = True, skipped: str = NOT_IN_QUICK,
                            gold: Sequence[Alignment] | None = None
                            ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The batch's contribution tables, appended to ``parts`` (module docstring); returns
     :func:`contribution_importances` of the measures compared (for later protocols).
 
     importances: the suite's maps (B, T, n): ``attention``, the gradient methods, ``loo``.
-    zeroing: compare value zeroing too. gold: one gold alignment per example of the data
-    (a gold file), scored in place of the target's ``gold_alignments``.
+    zeroing: compare value zeroing too (else ``skipped`` says why not). gold: one gold
+    alignment per example of the data (a gold file), scored in place of the target's
+    ``gold_alignments``.
     """
     measures = CONTRIBUTION_MEASURES + ((ZEROING,) if zeroing else ())
     found, reasons, traced = traced_importances(target, batch, ref.emitted, measures)
@@ -207,7 +208,7 @@ def add_contribution_parts(target: Seq2SeqTarget, batch: Batch, ref: Reference,
         [{"measure": m, "reading": READINGS[m], "status": "computed" if m in found else
           "not applicable", "reason": reasons.get(m, "")} for m in measures]
         + ([] if zeroing else [{"measure": ZEROING, "reading": READINGS[ZEROING],
-                                "status": "not run", "reason": NOT_IN_QUICK}])))
+                                "status": "not run", "reason": skipped}])))
     every = {**importances, **found}
     keys = target.explain_keys(batch)
     rows = top_keys(every, keys, ref.steps)

@@ -12,7 +12,9 @@ Quick mode runs on :data:`QUICK_EXAMPLES` seeded examples, the measures quick co
 integrated gradients, no value zeroing, no per-layer weights) and a budget of edited sources
 (:func:`budget_per_example`): each example's rows in a seeded order, as many as the budget
 holds (:func:`~attnaudit.interventions.faithfulness.rows_within`); full mode on every row of
-every example, every measure.
+every example, every measure, unless a row's edited sources cost more than the work budget
+(:mod:`attnaudit.interventions.work_budget`) buys per example: then on the rows it buys,
+chosen as the quick budget chooses them.
 
 Tables: ``faithfulness_rows`` (per example, step and measure: the removal curves, AOPC and
 normalised AOPC) and ``faithfulness_summary`` (per measure: the row means with 95 %
@@ -31,10 +33,17 @@ import pandas as pd
 import torch
 
 from attnaudit.analysis.bootstrap import bootstrap_interval
-from attnaudit.attribution.loo import audit_window, leave_one_out, replacement_id
+from attnaudit.attribution.loo import leave_one_out, replacement_id
 from attnaudit.attribution.methods import attribute
 from attnaudit.attribution.options import QUICK_OMITTED
-from attnaudit.auditing.attribution_protocol import ATTRIBUTION, CONTRIBUTIONS, IMPORTANCES
+from attnaudit.auditing.attribution_protocol import (
+    ATTRIBUTION,
+    CONTRIBUTIONS,
+    IMPORTANCES,
+    integration_point_count,
+    loo_window,
+    zeroing_left_out,
+)
 from attnaudit.auditing.contribution_suite import (
     CONTRIBUTION_MEASURES,
     ZEROING,
@@ -98,12 +107,13 @@ def _suite_importances(ctx: BatchContext) -> dict[str, torch.Tensor]:
         return dict(shared[IMPORTANCES])
     target, batch, ref, options = ctx.target, ctx.batch, ctx.ref, ctx.settings.attribution
     found = attribute(target, batch, ref.emitted, ctx.settings.methods,
-                      output=options.output, reduction=options.reduction,
+                      n_steps=integration_point_count(ctx), output=options.output,
+                      reduction=options.reduction,
                       baseline=options.baseline, max_memory=ref.budget.max_memory,
                       seed=ref.seed, first_example=ref.first_example)
     loo = leave_one_out(target, batch, ref.emitted, reference_probs=ref.probs,
                         max_memory=ref.budget.max_memory, states=ref.states,
-                        window=audit_window(ctx.settings.quick, ctx.sequence_multiply_adds()))
+                        window=loo_window(ctx))
     return {"attention": ref.attention, **found.importance, "loo": loo}
 
 
@@ -114,7 +124,7 @@ def measure_maps(ctx: BatchContext) -> tuple[dict[str, torch.Tensor], dict[str, 
     maps = {"weights": suite.pop("attention").float().cpu()}
     for i, site in enumerate(() if ctx.settings.quick else ref.sites):
         maps[f"weights:layer{i}"] = ref.weights[site].float().mean(1)
-    wanted = CONTRIBUTION_MEASURES + (() if ctx.settings.quick else (ZEROING,))
+    wanted = CONTRIBUTION_MEASURES + (() if zeroing_left_out(ctx) else (ZEROING,))
     shared = ctx.shared if ctx.shared is not None else {}
     found, reasons = (shared[CONTRIBUTIONS] if CONTRIBUTIONS in shared else
                       contribution_importances(ctx.target, ctx.batch, ref.emitted, wanted))
@@ -144,18 +154,19 @@ class Faithfulness(InterventionProtocol):
     def cost(self, ctx: BatchContext) -> Cost:
         """A bound: each ordering's removal and keep-only source at every distinct bin size k
         (no more than the k-subsets of the row's keys), for every row (identical edited
-        sources of one example run once, so fewer run); under the quick budget, per example,
-        the rows whose bounds fit in it, taken in turn until one does not; in chunks the
+        sources of one example run once, so fewer run); under the quick budget or the work
+        budget, per example, the rows whose bounds fit in it, taken in turn until one does
+        not; in chunks the
         memory budget holds, each a whole teacher-forced sequence; the measures' traced pass
         besides."""
         # per-layer weights and value zeroing: full mode's alone
-        full_only = 0 if ctx.settings.quick else len(ctx.ref.sites) + 1
+        full_only = 0 if ctx.settings.quick else (len(ctx.ref.sites)
+                                                  + (zeroing_left_out(ctx) is None))
         orderings = 1 + full_only + len(CONTRIBUTION_MEASURES) + len(ctx.settings.methods) + 3
         n_eligible = ctx.ref.eligible[ctx.rows.example, ctx.rows.step].sum(-1).tolist()
-        # per distinct bin size k, at most one edited pair per ordering and per k-subset
-        per_row = [2 * sum(min(orderings, math.comb(n, k)) for k in set(bin_sizes(n)))
-                   for n in n_eligible]
-        budget = budget_per_example(ctx)
+        per_row = row_bounds(n_eligible, orderings)
+        budget = budget_per_example(ctx, per_row)
+        note = ""
         if budget is None:
             items = sum(per_row)
         else:
@@ -167,11 +178,14 @@ class Faithfulness(InterventionProtocol):
                     continue
                 spent[example] = spent.get(example, 0) + row
             items = sum(spent.values())
+            if not ctx.settings.quick and items < sum(per_row):
+                note = (f"faithfulness: rows whose ~{min(per_row)}+ edited sources fit "
+                        f"{budget:.0f} per example")
         ref = ctx.ref
         chunk = whole_passes(ctx.target, vocab=int(ref.probs.shape[-1]),
                              keys=int(ref.batch.source_ids.shape[1]),
                              steps=int(ref.emitted.shape[1]), max_memory=ref.budget.max_memory)
-        return Cost(items, -(-items // chunk) + 1, exact=False, sequences=items)
+        return Cost(items, -(-items // chunk) + 1, exact=False, sequences=items, note=note)
 
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
         ref, rows = ctx.ref, ctx.rows
@@ -187,7 +201,8 @@ class Faithfulness(InterventionProtocol):
         bound = reversed_ranking(orders["leave_one_out"], eligible)
         names = list(orders)
         stacked = torch.stack([*orders.values(), bound], dim=1)  # (N, O + 1, n)
-        budget = budget_per_example(ctx)
+        budget = budget_per_example(ctx, row_bounds(eligible.sum(-1).tolist(),
+                                                    stacked.shape[1]))
         kept = rows_within(rows, eligible, stacked, budget, [s + ORDER_SALT for s in seeds])
         if ctx.facts is not None:
             ctx.facts["rows_offered"] = ctx.facts.get("rows_offered", 0) + len(rows)
@@ -261,24 +276,46 @@ class Faithfulness(InterventionProtocol):
                 "faithfulness_not_computed": dict(facts.get("not_computed", {}))}
 
 
-def budget_per_example(ctx: BatchContext) -> float | None:
-    """The edited sources each measured example of the batch may run (None: every row, full
-    mode): in quick mode :data:`QUICK_SEQUENCES_PER_EXAMPLE` per audited example, or what
+def row_bounds(n_eligible: list[int], orderings: int) -> list[int]:
+    """Per row with ``n_eligible`` keys, the most edited sources its curves run with
+    ``orderings`` orderings: per distinct bin size k, at most one edited pair per ordering
+    and per k-subset."""
+    return [2 * sum(min(orderings, math.comb(n, k)) for k in set(bin_sizes(n)))
+            for n in n_eligible]
+
+
+def budget_per_example(ctx: BatchContext, bounds: list[int]) -> float | None:
+    """The edited sources each measured example of the batch may run (None: every row):
+    in quick mode :data:`QUICK_SEQUENCES_PER_EXAMPLE` per audited example, or what
     :data:`QUICK_MULTIPLY_ADDS` buy at the model's parameters x the batch's tokens per
-    sequence (source + steps) if more, split evenly over the examples quick measures."""
+    sequence (source + steps) if more, split evenly over the examples quick measures; in
+    full mode what the work budget buys per example, or None where every example's rows
+    fit it (``bounds``: :func:`row_bounds` of ``ctx.rows``) or there is no budget."""
     settings = ctx.settings
+    per_sequence = max(ctx.sequence_multiply_adds(), 1.0)
     if not settings.quick:
-        return None
+        if math.isinf(settings.work_budget):
+            return None
+        budget = settings.work_budget / per_sequence
+        spent: dict[int, int] = {}
+        for example, bound in zip(ctx.rows.example.tolist(), bounds, strict=True):
+            spent[example] = spent.get(example, 0) + bound
+        return None if max(spent.values(), default=0) <= budget else budget
     sequences = max(QUICK_SEQUENCES_PER_EXAMPLE * settings.n_examples,
-                    QUICK_MULTIPLY_ADDS / max(ctx.sequence_multiply_adds(), 1.0))
+                    QUICK_MULTIPLY_ADDS / per_sequence)
     return sequences / min(QUICK_EXAMPLES, settings.n_examples)
 
 
 def budget_text(settings: SuiteSettings, facts: Mapping[str, Any]) -> str:
     """The budget the faithfulness rows were measured under, in words."""
-    if not settings.quick:
-        return "none: every row of every example (full mode)"
     held = f"; {facts['budget']:.0f} per measured example" if "budget" in facts else ""
+    if not settings.quick:
+        if math.isinf(settings.work_budget):
+            return "none: every row of every example (full mode)"
+        return (f"full: edited sources per example, as many as the work budget "
+                f"({settings.work_budget:.0e} multiply-adds per example, parameters x tokens "
+                f"per sequence) buys{held}; each example's rows in a seeded order, as many as "
+                f"fit (every row where all fit)")
     return (f"quick: edited sources per measured example, {QUICK_SEQUENCES_PER_EXAMPLE} per "
             f"audited example or {QUICK_MULTIPLY_ADDS:.0e} multiply-adds (parameters x "
             f"tokens per sequence), whichever buys more, split over the measured examples"

@@ -47,6 +47,7 @@ from attnaudit.interventions.protocol import (
 )
 from attnaudit.interventions.reference_run import Reference, reference
 from attnaudit.interventions.registry import registered_protocols
+from attnaudit.interventions.work_budget import WORK_BUDGET, budget_record
 from attnaudit.runtime.distributed import SINGLE, Shard, TextsDigest
 from attnaudit.runtime.progress import (
     advance,
@@ -115,7 +116,8 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
               attribution: AttributionOptions | None = None,
               sequence_effects: bool = False,
               gold: Sequence[Alignment] | None = None,
-              first_reference: Reference | None = None) -> InterventionSuite:
+              first_reference: Reference | None = None,
+              work_budget: float = WORK_BUDGET) -> InterventionSuite:
     """Run every registered intervention protocol (attribution and agreement among them) on
     ``target``'s data.
 
@@ -138,11 +140,14 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
     scored as the target's ``gold_alignments`` are, in their place.
     first_reference: the first batch's reference run with these ``sites``, ``heads`` and
     ``max_memory``, when the caller has run it (an audit's plan), used in place of a new one.
+    work_budget: the multiply-adds each budgeted protocol may spend per example
+    (:mod:`attnaudit.interventions.work_budget`; ``math.inf``: none).
     """
     batches, settings, protocols, chosen, plan = suite_plan(
         target, quick=quick, limit=limit, progress=progress, n_permutations=n_permutations,
         cumulative_examples=cumulative_examples, adversarial_examples=adversarial_examples,
-        attribution=attribution, sequence_effects=sequence_effects, gold=gold)
+        attribution=attribution, sequence_effects=sequence_effects, gold=gold,
+        work_budget=work_budget)
     target = checked_target(target)
     n_examples = settings.n_examples
     if shard.is_distributed:
@@ -181,6 +186,7 @@ def run_suite(target: Seq2SeqTarget, *, quick: bool = False, limit: int | None =
         "protocol": _PROTOCOL_NOTE,
         "attention": _ATTENTION_NOTE,
         "quick": quick,
+        "work_budget": budget_record(work_budget),
         "edited_items": ref_facts["edited_items"],
         "max_memory_bytes": ref_facts["max_memory_bytes"],
         "degenerate_rows": reason_counts(tables["degenerate"]),
@@ -204,7 +210,8 @@ def summary_table(rows: Sequence[SummaryRow]) -> pd.DataFrame:
 def suite_plan(target: Seq2SeqTarget, *, quick: bool, limit: int | None, progress: bool,
                n_permutations: int | None, cumulative_examples: int,
                adversarial_examples: int, attribution: AttributionOptions | None,
-               sequence_effects: bool, gold: Sequence[Alignment] | None = None
+               sequence_effects: bool, gold: Sequence[Alignment] | None = None,
+               work_budget: float = WORK_BUDGET
                ) -> tuple[list[Batch], SuiteSettings, tuple[InterventionProtocol, ...],
                           dict[str, set[int] | None], _Plan]:
     """What :func:`run_suite` runs with these arguments: the batches, the settings, the
@@ -227,7 +234,8 @@ def suite_plan(target: Seq2SeqTarget, *, quick: bool, limit: int | None, progres
                              cumulative_examples=cumulative_examples,
                              adversarial_examples=adversarial_examples,
                              sequence_effects=sequence_effects, progress=progress,
-                             attribution=attribution, methods=methods, gold=gold)
+                             attribution=attribution, methods=methods, gold=gold,
+                             work_budget=work_budget)
     protocols = registered_protocols()
     chosen = {p.name: p.examples(settings) if p.enabled(settings) else set() for p in protocols}
     plan: _Plan = [(p, chosen[p.name]) for p in protocols

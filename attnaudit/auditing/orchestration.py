@@ -30,8 +30,10 @@ from attnaudit.checklist.contributions import CONTRIBUTION_TABLES
 from attnaudit.checklist.explanation import claims_record
 from attnaudit.errors import AttnauditError, OptionError, TargetError
 from attnaudit.interventions.reference_run import Reference
+from attnaudit.interventions.work_budget import budget_record
 from attnaudit.options import (
     DEFAULT_EXPLORER_EXAMPLES,
+    WORK_BUDGET,
     AttributionSettings,
     AuditOptions,
     setting_names,
@@ -69,7 +71,7 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
           sites: Sequence[str] | None = None, heads: Sequence[int] | None = None,
           sequence_effects: bool = False,
           explorer_examples: int = DEFAULT_EXPLORER_EXAMPLES, gold: str | Path | None = None,
-          **hf_options: Any) -> Audit:
+          work_budget: float = WORK_BUDGET, **hf_options: Any) -> Audit:
     """Audit the attention of a seq2seq model: validity, interventions, checklist.
 
     Every setting is a field of :class:`~attnaudit.options.AuditOptions` (``options``);
@@ -128,6 +130,12 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             units (:mod:`attnaudit.alignments.gold`): the report's alignment error rate
             table (``alignment_aer``) for any target, in place of the target's own
             ``gold_alignments``.
+        work_budget: the multiply-adds (parameters x tokens) each of the costliest
+            protocols may spend per example before it runs less of its work: integrated
+            gradients' points, the adversarial search's steps, leave-one-out's edits, the
+            faithfulness rows (:mod:`attnaudit.interventions.work_budget`; ``math.inf``: no
+            budget; binds from about 10M parameters on). The plan says what it leaves out,
+            the metadata what ran.
 
     Returns:
         The :class:`~attnaudit.auditing.result.Audit`. The model is left as it was.
@@ -143,7 +151,8 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
          "max_memory": max_memory, "max_masked_mass": max_masked_mass,
          "row_sum_tolerance": row_sum_tolerance, "attribution": attribution,
          "sites": sites, "heads": heads, "sequence_effects": sequence_effects,
-         "explorer_examples": explorer_examples, "gold": gold}, options)
+         "explorer_examples": explorer_examples, "gold": gold, "work_budget": work_budget},
+        options)
     shard = current_shard(process_group)
     run = partial(_run, options=options, progress=progress and shard.is_main,
                   command_line=command_line, shard=shard)
@@ -158,7 +167,8 @@ def intervene(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
               dtype: str | torch.dtype | None = None, max_memory: int | str | None = None,
               progress: bool = True, process_group: Any = None,
               attribution: AttributionOptions | AttributionSettings | None = None,
-              sequence_effects: bool = False, **hf_options: Any) -> InterventionSuite:
+              sequence_effects: bool = False, work_budget: float = WORK_BUDGET,
+              **hf_options: Any) -> InterventionSuite:
     """The intervention and attribution suite alone, as ``attnaudit intervene`` runs it:
     the same target, settings and process group arguments as :func:`audit` (those of the
     validity audit and the report, the tolerances and ``explorer_examples``, do not apply;
@@ -174,7 +184,7 @@ def intervene(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
     options = _options(
         {"quick": quick, "limit": limit, "sites": sites, "heads": heads, "device": device,
          "dtype": dtype, "max_memory": max_memory, "attribution": attribution,
-         "sequence_effects": sequence_effects}, options)
+         "sequence_effects": sequence_effects, "work_budget": work_budget}, options)
     if options.checks_only or not options.interventions:
         raise OptionError("intervene runs the intervention suite: give a mode of quick or "
                           "full, with interventions (audit runs the checks alone)")
@@ -366,6 +376,8 @@ def _manifest_options(options: AuditOptions) -> dict[str, Any]:
               if value is not None}
     if options.gold is not None:
         given["gold"] = options.gold
+    if options.work_budget != WORK_BUDGET:
+        given["work_budget"] = budget_record(options.work_budget)
     return {"quick": options.quick, "limit": options.limit,
             "explorer_examples": options.explorer_examples, **given}
 
@@ -381,7 +393,7 @@ def _suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool, shard: 
                      sites=edits.sites, heads=edits.heads, max_memory=options.max_memory,
                      shard=shard, attribution=attribution_options(options.attribution),
                      sequence_effects=edits.sequence_effects, gold=gold,
-                     first_reference=first)
+                     first_reference=first, work_budget=options.work_budget)
 
 
 def _planned_suite(target: Seq2SeqTarget, options: AuditOptions, progress: bool,

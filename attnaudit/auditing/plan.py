@@ -59,7 +59,8 @@ from attnaudit.interventions.protocol import (
     subset_rows,
 )
 from attnaudit.interventions.reference_run import Reference, RowIndex, reference
-from attnaudit.interventions.runner import ItemEdit, item_chunks, run_items
+from attnaudit.interventions.runner import ItemEdit, edited_probs, item_chunks, run_items
+from attnaudit.interventions.work_budget import WORK_BUDGET
 from attnaudit.options import AuditOptions
 from attnaudit.report.manifest import hash_seconds
 from attnaudit.runtime.measurement import least_repeats, repeat_count
@@ -105,6 +106,7 @@ class Plan:
     seconds_per_sequence: float = 0.0
     hash_seconds: float = 0.0  # the manifest's model hash (estimated), after the protocols
     planning_seconds: float = 0.0  # what the plan itself took (its reference run, timings)
+    work_budget: float = WORK_BUDGET  # multiply-adds per protocol and example (AuditOptions)
     # the first batch's reference run, which the audit's suite takes over (not shown)
     reference: Reference | None = field(default=None, repr=False, compare=False)
     # the first batch's timed pass without capture, which the validity audit takes over
@@ -140,6 +142,11 @@ class Plan:
         if self.hash_seconds:
             lines.append(f"  {'model hash':<18} {'':>10} {'':>9} {'':>9} "
                          f"{_duration(self.hash_seconds):>10}")
+        budgeted = [p.cost.note for p in self.protocols if p.cost is not None and p.cost.note]
+        if budgeted:
+            lines.append(f"  the work budget ({self.work_budget:.0e} multiply-adds per protocol "
+                         "and example) runs less of:")
+            lines += [f"    {part}" for note in budgeted for part in note.split("; ")]
         unknown = [p.name for p in self.protocols if p.cost is None]
         lines.append(f"  estimate {_duration(self.seconds)} in all"
                      + (f", besides {', '.join(unknown)} (cost unknown)" if unknown else "")
@@ -159,7 +166,7 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
         target, quick=options.quick, limit=options.limit, progress=False,
         n_permutations=None, cumulative_examples=CUMULATIVE_EXAMPLES,
         adversarial_examples=ADVERSARIAL_EXAMPLES, attribution=attribution,
-        sequence_effects=edits.sequence_effects)
+        sequence_effects=edits.sequence_effects, work_budget=options.work_budget)
     first = batches[0]
     started = time.perf_counter()
     ref = reference(target, first, sites=edits.sites, heads=edits.heads, first_example=0,
@@ -171,6 +178,7 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
     pass_s, item_s = _timed_items(target, ref, timed, ref_seconds / decoding)
     first_plain: PlainPass | None = None  # timed when a protocol runs whole sequences
     terms_s: float | None = None  # timed when a protocol's contribution arithmetic runs
+    gradient: tuple[float, float] | None = None  # timed when a protocol takes gradients
     scale, single = settings.n_examples / len(first), len(batches) == 1
     protocols = []
     suite = options.interventions and not options.checks_only
@@ -197,6 +205,16 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
                 first_plain = _timed_sequence(target, first, ref.emitted)
             seconds = ((cost.sequences + BACKWARD_FORWARDS * cost.backward_sequences)
                        * _per_sequence(first_plain, first))
+        elif cost.gradient_items:
+            if gradient is None:
+                longest = int(ref.emitted.shape[1]) - 1
+                gradient = _timed_gradient_items(target, ref, timed, ref.budget.sequences(
+                    ref.positions(longest), grad=True))
+            grad_pass_s, grad_item_s = gradient
+            plain = cost.forward - cost.backward  # passes without a backward pass
+            seconds = (plain * pass_s + cost.backward * grad_pass_s
+                       + (cost.items - cost.gradient_items) * item_s
+                       + cost.gradient_items * grad_item_s)
         else:
             seconds = _passes(cost) * pass_s + cost.items * rates.get(protocol.name, item_s)
         if cost.terms:
@@ -217,6 +235,7 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
                 pass_s, item_s, piloted=bool(rates),
                 seconds_per_sequence=_per_sequence(first_plain, first),
                 hash_seconds=hashed, planning_seconds=time.perf_counter() - started,
+                work_budget=options.work_budget,
                 reference=ref, first_plain=first_plain)
 
 
@@ -328,6 +347,36 @@ def _timed_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, fallback
         return 0.0, times[many] / (many * len(rows))
     item_s = max(times[many] - times[1], 0.0) / ((many - 1) * len(rows))
     return max(times[1] - item_s * len(rows), 0.0) / passes, item_s
+
+
+def _timed_gradient_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex,
+                          per_pass: int) -> tuple[float, float]:
+    """Seconds per forward and backward pass and per edited item of one, from a
+    differentiable edit (each row's weights times a leaf scale, gradients to the scale, as
+    the adversarial search takes them to its candidates) of ``rows`` run with one copy per
+    row and then with about ``per_pass`` items (the memory budget's gradient chunk, at most
+    :data:`TIMED_ITEMS`), as :func:`_timed_items` times the uniform edit; nothing without
+    rows."""
+    if not len(rows):
+        return 0.0, 0.0
+    times: dict[int, float] = {}
+    many = max(2, -(-min(per_pass, TIMED_ITEMS) // len(rows)))
+    for copies in (1, many):
+        example = rows.example.repeat_interleave(copies)
+        step = rows.step.repeat_interleave(copies)
+        scale = torch.ones(len(example), 1, 1, requires_grad=True)
+
+        def edit(site: str, old: torch.Tensor, ids: torch.Tensor,
+                 scale: torch.Tensor = scale) -> torch.Tensor:
+            return old * scale[ids].to(old.dtype)
+
+        started = time.perf_counter()
+        with torch.enable_grad():
+            probs = edited_probs(target, ref, example, step, edit, torch.arange(len(example)))
+            torch.autograd.grad(probs.max(-1).values.sum(), [scale])
+        times[copies] = time.perf_counter() - started
+    item_s = max(times[many] - times[1], 0.0) / ((many - 1) * len(rows))
+    return max(times[1] - item_s * len(rows), 0.0), item_s
 
 
 def expect_plan(plan: Plan, *, suite_only: bool = False) -> None:

@@ -148,7 +148,8 @@ def adversarial_claim(tables: Mapping[str, pd.DataFrame]) -> Claim:
     adversarial = table_with(tables, "adversarial", "eps_max_jsd")
     if adversarial is None:
         return _not_tested("unique_allocation", "the adversarial search did not run "
-                           "(it runs in the full suite, not in --quick)")
+                           "(it runs in the full suite, not in --quick, where the work budget "
+                           "buys it: the suite's adversarial_steps)")
     number = bootstrap_interval(adversarial["eps_max_jsd"].to_numpy(dtype=float),
                                 _examples(adversarial))
     return _threshold_claim("unique_allocation", number, ADVERSARIAL_DIFFERENT, True,
@@ -181,7 +182,7 @@ def faithfulness_claims(tables: Mapping[str, pd.DataFrame]) -> list[Claim]:
     table = table_with(tables, FAITHFULNESS_TABLE, FAITHFULNESS)
     if table is None:
         return [_not_tested(k, "the faithfulness protocol did not run, or measured no row "
-                            "(a quick run's budget holds none: the suite's faithfulness_budget)")
+                            "(its budget held none: the suite's faithfulness_budget)")
                 for k in keys]
     found = _measure_intervals(table)
     weights, floor = found.get(WEIGHTS), found.get(FLOOR)

@@ -98,6 +98,11 @@ def _suite_settings(metadata: Mapping[str, Any]) -> list[str]:
                      f"{boot['unit']}s: {boot['resamples']} resamples, seed {boot['seed']}.")
     for method, variant in metadata.get("attribution_variants", {}).items():
         lines.append(f"Attribution {method}: {variant}.")
+    if metadata.get("adversarial_steps", "not run") != "not run":
+        lines.append(f"Adversarial search: {metadata['adversarial_steps']}.")
+    if "faithfulness_budget" in metadata:
+        lines.append(f"Faithfulness rows measured: {metadata['faithfulness_rows_measured']}; "
+                     f"budget: {metadata['faithfulness_budget']}.")
     if "leave_one_out_window" in metadata:
         lines.append(f"Leave-one-out, eligible keys replaced per edit: "
                      f"{metadata['leave_one_out_window']}.")

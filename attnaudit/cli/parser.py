@@ -10,6 +10,7 @@ them by name; the other flags belong to one command (``--out``, ``--json``, ``--
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from importlib.metadata import version
 from typing import Any, NoReturn
@@ -30,6 +31,7 @@ from attnaudit.options import (
     DTYPES,
     N_PERMUTATIONS,
     QUICK_PERMUTATIONS,
+    WORK_BUDGET,
     flag_of,
 )
 
@@ -63,6 +65,20 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def work_budget(text: str) -> float:
+    """argparse type: a number of multiply-adds > 0, or ``none`` (no budget)."""
+    if text.strip().lower() in ("none", "inf"):
+        return math.inf
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of multiply-adds such as 1e13, "
+                                         f"or none, got {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
     return value
 
 
@@ -194,6 +210,13 @@ def _add_suite_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help=QUICK_HELP)
     _add_edit_arguments(parser)
     _add_memory_argument(parser)
+    _setting(parser, "work_budget", type=work_budget, default=WORK_BUDGET,
+             metavar="MULTIPLY_ADDS",
+             help="multiply-adds (parameters x tokens) each of the costliest protocols may "
+                  "spend per example before it runs less of its work: integrated gradients' "
+                  "points, the adversarial search's steps, leave-one-out's edits, the "
+                  f"faithfulness rows (default {WORK_BUDGET:.0e}; none: no budget; binds "
+                  "from about 10M parameters on)")
     _add_attribution_arguments(parser)
 
 

@@ -37,6 +37,7 @@ from attnaudit.targets.contract import Seq2SeqTarget
 
 CANDIDATES = 5
 STEPS = 500
+LEAST_ADVERSARIAL_STEPS = 100  # the fewest the suite runs under its work budget
 LEARNING_RATE = 0.01
 PENALTY = 500.0
 EPS_SEQ2SEQ = 0.05

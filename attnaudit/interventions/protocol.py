@@ -31,6 +31,7 @@ import torch
 
 from attnaudit.analysis.bootstrap import bootstrap_interval
 from attnaudit.interventions.reference_run import Reference, RowIndex
+from attnaudit.interventions.work_budget import WORK_BUDGET, affordable
 from attnaudit.targets.contract import Batch, Seq2SeqTarget
 
 QUICK, FULL = "quick", "full"  # the suite's modes (``run_suite(quick=...)``)
@@ -58,6 +59,8 @@ class SuiteSettings:
     loosely: attribution is a layer above this one); methods: the attribution methods run.
     gold: None, or one ``attnaudit.alignments.pharaoh.Alignment`` per example of the data
     (``audit(gold=FILE)``), read in place of the target's ``gold_alignments``.
+    work_budget: the multiply-adds each budgeted protocol may spend per example
+    (:mod:`attnaudit.interventions.work_budget`; ``math.inf``: no budget).
     """
 
     quick: bool
@@ -71,6 +74,7 @@ class SuiteSettings:
     attribution: Any = None
     methods: tuple[str, ...] = ()
     gold: Any = None  # a gold file's alignments per example (alignments: a layer above)
+    work_budget: float = WORK_BUDGET
 
     @property
     def mode(self) -> str:
@@ -90,7 +94,10 @@ class Cost:
     for a copy run from a cached prefix), the unit the plan times with one teacher-forced
     pass (0: its passes are cached steps); terms: the
     numbers of per-key contribution terms its ALTI arithmetic forms (examples x query rows
-    x keys x model width over every site), which the plan prices by a timed block of them.
+    x keys x model width over every site), which the plan prices by a timed block of them;
+    gradient_items: of ``items``, those run with a backward pass through their one cached
+    step (gradients to the edit), which the plan prices by a timed gradient pass; note:
+    what the work budget left out, in words ("" when nothing), which the plan prints.
     """
 
     items: int
@@ -100,13 +107,17 @@ class Cost:
     sequences: float = 0.0
     backward_sequences: float = 0.0
     terms: int = 0
+    note: str = ""
+    gradient_items: int = 0
 
     def __add__(self, other: Cost) -> Cost:
         return Cost(self.items + other.items, self.forward + other.forward,
                     self.backward + other.backward, self.exact and other.exact,
                     self.sequences + other.sequences,
                     self.backward_sequences + other.backward_sequences,
-                    self.terms + other.terms)
+                    self.terms + other.terms,
+                    "; ".join(n for n in (self.note, other.note) if n),
+                    self.gradient_items + other.gradient_items)
 
     def scaled(self, factor: float, exact: bool) -> Cost:
         """Every count times ``factor`` (rounded, but for the sequences); ``exact`` and'ed
@@ -114,7 +125,8 @@ class Cost:
         return Cost(round(self.items * factor), round(self.forward * factor),
                     round(self.backward * factor), self.exact and exact,
                     self.sequences * factor, self.backward_sequences * factor,
-                    round(self.terms * factor))
+                    round(self.terms * factor), self.note,
+                    round(self.gradient_items * factor))
 
 
 @dataclass
@@ -139,12 +151,21 @@ class BatchContext:
     shared: dict[str, Any] | None = None
     facts: dict[str, Any] | None = None
 
+    def parameters(self) -> int:
+        """The model's parameters (a tied tensor once): the multiply-adds of one token."""
+        return sum(p.numel() for p in self.target.model.parameters())
+
     def sequence_multiply_adds(self) -> float:
         """What one edited sequence of the batch costs the model, roughly: its parameters x
         the tokens of a sequence (the source or prompt and the emitted steps)."""
-        parameters = sum(p.numel() for p in self.target.model.parameters())
-        return float(parameters) * (int(self.batch.source_ids.shape[1])
-                                    + int(self.ref.emitted.shape[1]))
+        return float(self.parameters()) * (int(self.batch.source_ids.shape[1])
+                                           + int(self.ref.emitted.shape[1]))
+
+    def affordable(self, wanted: int, each: float, least: int) -> int:
+        """How many of ``wanted`` units of a protocol's work, ``each`` multiply-adds per
+        example, the settings' work budget buys
+        (:func:`~attnaudit.interventions.work_budget.affordable`)."""
+        return affordable(wanted, each, least, self.settings.work_budget)
 
 
 class InterventionProtocol(ABC):

@@ -27,7 +27,13 @@ from attnaudit.interventions.ablation import (
     zeroing_flip_table,
     zeroing_test,
 )
-from attnaudit.interventions.adversarial import CANDIDATES, EPS_SEQ2SEQ, STEPS, adversarial_search
+from attnaudit.interventions.adversarial import (
+    CANDIDATES,
+    EPS_SEQ2SEQ,
+    LEAST_ADVERSARIAL_STEPS,
+    STEPS,
+    adversarial_search,
+)
 from attnaudit.interventions.permutation import (
     SHARP_ATTENTION,
     SMALL_TVD,
@@ -396,26 +402,47 @@ class AdversarialSearch(InterventionProtocol):
         return seeded_examples(settings.n_examples, settings.adversarial_examples,
                                settings.seed + 1)
 
+    def budgeted_steps(self, ctx: BatchContext) -> int:
+        """Adam steps on ``ctx``'s rows: :attr:`steps`, or as many as the work budget buys
+        per searched example (a step: a forward and a backward one-token pass of every
+        candidate of the example's rows) if that is at least :data:`LEAST_ADVERSARIAL_STEPS`
+        (a shorter search barely leaves its random start), else 0: the search does not run."""
+        rows = ctx.rows
+        per_example = int(torch.bincount(rows.example).max()) if len(rows) else 0
+        steps = ctx.affordable(self.steps, 2.0 * CANDIDATES * per_example * ctx.parameters(), 0)
+        return steps if steps >= min(LEAST_ADVERSARIAL_STEPS, self.steps) else 0
+
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
+        steps = self.budgeted_steps(ctx)
+        if ctx.facts is not None:
+            ctx.facts.setdefault("steps", set()).add(steps)
+        if not steps:  # the budget buys too short a search: none, and the metadata says so
+            return {name: pd.DataFrame(columns=list(columns))
+                    for name, columns in self.columns.items()}
         per_row, per_candidate = adversarial_search(ctx.target, ctx.ref, ctx.rows,
-                                                    steps=self.steps,
+                                                    steps=steps,
                                                     progress=ctx.settings.progress)
         return {"adversarial": per_row, "adversarial_candidates": per_candidate}
 
     def cost(self, ctx: BatchContext) -> Cost:
-        """Every candidate of every row, ``steps`` gradient steps each; a chunk of rows
-        takes one forward and one backward pass per step."""
+        """Every candidate of every row, :meth:`budgeted_steps` gradient steps each; a chunk
+        of rows takes one forward and one backward pass per step."""
         rows, ref = ctx.rows, ctx.ref
+        steps = self.budgeted_steps(ctx)
         longest = int(rows.step.max()) if len(rows) else 0
         per_chunk = max(1, ref.budget.sequences(ref.positions(longest), grad=True)
                         // CANDIDATES)
-        passes = -(-len(rows) // per_chunk) * self.steps
-        return Cost(len(rows) * CANDIDATES * self.steps, passes, passes, exact=False)
+        passes = -(-len(rows) // per_chunk) * steps
+        note = ("" if steps == self.steps else f"adversarial: {steps} of {self.steps} steps"
+                if steps else f"adversarial: not run (fewer than {LEAST_ADVERSARIAL_STEPS} "
+                              "steps fit)")
+        items = len(rows) * CANDIDATES * steps
+        return Cost(items, passes, passes, exact=False, note=note, gradient_items=items)
 
     def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
-        if "adversarial" not in tables:
+        adv = table_with(tables, "adversarial", "eps_max_jsd")
+        if adv is None:
             return []
-        adv = tables["adversarial"]
         return [interval_row("eps_max_jsd", adv["eps_max_jsd"], adv["example"],
                              f"mean over rows of the adversarial subset, eps = {EPS_SEQ2SEQ}",
                              rows=len(adv))]
@@ -432,4 +459,23 @@ class AdversarialSearch(InterventionProtocol):
 
     def metadata(self, settings: SuiteSettings, examples: set[int] | None,
                  facts: Mapping[str, Any]) -> dict[str, object]:
-        return {"adversarial_examples": sorted(examples or ()), "adversarial_eps": EPS_SEQ2SEQ}
+        return {"adversarial_examples": sorted(examples or ()), "adversarial_eps": EPS_SEQ2SEQ,
+                "adversarial_steps": adversarial_steps_text(self.steps, facts.get("steps"),
+                                                            settings.work_budget)}
+
+
+def adversarial_steps_text(wanted: int, ran: set[int] | None, work_budget: float) -> str:
+    """The metadata's account of the adversarial search's Adam steps: ``wanted`` per row,
+    ``ran``: the steps its batches took (None: it did not run)."""
+    rule = (f"the work budget ({work_budget:.0e} multiply-adds per searched example; a step "
+            f"is a forward and a backward one-token pass of every candidate of its rows)")
+    if not ran:
+        return "not run"
+    if not max(ran):
+        return (f"not run: {rule} buys fewer than {LEAST_ADVERSARIAL_STEPS} Adam steps, too "
+                f"short a search (a larger work_budget runs it)")
+    if min(ran) == wanted:
+        return f"{wanted} Adam steps per row (Jain & Wallace's search)"
+    taken = ", ".join(str(s) for s in sorted(ran) if s)
+    return (f"{taken} of {wanted} Adam steps per row: as many as {rule} buys, at least "
+            f"{LEAST_ADVERSARIAL_STEPS}; a shortened variant of Jain & Wallace's search")

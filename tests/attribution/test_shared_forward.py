@@ -98,7 +98,9 @@ def test_shared_forward_equals_captum_step_by_step_on_the_bundled_models(name: s
     expected = per_step_captum(target, batch, emitted, n_steps=8)
     for method, scores in expected.items():
         assert scores.abs().max() > 1e-4, method  # a real signal to compare
-        torch.testing.assert_close(found.token_scores[method], scores, atol=1e-5, rtol=0)
+        # float32 sums in another order (shared passes vs one step at a time): scores near
+        # 2 differ by about 1e-5 on some CPUs' kernels, so a relative term as well
+        torch.testing.assert_close(found.token_scores[method], scores, atol=1e-5, rtol=1e-5)
 
 
 def test_pass_size_follows_the_memory_budget_and_changes_nothing() -> None:

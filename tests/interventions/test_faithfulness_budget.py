@@ -107,10 +107,16 @@ def test_a_budget_that_holds_no_row_leaves_the_claims_not_tested(tiny_gpt2, monk
     assert all("budget" in c.answer for c in claims)
 
 
-def test_full_mode_has_no_budget():
-    full = SimpleNamespace(settings=SimpleNamespace(quick=False))
-    assert faithfulness_protocol.budget_per_example(full) is None
-    assert faithfulness_protocol.budget_text(full.settings, {}).startswith("none")
+def test_full_mode_without_a_work_budget_measures_every_row():
+    settings = SimpleNamespace(quick=False, work_budget=math.inf)
+    full = SimpleNamespace(settings=settings, sequence_multiply_adds=lambda: 1e9,
+                           rows=SimpleNamespace(example=torch.tensor([0, 0, 1])))
+    assert faithfulness_protocol.budget_per_example(full, [10, 10, 10]) is None
+    assert faithfulness_protocol.budget_text(settings, {}).startswith("none")
+    # a budget every example's rows fit is no budget: 20 edited sources of 1e9 each
+    settings.work_budget = 2e10
+    assert faithfulness_protocol.budget_per_example(full, [10, 10, 10]) is None
+    assert faithfulness_protocol.budget_per_example(full, [10, 11, 10]) == 20
 
 
 def test_the_plan_counts_the_rows_the_budget_holds(tiny_gpt2, monkeypatch):
