@@ -208,11 +208,12 @@ class AuditOptions:
     (reduction, baseline, detached methods); None: the default settings. gold: a Pharaoh
     file of gold alignments, one line per example in token units
     (:mod:`attnaudit.alignments.gold`), for the alignment error rate table of any target
-    (a target's own ``gold_alignments`` are used without it). work_budget: the multiply-adds
-    (parameters x tokens) each of the costliest protocols may spend per example before it
-    runs less of its work (integrated gradients' points, the adversarial search's steps,
-    leave-one-out's edits, the faithfulness rows; :mod:`attnaudit.interventions.work_budget`;
-    ``math.inf``: no budget). Nothing binds on models below ~10M parameters.
+    (a target's own ``gold_alignments`` are used without it). work_budget: the
+    multiply-adds (parameters x tokens) each of the costliest protocols may spend per
+    example before it runs less of its work (integrated gradients' points, the adversarial
+    search's steps, leave-one-out's edits, value zeroing, the faithfulness rows;
+    :mod:`attnaudit.interventions.work_budget`; ``math.inf``: no budget). Nothing binds on
+    models below ~10M parameters.
     """
 
     mode: AuditMode = AuditMode.FULL

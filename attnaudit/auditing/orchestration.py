@@ -132,10 +132,10 @@ def audit(target_or_model: Seq2SeqTarget | nn.Module | str | Path,
             ``gold_alignments``.
         work_budget: the multiply-adds (parameters x tokens) each of the costliest
             protocols may spend per example before it runs less of its work: integrated
-            gradients' points, the adversarial search's steps, leave-one-out's edits, the
-            faithfulness rows (:mod:`attnaudit.interventions.work_budget`; ``math.inf``: no
-            budget; binds from about 10M parameters on). The plan says what it leaves out,
-            the metadata what ran.
+            gradients' points, the adversarial search's steps, leave-one-out's edits, value
+            zeroing, the faithfulness rows (:mod:`attnaudit.interventions.work_budget`;
+            ``math.inf``: no budget; binds from about 10M parameters on). The plan says what
+            it leaves out, the metadata what ran.
 
     Returns:
         The :class:`~attnaudit.auditing.result.Audit`. The model is left as it was.

@@ -214,9 +214,9 @@ def _add_suite_arguments(parser: argparse.ArgumentParser) -> None:
              metavar="MULTIPLY_ADDS",
              help="multiply-adds (parameters x tokens) each of the costliest protocols may "
                   "spend per example before it runs less of its work: integrated gradients' "
-                  "points, the adversarial search's steps, leave-one-out's edits, the "
-                  f"faithfulness rows (default {WORK_BUDGET:.0e}; none: no budget; binds "
-                  "from about 10M parameters on)")
+                  "points, the adversarial search's steps, leave-one-out's edits, value "
+                  f"zeroing, the faithfulness rows (default {WORK_BUDGET:.0e}; none: no "
+                  "budget; binds from about 10M parameters on)")
     _add_attribution_arguments(parser)
 
 

@@ -402,21 +402,22 @@ class AdversarialSearch(InterventionProtocol):
         return seeded_examples(settings.n_examples, settings.adversarial_examples,
                                settings.seed + 1)
 
-    def budgeted_steps(self, ctx: BatchContext) -> int:
+    def budgeted_steps(self, ctx: BatchContext) -> int | None:
         """Adam steps on ``ctx``'s rows: :attr:`steps`, or as many as the work budget buys
         per searched example (a step: a forward and a backward one-token pass of every
         candidate of the example's rows) if that is at least :data:`LEAST_ADVERSARIAL_STEPS`
-        (a shorter search barely leaves its random start), else 0: the search does not run."""
+        (a shorter search barely leaves its random start), else None: the search does not
+        run."""
         rows = ctx.rows
         per_example = int(torch.bincount(rows.example).max()) if len(rows) else 0
         steps = ctx.affordable(self.steps, 2.0 * CANDIDATES * per_example * ctx.parameters(), 0)
-        return steps if steps >= min(LEAST_ADVERSARIAL_STEPS, self.steps) else 0
+        return steps if steps >= min(LEAST_ADVERSARIAL_STEPS, self.steps) else None
 
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
         steps = self.budgeted_steps(ctx)
         if ctx.facts is not None:
-            ctx.facts.setdefault("steps", set()).add(steps)
-        if not steps:  # the budget buys too short a search: none, and the metadata says so
+            ctx.facts.setdefault("steps", set()).add(-1 if steps is None else steps)
+        if steps is None:  # the budget buys too short a search: none, and the metadata says so
             return {name: pd.DataFrame(columns=list(columns))
                     for name, columns in self.columns.items()}
         per_row, per_candidate = adversarial_search(ctx.target, ctx.ref, ctx.rows,
@@ -428,14 +429,15 @@ class AdversarialSearch(InterventionProtocol):
         """Every candidate of every row, :meth:`budgeted_steps` gradient steps each; a chunk
         of rows takes one forward and one backward pass per step."""
         rows, ref = ctx.rows, ctx.ref
-        steps = self.budgeted_steps(ctx)
+        budgeted = self.budgeted_steps(ctx)
+        steps = 0 if budgeted is None else budgeted
         longest = int(rows.step.max()) if len(rows) else 0
         per_chunk = max(1, ref.budget.sequences(ref.positions(longest), grad=True)
                         // CANDIDATES)
         passes = -(-len(rows) // per_chunk) * steps
-        note = ("" if steps == self.steps else f"adversarial: {steps} of {self.steps} steps"
-                if steps else f"adversarial: not run (fewer than {LEAST_ADVERSARIAL_STEPS} "
-                              "steps fit)")
+        note = (f"adversarial: not run (fewer than {LEAST_ADVERSARIAL_STEPS} steps fit)"
+                if budgeted is None else "" if steps == self.steps
+                else f"adversarial: {steps} of {self.steps} steps")
         items = len(rows) * CANDIDATES * steps
         return Cost(items, passes, passes, exact=False, note=note, gradient_items=items)
 
@@ -466,16 +468,20 @@ class AdversarialSearch(InterventionProtocol):
 
 def adversarial_steps_text(wanted: int, ran: set[int] | None, work_budget: float) -> str:
     """The metadata's account of the adversarial search's Adam steps: ``wanted`` per row,
-    ``ran``: the steps its batches took (None: it did not run)."""
+    ``ran``: the steps its batches took (-1: the budget left it out; None: it did not
+    run)."""
     rule = (f"the work budget ({work_budget:.0e} multiply-adds per searched example; a step "
             f"is a forward and a backward one-token pass of every candidate of its rows)")
     if not ran:
         return "not run"
-    if not max(ran):
+    if max(ran) < 0:
         return (f"not run: {rule} buys fewer than {LEAST_ADVERSARIAL_STEPS} Adam steps, too "
                 f"short a search (a larger work_budget runs it)")
-    if min(ran) == wanted:
-        return f"{wanted} Adam steps per row (Jain & Wallace's search)"
-    taken = ", ".join(str(s) for s in sorted(ran) if s)
-    return (f"{taken} of {wanted} Adam steps per row: as many as {rule} buys, at least "
-            f"{LEAST_ADVERSARIAL_STEPS}; a shortened variant of Jain & Wallace's search")
+    skipped = ("; not run on the batches whose rows it buys fewer than "
+               f"{LEAST_ADVERSARIAL_STEPS} steps" if -1 in ran else "")
+    taken = sorted(s for s in ran if s >= 0)
+    if taken == [wanted]:
+        return f"{wanted} Adam steps per row (Jain & Wallace's search){skipped}"
+    return (f"{', '.join(map(str, taken))} of {wanted} Adam steps per row: as many as {rule} "
+            f"buys, at least {LEAST_ADVERSARIAL_STEPS}; a shortened variant of Jain & "
+            f"Wallace's search{skipped}")

@@ -2,14 +2,15 @@
 where all of it would cost more than a budget of multiply-adds per example
 (docs/metrics.md, "The work budget").
 
-Integrated gradients' points, the adversarial search's steps, leave-one-out's edits and the
-faithfulness curves' edited sources are sized on the date models by what their papers
-define; on a billion-parameter model the same sizes cost hundreds of times the model's own
-work. Each of those protocols prices one unit of its work in multiply-adds (parameters x
-tokens run; a backward pass as one forward) and runs all of it when it fits
+Integrated gradients' points, the adversarial search's steps, leave-one-out's edits, value
+zeroing's re-runs and the faithfulness curves' edited sources are sized on the date models by
+what their papers define; on a billion-parameter model the same sizes cost hundreds of times the
+model's own work. Each of those protocols prices one unit of its work in multiply-adds
+(parameters x tokens run; a backward pass as one forward) and runs all of it when it fits
 ``work_budget`` per example, else as many units as the budget buys, never fewer than the
-protocol's stated least. The budget is in multiply-adds, not seconds, so the same model and
-data give the same audit on any machine; the plan prints what each budget left out
+protocol's stated least (or, for the adversarial search and value zeroing, none at all). The
+budget is in multiply-adds, not seconds, so the same model and data give the same audit on any
+machine; the plan prints what each budget left out
 (:attr:`~attnaudit.interventions.protocol.Cost.note`) and the metadata says what ran.
 """
 
@@ -18,8 +19,8 @@ from __future__ import annotations
 import math
 
 # Multiply-adds each budgeted protocol may spend per example it runs on (about 16 teacher-
-# forced sequences of 102 tokens on a 1.24B-parameter model; nothing binds below ~10M
-# parameters on the date-sized sequences)
+# forced sequences of 102 tokens on a 1.24B-parameter model; nothing binds on the date
+# models)
 WORK_BUDGET = 2e12
 
 
