@@ -312,6 +312,9 @@ def budget_text(settings: SuiteSettings, facts: Mapping[str, Any]) -> str:
     if not settings.quick:
         if math.isinf(settings.work_budget):
             return "none: every row of every example (full mode)"
+        if facts.get("rows_measured", 0) == facts.get("rows_offered", 0):
+            return (f"full: every row of every example (the work budget, "
+                    f"{settings.work_budget:.0e} multiply-adds per example, held them all)")
         return (f"full: edited sources per example, as many as the work budget "
                 f"({settings.work_budget:.0e} multiply-adds per example, parameters x tokens "
                 f"per sequence) buys{held}; each example's rows in a seeded order, as many as "

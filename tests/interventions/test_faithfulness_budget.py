@@ -117,6 +117,11 @@ def test_full_mode_without_a_work_budget_measures_every_row():
     settings.work_budget = 2e10
     assert faithfulness_protocol.budget_per_example(full, [10, 10, 10]) is None
     assert faithfulness_protocol.budget_per_example(full, [10, 11, 10]) == 20
+    held = {"rows_offered": 3, "rows_measured": 3}
+    assert faithfulness_protocol.budget_text(settings, held).startswith(
+        "full: every row of every example")
+    some = {"rows_offered": 3, "rows_measured": 2, "budget": 20}
+    assert "; 20 per measured example" in faithfulness_protocol.budget_text(settings, some)
 
 
 def test_the_plan_counts_the_rows_the_budget_holds(tiny_gpt2, monkeypatch):
