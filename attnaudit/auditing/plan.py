@@ -15,7 +15,10 @@ protocol that runs whole edited sequences (faithfulness, attribution: its cost's
 pass of the first batch (a backward sequence counted as :data:`BACKWARD_FORWARDS`); a
 cost's ``terms`` (ALTI's arithmetic) add their number x the seconds per term of a timed
 block of random terms of the model's heads and width
-(:func:`~attnaudit.contributions.alti.terms_seconds`). The validity audit's passes are
+(:func:`~attnaudit.contributions.alti.terms_seconds`); a cost's ``gradient_items`` (edited
+items run with a backward pass, the adversarial search's) are priced, where no pilot timed
+the protocol, from a timed forward and backward pass of a differentiable edit at the
+memory budget's gradient chunk (:func:`_timed_gradient_items`). The validity audit's passes are
 priced by the reference run's timed greedy decoding and teacher-forced pass
 (:func:`_validity_seconds`). With a *pilot* each protocol's
 seconds per item are its own: every protocol runs once, in the suite's order, on the first
@@ -205,7 +208,7 @@ def plan_audit(target: Seq2SeqTarget, options: AuditOptions,
                 first_plain = _timed_sequence(target, first, ref.emitted)
             seconds = ((cost.sequences + BACKWARD_FORWARDS * cost.backward_sequences)
                        * _per_sequence(first_plain, first))
-        elif cost.gradient_items:
+        elif cost.gradient_items and protocol.name not in rates:  # a pilot timed it whole
             if gradient is None:
                 longest = int(ref.emitted.shape[1]) - 1
                 gradient = _timed_gradient_items(target, ref, timed, ref.budget.sequences(
