@@ -1,7 +1,6 @@
 """``python -m benchmarks.llm_scale`` at tiny sizes: the saved model has the flags' shape
 and every measurement the script starts in a fresh process runs (here in this one, to stay
-fast) and reports its seconds (the plan's: its estimate of the full audit; ``--full``: the
-full audit itself, after the plan it prints)."""
+fast) and reports its seconds (the plan's: its estimate of the full audit)."""
 
 from __future__ import annotations
 
@@ -25,14 +24,13 @@ def test_each_measurement_runs_on_a_model_of_the_flags_shape(tmp_path, capsys):
     assert (config.num_hidden_layers, config.hidden_size, config.num_key_value_heads,
             config.vocab_size, config.tie_word_embeddings) == (1, 32, 2, 120, True)
     assert params == 120 * 32 + 32 * (32 + 2 * 16 + 32) + 3 * 32 * 64 + 3 * 32  # tied head
-    for what, tokens in (("model", "10"), ("check", "10"), ("quick", "8"), ("plan", "8"),
-                         ("full", "8")):
+    for what, tokens in (("model", "10"), ("check", "10"), ("quick", "8"), ("plan", "8")):
         llm_scale.child(llm_scale._arguments(
             [*TINY, "--child", what, "--folder", str(tmp_path), "--prompt-tokens", tokens]))
         printed = capsys.readouterr()
         result = json.loads(printed.out.strip().splitlines()[-1])
         assert result["seconds"] > 0 and result["device_peak_gib"] is None
-        if what in ("quick", "full"):  # each protocol's time, from the progress line
+        if what == "quick":  # each protocol's time, from the progress line
             parts = llm_scale.breakdown(printed.err)
             assert parts.startswith("validity") and "faithfulness" in parts, printed.err[-500:]
             estimate, planning = llm_scale.planned_seconds(printed.err)  # printed before it
