@@ -157,10 +157,9 @@ class Attribution(InterventionProtocol):
             notes.append(f"integrated gradients: {points} of {INTEGRATION_POINTS} points")
         if not ctx.settings.quick and edits < int(keys.sum()):
             notes.append(f"leave-one-out: {edits} edits for {int(keys.sum())} keys")
-        zeroing = 0 if ctx.settings.quick else zeroing_reruns(ctx)
-        if zeroing and zeroing_left_out(ctx) is not None:
-            notes.append(f"value zeroing: not run ({zeroing} re-runs per example)")
-            zeroing = 0
+        zeroing = 0 if zeroing_left_out(ctx) else zeroing_reruns(ctx)
+        if not ctx.settings.quick and not zeroing:
+            notes.append(f"value zeroing: not run ({zeroing_reruns(ctx)} re-runs per example)")
         steps = int(ref.emitted.shape[1])
         edited = edit_sequences(ctx.target, ctx.batch, ref.states, window,
                                 vocab=int(ref.probs.shape[-1]), steps=steps,
@@ -169,7 +168,7 @@ class Attribution(InterventionProtocol):
                     exact=False, sequences=examples * (2 + gradients + zeroing) + edited,
                     backward_sequences=examples * steps * gradients,
                     terms=contribution_terms(ctx.target, ctx.batch, steps),
-                    note="; ".join(notes))
+                    notes=tuple(notes))
 
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
         target, batch, ref, options = ctx.target, ctx.batch, ctx.ref, ctx.settings.attribution
@@ -264,19 +263,14 @@ def loo_window_text(quick: bool, largest: int | None, edits: int | None = None,
     it used, edits: the fewest edits per example it allowed (None: it did not run)."""
     if not quick and (largest is None or largest == 1):
         return "1 (every key alone)"
-    if quick:
-        text = (f"ceil(n_eligible / E) consecutive eligible keys replaced at once, at most E "
-                f"edits per example: E = {QUICK_LOO_EDITS}, or on a model where "
-                f"{QUICK_LOO_EDITS} edited sequences cost more than "
-                f"{QUICK_LOO_MULTIPLY_ADDS:.0e} multiply-adds (parameters x tokens per "
-                f"sequence) as many as they buy, at least {QUICK_LOO_MIN_EDITS}; every key "
-                f"alone up to E eligible keys")
-    else:
-        text = (f"ceil(n_eligible / E) consecutive eligible keys replaced at once, E edits per "
-                f"example: as many edited sequences as the work budget "
-                f"({work_budget:.0e} multiply-adds per example, parameters x tokens per "
-                f"sequence) buys, at least {QUICK_LOO_MIN_EDITS}; every key alone up to E "
-                f"eligible keys")
+    rule = (f"at most E edits per example: E = {QUICK_LOO_EDITS}, or on a model where "
+            f"{QUICK_LOO_EDITS} edited sequences cost more than {QUICK_LOO_MULTIPLY_ADDS:.0e} "
+            f"multiply-adds (parameters x tokens per sequence) as many as they buy" if quick
+            else f"E edits per example: as many edited sequences as the work budget "
+            f"({work_budget:.0e} multiply-adds per example, parameters x tokens per "
+            f"sequence) buys")
+    text = (f"ceil(n_eligible / E) consecutive eligible keys replaced at once, {rule}, at "
+            f"least {QUICK_LOO_MIN_EDITS}; every key alone up to E eligible keys")
     if edits is not None:
         text += f"; here E = {edits}"
     return text if largest is None else f"{text}; largest window: {largest}"

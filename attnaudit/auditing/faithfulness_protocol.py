@@ -166,26 +166,29 @@ class Faithfulness(InterventionProtocol):
         n_eligible = ctx.ref.eligible[ctx.rows.example, ctx.rows.step].sum(-1).tolist()
         per_row = row_bounds(n_eligible, orderings)
         budget = budget_per_example(ctx, per_row)
-        note = ""
+        notes: tuple[str, ...] = ()
         if budget is None:
             items = sum(per_row)
         else:
             spent: dict[int, int] = {}
             full: set[int] = set()  # the examples whose next row did not fit: no more rows
+            taken = 0
             for example, row in zip(ctx.rows.example.tolist(), per_row, strict=True):
                 if example in full or spent.get(example, 0) + row > budget:
                     full.add(example)
                     continue
                 spent[example] = spent.get(example, 0) + row
+                taken += 1
             items = sum(spent.values())
-            if not ctx.settings.quick and items < sum(per_row):
-                note = (f"faithfulness: rows whose ~{min(per_row)}+ edited sources fit "
-                        f"{budget:.0f} per example")
+            if not ctx.settings.quick and taken < len(per_row):
+                notes = (f"faithfulness: ~{taken} of {len(per_row)} rows (the cheapest row's "
+                         f"bound: {min(per_row)} edited sources; {budget:.0f} fit per "
+                         f"example)",)
         ref = ctx.ref
         chunk = whole_passes(ctx.target, vocab=int(ref.probs.shape[-1]),
                              keys=int(ref.batch.source_ids.shape[1]),
                              steps=int(ref.emitted.shape[1]), max_memory=ref.budget.max_memory)
-        return Cost(items, -(-items // chunk) + 1, exact=False, sequences=items, note=note)
+        return Cost(items, -(-items // chunk) + 1, exact=False, sequences=items, notes=notes)
 
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
         ref, rows = ctx.ref, ctx.rows
@@ -318,7 +321,7 @@ def budget_text(settings: SuiteSettings, facts: Mapping[str, Any]) -> str:
         return (f"full: edited sources per example, as many as the work budget "
                 f"({settings.work_budget:.0e} multiply-adds per example, parameters x tokens "
                 f"per sequence) buys{held}; each example's rows in a seeded order, as many as "
-                f"fit (every row where all fit)")
+                f"fit")
     return (f"quick: edited sources per measured example, {QUICK_SEQUENCES_PER_EXAMPLE} per "
             f"audited example or {QUICK_MULTIPLY_ADDS:.0e} multiply-adds (parameters x "
             f"tokens per sequence), whichever buys more, split over the measured examples"

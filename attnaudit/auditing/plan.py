@@ -145,11 +145,11 @@ class Plan:
         if self.hash_seconds:
             lines.append(f"  {'model hash':<18} {'':>10} {'':>9} {'':>9} "
                          f"{_duration(self.hash_seconds):>10}")
-        budgeted = [p.cost.note for p in self.protocols if p.cost is not None and p.cost.note]
+        budgeted = [note for p in self.protocols if p.cost is not None for note in p.cost.notes]
         if budgeted:
             lines.append(f"  the work budget ({self.work_budget:.0e} multiply-adds per protocol "
                          "and example) runs less of:")
-            lines += [f"    {part}" for note in budgeted for part in note.split("; ")]
+            lines += [f"    {note}" for note in budgeted]
         unknown = [p.name for p in self.protocols if p.cost is None]
         lines.append(f"  estimate {_duration(self.seconds)} in all"
                      + (f", besides {', '.join(unknown)} (cost unknown)" if unknown else "")
@@ -348,8 +348,15 @@ def _timed_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex, fallback
     extra = passes != sum(1 for _ in item_chunks(ref, rows.step.repeat_interleave(many)))
     if extra:  # more items took more passes: spread the time over the items alone
         return 0.0, times[many] / (many * len(rows))
-    item_s = max(times[many] - times[1], 0.0) / ((many - 1) * len(rows))
-    return max(times[1] - item_s * len(rows), 0.0) / passes, item_s
+    fixed, item_s = _line(times, many, len(rows))
+    return fixed / passes, item_s
+
+
+def _line(times: dict[int, float], many: int, rows: int) -> tuple[float, float]:
+    """The seconds ``times`` of ``rows`` items run with 1 and with ``many`` copies each, as
+    a fixed part and seconds per item (the slope between the two, neither below 0)."""
+    item_s = max(times[many] - times[1], 0.0) / ((many - 1) * rows)
+    return max(times[1] - item_s * rows, 0.0), item_s
 
 
 def _timed_gradient_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex,
@@ -378,8 +385,7 @@ def _timed_gradient_items(target: Seq2SeqTarget, ref: Reference, rows: RowIndex,
             probs = edited_probs(target, ref, example, step, edit, torch.arange(len(example)))
             torch.autograd.grad(probs.max(-1).values.sum(), [scale])
         times[copies] = time.perf_counter() - started
-    item_s = max(times[many] - times[1], 0.0) / ((many - 1) * len(rows))
-    return max(times[1] - item_s * len(rows), 0.0), item_s
+    return _line(times, many, len(rows))
 
 
 def expect_plan(plan: Plan, *, suite_only: bool = False) -> None:

@@ -96,8 +96,8 @@ class Cost:
     numbers of per-key contribution terms its ALTI arithmetic forms (examples x query rows
     x keys x model width over every site), which the plan prices by a timed block of them;
     gradient_items: of ``items``, those run with a backward pass through their one cached
-    step (gradients to the edit), which the plan prices by a timed gradient pass; note:
-    what the work budget left out, in words ("" when nothing), which the plan prints.
+    step (gradients to the edit), which the plan prices by a timed gradient pass; notes:
+    what the work budget left out, one phrase each, which the plan prints.
     """
 
     items: int
@@ -107,7 +107,7 @@ class Cost:
     sequences: float = 0.0
     backward_sequences: float = 0.0
     terms: int = 0
-    note: str = ""
+    notes: tuple[str, ...] = ()
     gradient_items: int = 0
 
     def __add__(self, other: Cost) -> Cost:
@@ -116,7 +116,7 @@ class Cost:
                     self.sequences + other.sequences,
                     self.backward_sequences + other.backward_sequences,
                     self.terms + other.terms,
-                    "; ".join(n for n in (self.note, other.note) if n),
+                    self.notes + other.notes,
                     self.gradient_items + other.gradient_items)
 
     def scaled(self, factor: float, exact: bool) -> Cost:
@@ -125,7 +125,7 @@ class Cost:
         return Cost(round(self.items * factor), round(self.forward * factor),
                     round(self.backward * factor), self.exact and exact,
                     self.sequences * factor, self.backward_sequences * factor,
-                    round(self.terms * factor), self.note,
+                    round(self.terms * factor), self.notes,
                     round(self.gradient_items * factor))
 
 

@@ -416,7 +416,7 @@ class AdversarialSearch(InterventionProtocol):
     def run(self, ctx: BatchContext) -> dict[str, pd.DataFrame]:
         steps = self.budgeted_steps(ctx)
         if ctx.facts is not None:
-            ctx.facts.setdefault("steps", set()).add(-1 if steps is None else steps)
+            ctx.facts.setdefault("steps", set()).add(steps)
         if steps is None:  # the budget buys too short a search: none, and the metadata says so
             return {name: pd.DataFrame(columns=list(columns))
                     for name, columns in self.columns.items()}
@@ -435,11 +435,11 @@ class AdversarialSearch(InterventionProtocol):
         per_chunk = max(1, ref.budget.sequences(ref.positions(longest), grad=True)
                         // CANDIDATES)
         passes = -(-len(rows) // per_chunk) * steps
-        note = (f"adversarial: not run (fewer than {LEAST_ADVERSARIAL_STEPS} steps fit)"
-                if budgeted is None else "" if steps == self.steps
-                else f"adversarial: {steps} of {self.steps} steps")
+        notes = ((f"adversarial: not run (fewer than {LEAST_ADVERSARIAL_STEPS} steps fit)",)
+                 if budgeted is None else () if steps == self.steps
+                 else (f"adversarial: {steps} of {self.steps} steps",))
         items = len(rows) * CANDIDATES * steps
-        return Cost(items, passes, passes, exact=False, note=note, gradient_items=items)
+        return Cost(items, passes, passes, exact=False, notes=notes, gradient_items=items)
 
     def summary(self, tables: Mapping[str, pd.DataFrame]) -> list[SummaryRow]:
         adv = table_with(tables, "adversarial", "eps_max_jsd")
@@ -466,20 +466,21 @@ class AdversarialSearch(InterventionProtocol):
                                                             settings.work_budget)}
 
 
-def adversarial_steps_text(wanted: int, ran: set[int] | None, work_budget: float) -> str:
+def adversarial_steps_text(wanted: int, ran: set[int | None] | None,
+                           work_budget: float) -> str:
     """The metadata's account of the adversarial search's Adam steps: ``wanted`` per row,
-    ``ran``: the steps its batches took (-1: the budget left it out; None: it did not
-    run)."""
+    ``ran``: the steps its batches took (None among them: a batch the budget left out;
+    ``ran`` None: it did not run)."""
     rule = (f"the work budget ({work_budget:.0e} multiply-adds per searched example; a step "
             f"is a forward and a backward one-token pass of every candidate of its rows)")
     if not ran:
         return "not run"
-    if max(ran) < 0:
+    taken = sorted(s for s in ran if s is not None)
+    if not taken:
         return (f"not run: {rule} buys fewer than {LEAST_ADVERSARIAL_STEPS} Adam steps, too "
                 f"short a search (a larger work_budget runs it)")
     skipped = ("; not run on the batches whose rows it buys fewer than "
-               f"{LEAST_ADVERSARIAL_STEPS} steps" if -1 in ran else "")
-    taken = sorted(s for s in ran if s >= 0)
+               f"{LEAST_ADVERSARIAL_STEPS} steps" if None in ran else "")
     if taken == [wanted]:
         return f"{wanted} Adam steps per row (Jain & Wallace's search){skipped}"
     return (f"{', '.join(map(str, taken))} of {wanted} Adam steps per row: as many as {rule} "

@@ -11,7 +11,7 @@ model's own work. Each of those protocols prices one unit of its work in multipl
 protocol's stated least (or, for the adversarial search and value zeroing, none at all). The
 budget is in multiply-adds, not seconds, so the same model and data give the same audit on any
 machine; the plan prints what each budget left out
-(:attr:`~attnaudit.interventions.protocol.Cost.note`) and the metadata says what ran.
+(:attr:`~attnaudit.interventions.protocol.Cost.notes`) and the metadata says what ran.
 """
 
 from __future__ import annotations
