@@ -582,6 +582,17 @@ MUTATIONS = (
              "        elif key in self._shared:\n            cells = cells.copy()\n",
              "",
              ("tests/analysis/test_row_stats_parts.py",)),
+    Mutation("waiting_codes_counted_twice",
+             "row statistics: codes counted into a histogram kept waiting, counted again on "
+             "the next read", "attnaudit/analysis/stats.py",
+             "            self.pending = []\n", "",
+             ("tests/analysis/test_row_stats_parts.py",)),
+    Mutation("waiting_codes_head_for_step",
+             "row statistics: a waiting code's head and step swapped when counted in",
+             "attnaudit/analysis/stats.py",
+             "np.add.at(self.counted.reshape(-1), (rest // HIST_BINS * steps + step) * HIST_BINS",
+             "np.add.at(self.counted.reshape(-1), (step * steps + rest // HIST_BINS) * HIST_BINS",
+             ("tests/analysis/test_row_stats_parts.py",)),
 )
 
 

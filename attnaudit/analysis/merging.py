@@ -78,15 +78,16 @@ def _all_reduce_stats(stats: RowStats, collectives: Collectives) -> None:
     for key in sorted(merged):
         heads, steps = merged[key]
         cells = (stats.cells.get(key) or Cells.empty(heads, 0)).grown(steps)
+        hist = cells.histogram()
         sums = collectives.all_reduce(np.concatenate([cells.n.ravel(), cells.total.ravel(),
-                                                      cells.hist.ravel()]), "sum")
+                                                      hist.ravel()]), "sum")
         size = heads * steps
         stats.cells[key] = Cells(
             n=sums[:size].reshape(heads, steps),
             total=sums[size:2 * size].reshape(heads, steps),
             minimum=collectives.all_reduce(cells.minimum, "min"),
             maximum=collectives.all_reduce(cells.maximum, "max"),
-            hist=sums[2 * size:].reshape(cells.hist.shape))
+            counted=sums[2 * size:].reshape(hist.shape))
 
 
 def _without_stats(analyser: Analyser) -> Analyser:

@@ -1,15 +1,16 @@
 """Mergeable streaming state: per (site, metric) arrays over (heads, query steps).
 
-State is sums, counts, min/max and a fixed-size histogram per cell, never a list of
-tensors, so memory depends on the number of sites, heads and query steps seen — not on
-the number of examples. Arrays grow along the step axis when a longer query axis arrives.
+State is sums, counts, min/max and a fixed-size histogram per cell (with at most a quarter
+of its size in values not yet counted into it), never a list of tensors, so memory depends
+on the number of sites, heads and query steps seen — not on the number of examples. Arrays
+grow along the step axis when a longer query axis arrives.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -19,6 +20,7 @@ from attnaudit.errors import AnalysisError
 
 HIST_BINS = 256
 QUANTILES = (0.1, 0.5, 0.9)
+QUANTILE_COLUMNS = tuple(f"q{round(q * 100)}" for q in QUANTILES)
 # a metric's per-row values (batch, heads, steps) and the rows where it is defined (None: all)
 Metric = tuple[torch.Tensor, torch.Tensor | None]
 _LAYER = re.compile(r"\.(?:layers?|block|blocks|h)\.(\d+)(?:\.|:|$)")
@@ -41,37 +43,76 @@ class MetricSpec:
 
 @dataclass
 class Cells:
-    """Accumulators for one (site, metric): every array is (heads, steps[, bins]), float64."""
+    """Accumulators for one (site, metric): ``n``, ``total``, ``minimum``, ``maximum`` are
+    (heads, steps) float64; the histogram (heads, steps, HIST_BINS) of counts is ``counted``
+    (float64, C-contiguous; None while nothing is counted into it) plus ``pending``: bin
+    codes ``(step * heads + head) * HIST_BINS + bin`` not yet counted, one per value.
+
+    Codes wait until the histogram is read (:meth:`histogram`) or until they would take a
+    quarter of its size: a batch's own state (a few values per cell) then never allocates
+    heads x steps x 256 floats only to add them to the audit's, and the codes keep their
+    meaning when the step axis grows. Arrays in ``pending`` are never written to."""
 
     n: np.ndarray
     total: np.ndarray
     minimum: np.ndarray
     maximum: np.ndarray
-    hist: np.ndarray
+    counted: np.ndarray | None = None
+    pending: list[np.ndarray] = field(default_factory=list)
 
     @classmethod
     def empty(cls, heads: int, steps: int) -> Cells:
-        return cls(
-            n=np.zeros((heads, steps)),
-            total=np.zeros((heads, steps)),
-            minimum=np.full((heads, steps), np.inf),
-            maximum=np.full((heads, steps), -np.inf),
-            hist=np.zeros((heads, steps, HIST_BINS)),
-        )
+        return cls(n=np.zeros((heads, steps)), total=np.zeros((heads, steps)),
+                   minimum=np.full((heads, steps), np.inf),
+                   maximum=np.full((heads, steps), -np.inf))
 
     def copy(self) -> Cells:
-        return Cells(*(a.copy() for a in (self.n, self.total, self.minimum, self.maximum,
-                                          self.hist)))
+        return Cells(self.n.copy(), self.total.copy(), self.minimum.copy(),
+                     self.maximum.copy(), None if self.counted is None else self.counted.copy(),
+                     list(self.pending))
 
     def grown(self, steps: int) -> Cells:
         """These cells with the step axis extended to ``steps``."""
-        extra = steps - self.n.shape[1]
+        heads, extra = self.n.shape[0], steps - self.n.shape[1]
         if extra <= 0:
             return self
-        pad = Cells.empty(self.n.shape[0], extra)
-        return Cells(*(np.concatenate([a, b], axis=1) for a, b in zip(
-            (self.n, self.total, self.minimum, self.maximum, self.hist),
-            (pad.n, pad.total, pad.minimum, pad.maximum, pad.hist), strict=True)))
+        pad = Cells.empty(heads, extra)
+        n, total, minimum, maximum = (np.concatenate([a, b], axis=1) for a, b in zip(
+            (self.n, self.total, self.minimum, self.maximum),
+            (pad.n, pad.total, pad.minimum, pad.maximum), strict=True))
+        counted = None if self.counted is None else np.concatenate(
+            [self.counted, np.zeros((heads, extra, HIST_BINS))], axis=1)
+        return Cells(n, total, minimum, maximum, counted, list(self.pending))
+
+    def add_codes(self, codes: np.ndarray) -> None:
+        """Count one value per bin code (see the class docstring)."""
+        if codes.size:
+            self.pending.append(codes)
+        if sum(c.size for c in self.pending) * 4 > self.n.size * HIST_BINS:
+            self.histogram()
+
+    def add_counted(self, other: Cells) -> None:
+        """Add ``other``'s histogram (same heads and steps) to this one's."""
+        if other.counted is not None:
+            if self.counted is None:
+                self.counted = other.counted.copy()
+            else:
+                self.counted += other.counted
+        for codes in other.pending:
+            self.add_codes(codes)
+
+    def histogram(self) -> np.ndarray:
+        """The histogram (heads, steps, HIST_BINS), its pending codes counted in."""
+        heads, steps = self.n.shape
+        if self.counted is None:
+            self.counted = np.zeros((heads, steps, HIST_BINS))
+        if self.pending:
+            codes = np.concatenate(self.pending)
+            self.pending = []
+            step, rest = np.divmod(codes, heads * HIST_BINS)
+            np.add.at(self.counted.reshape(-1), (rest // HIST_BINS * steps + step) * HIST_BINS
+                      + rest % HIST_BINS, 1.0)
+        return self.counted
 
 
 class RowStats:
@@ -79,7 +120,8 @@ class RowStats:
 
     :meth:`merge` hands a cell this state has not seen over as it is, without copying its
     arrays (a histogram is heads x steps x 256 float64); both states then mark it shared,
-    and whichever writes to it first copies it (:meth:`_writable`)."""
+    and whichever writes to it first copies it (:meth:`_writable`). Reading a shared cell's
+    histogram counts its pending codes in, which changes nothing either state reads."""
 
     def __init__(self, specs: tuple[MetricSpec, ...]) -> None:
         self.specs = {s.name: s for s in specs}
@@ -119,10 +161,11 @@ class RowStats:
 
         The parts' metrics go through torch and numpy at once: stacked on a leading metric
         axis, the parts side by side on the batch axis (each over the steps of all of them,
-        undefined outside its own), one conversion and one histogram count for them all.
-        Every cell receives the same values as from one :meth:`add` per metric and part:
-        counts, extremes and histograms are exact whatever the order, and each part's sum
-        over its batch is added to the running totals part after part, as before.
+        undefined outside its own), one conversion for them all; each counted value is then
+        added to its cell's histogram bin in place. Every cell receives the same values as
+        from one :meth:`add` per metric and part: counts, extremes and histograms are exact
+        whatever the order, and each part's sum over its batch is added to the running
+        totals part after part.
         """
         self.kinds.setdefault(site, kind)
         parts = [(metrics, offset) for metrics, offset in parts if metrics]
@@ -142,45 +185,36 @@ class RowStats:
         stop = max(offset + next(iter(metrics.values()))[0].shape[2]
                    for metrics, offset in parts)
         v, d, bounds = _side_by_side(parts, first, stop)
-        count, _, heads, steps = v.shape
-        n = d.sum(1)  # (metrics, heads, steps)
+        count, _, heads, _ = v.shape
+        n = d.sum(1).astype(np.float64)  # (metrics, heads, steps)
         totals = [v[:, a:b].sum(1) for a, b in bounds]
         low = np.where(d, v, np.inf).min(1, initial=np.inf)
         high = np.where(d, v, -np.inf).max(1, initial=-np.inf)
         specs = [self.specs[metric] for metric in names]
-        lo = np.array([s.lo for s in specs])[:, None, None, None]
-        hi = np.array([s.hi for s in specs])[:, None, None, None]
-        bins = np.clip((v - lo) / (hi - lo) * HIST_BINS, 0, HIST_BINS - 1).astype(np.int64)
-        flat = (np.arange(count * heads)[:, None] * steps + np.arange(steps)[None, :])
-        index = (flat.reshape(count, 1, heads, steps) * HIST_BINS + bins)[d]
-        # float64 counts (exact integers), so a new cell takes its metric's slice as it is
-        # (numpy counts no index at all in int64 even with weights)
-        hist = np.bincount(index, weights=np.ones(index.size),
-                           minlength=count * heads * steps * HIST_BINS).astype(
-            np.float64, copy=False).reshape(count, heads, steps, HIST_BINS)
+        lo, hi = np.array([s.lo for s in specs]), np.array([s.hi for s in specs])
+        # the counted values, grouped by metric (nonzero reads in C order), and their bins
+        which, _, head, step = np.nonzero(d)
+        bins = np.clip((v[d] - lo[which]) / (hi - lo)[which] * HIST_BINS, 0,
+                       HIST_BINS - 1).astype(np.int64)
+        edges = np.searchsorted(which, np.arange(count + 1))
         cols = slice(first, stop)
-        counts = n.astype(np.float64)
         for m, metric in enumerate(names):
             key = (site, metric)
             cells = self.cells.get(key)
-            if cells is None and first == 0:  # what adding to empty cells would give
-                cells = Cells(counts[m], np.zeros((heads, steps)), low[m], high[m], hist[m])
-                for total in totals:
-                    cells.total += total[m]
-                self.cells[key] = cells
-                continue
-            cells = cells or Cells.empty(heads, stop)
-            if cells.n.shape[0] != heads:
+            if cells is None:
+                cells = self.cells[key] = Cells.empty(heads, stop)
+            elif cells.n.shape[0] != heads:
                 raise AnalysisError(f"site {site!r} had {cells.n.shape[0]} heads, now {heads}")
-            # room to spare when growing: calls come step by step
-            cells = self._writable(key, cells, stop if cells.n.shape[1] >= stop
-                                   else max(stop, 2 * cells.n.shape[1]))
+            else:  # room to spare when growing: calls come step by step
+                cells = self._writable(key, cells, stop if cells.n.shape[1] >= stop
+                                       else max(stop, 2 * cells.n.shape[1]))
             cells.n[:, cols] += n[m]
             for total in totals:
                 cells.total[:, cols] += total[m]
             cells.minimum[:, cols] = np.minimum(cells.minimum[:, cols], low[m])
             cells.maximum[:, cols] = np.maximum(cells.maximum[:, cols], high[m])
-            cells.hist[:, cols] += hist[m]
+            at = slice(edges[m], edges[m + 1])
+            cells.add_codes(((first + step[at]) * heads + head[at]) * HIST_BINS + bins[at])
 
     def merge(self, other: RowStats) -> None:
         """Fold ``other`` in; ``other`` reads as before (a cell new here is shared, see the
@@ -201,7 +235,7 @@ class RowStats:
             mine.total += theirs.total
             np.minimum(mine.minimum, theirs.minimum, out=mine.minimum)
             np.maximum(mine.maximum, theirs.maximum, out=mine.maximum)
-            mine.hist += theirs.hist
+            mine.add_counted(theirs)
         for site, kind in other.kinds.items():
             self.kinds.setdefault(site, kind)
 
@@ -211,7 +245,7 @@ class RowStats:
         Built column by column over every cell at once (one frame, not one per cell); the
         columns' dtypes are those a concatenation of per-cell frames gives."""
         columns = ["site", "kind", "layer", "head", "step", "metric", "n", "mean", "sum", "min",
-                   "max", *(f"q{round(q * 100)}" for q in QUANTILES)]
+                   "max", *QUANTILE_COLUMNS]
         keys, heads, steps = [], [], []
         for key, c in self.cells.items():
             h, s = np.nonzero(c.n)
@@ -237,6 +271,19 @@ class RowStats:
         n, total = gathered("n"), gathered("total")
         low, high = gathered("minimum"), gathered("maximum")
         specs = [self.specs[metric] for _, metric in keys]
+        # a cell of one value has it as every quantile: only the others read a histogram
+        varied = low < high
+        each = np.split(varied, np.cumsum(counts)[:-1])
+        hist = [self.cells[key].histogram()[h[v], s[v]] for key, h, s, v
+                in zip(keys, heads, steps, each, strict=True) if v.any()]
+        quantiles = {name: low.copy() for name in QUANTILE_COLUMNS}
+        if hist:
+            read = _quantiles(np.concatenate(hist),
+                              np.repeat([s.lo for s in specs], counts)[varied],
+                              np.repeat([s.hi for s in specs], counts)[varied],
+                              low[varied], high[varied])
+            for name, values in read.items():
+                quantiles[name][varied] = values
         kinds = [self.kinds.get(site) for site, _ in keys]
         data = {
             "site": pd.array(repeated([site for site, _ in keys]), dtype="str"),
@@ -246,8 +293,7 @@ class RowStats:
             "head": np.concatenate(heads), "step": np.concatenate(steps),
             "metric": pd.array(repeated([metric for _, metric in keys]), dtype="str"),
             "n": n.astype(np.int64), "mean": total / n, "sum": total, "min": low, "max": high,
-            **_quantiles(gathered("hist"), np.repeat([s.lo for s in specs], counts),
-                         np.repeat([s.hi for s in specs], counts), low, high)}
+            **quantiles}
         frame = pd.DataFrame(data, columns=columns)
         return frame.sort_values(["site", "metric", "head", "step"], ignore_index=True)
 
@@ -293,23 +339,14 @@ def _quantiles(hist: np.ndarray, lo: np.ndarray, hi: np.ndarray, low: np.ndarray
     fall in the edge bins (their min/max stay exact).
     """
     width = (hi - lo) / HIST_BINS
-    # A cell whose counts all sit in one bin (an indicator metric, a constant) needs no
-    # cumulative sum: below that bin nothing, in it every count. The others are summed.
-    single = np.count_nonzero(hist, axis=1) == 1
-    ones, rows = np.flatnonzero(single), np.flatnonzero(~single)
-    first = np.argmax(hist[ones] > 0, axis=1)
-    alone = hist[ones, first]
-    cum = np.cumsum(hist[rows], axis=1)
+    cum = np.cumsum(hist, axis=1)
+    rows = np.arange(len(hist))
     out = {}
-    for q in QUANTILES:
-        target, below, in_bin = np.empty((3, hist.shape[0]))
-        b = np.empty(hist.shape[0], dtype=np.int64)
-        target[ones], b[ones], below[ones], in_bin[ones] = q * alone, first, 0.0, alone
-        target[rows] = q * cum[:, -1]
-        b[rows] = np.minimum((cum < target[rows, None]).sum(1), hist.shape[1] - 1)  # left
-        below[rows] = np.where(b[rows] > 0, cum[np.arange(len(rows)), np.maximum(b[rows] - 1, 0)],
-                               0.0)
-        in_bin[rows] = hist[rows, b[rows]]
+    for q, name in zip(QUANTILES, QUANTILE_COLUMNS, strict=True):
+        target = q * cum[:, -1]
+        b = np.minimum((cum < target[:, None]).sum(1), hist.shape[1] - 1)  # the left bin
+        below = np.where(b > 0, cum[rows, np.maximum(b - 1, 0)], 0.0)
+        in_bin = hist[rows, b]
         frac = np.where(in_bin > 0, (target - below) / np.where(in_bin > 0, in_bin, 1.0), 0.0)
-        out[f"q{round(q * 100)}"] = np.clip(lo + (b + frac) * width, low, high)
+        out[name] = np.clip(lo + (b + frac) * width, low, high)
     return out

@@ -129,3 +129,29 @@ def test_a_merged_cell_is_shared_until_either_state_writes_to_it() -> None:
     source.merge(fed(parts[:1]))  # merging into a shared cell leaves the other state too
     pd.testing.assert_frame_equal(again.frame(), fed(parts[:1], parts[:1]).frame(),
                                   check_exact=True)
+
+
+def test_histograms_by_hand_across_growth_merges_and_counting_in() -> None:
+    """Values folded step by step (the step axis grows), in batch states merged into one
+    (as the validity audit merges each batch's), often enough that the codes waiting for
+    a histogram are counted in midway, and read twice: every cell's quantiles are those
+    of its values by hand, and reading does not count a value again."""
+    gen = torch.Generator().manual_seed(3)
+    audit, seen = RowStats(SPECS), {}
+    for _ in range(150):
+        batch = RowStats(SPECS)
+        steps = int(torch.randint(1, 6, (), generator=gen))
+        for step in range(steps):  # one call per step, as cached decoding hands them over
+            values = torch.rand(3, 2, 1, generator=gen, dtype=torch.float64) ** 3
+            batch.add("s", "self", "a", values, step_offset=step)
+            for head in range(2):
+                seen.setdefault((head, step), []).extend(values[:, head, 0].tolist())
+        audit.merge(batch)
+    assert any(cells.counted is not None for cells in audit.cells.values())
+    for _ in range(2):
+        frame = audit.frame().set_index(["head", "step"])
+        for (head, step), column in seen.items():
+            assert frame.loc[(head, step), "n"] == len(column)
+            for q in (0.1, 0.5, 0.9):
+                expected = _hand_quantile(column, q, 0.0, 1.0)
+                assert abs(frame.loc[(head, step), f"q{round(q * 100)}"] - expected) < 1e-12
