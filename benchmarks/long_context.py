@@ -30,17 +30,17 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 import attnaudit
 from attnaudit.capturing.blocks import parse_memory
+from benchmarks import real_size
 from benchmarks.harness import alternating, banner, load, parser, python_module, run_child
+from benchmarks.real_size import check_work, own_work
 
 VOCAB = 1000
-Clock = Callable[[], float]
 SEED = 0
 
 
@@ -74,32 +74,13 @@ def build(args: argparse.Namespace, length: int):
                    name=f"llama-{length}")
 
 
-def own_work(target, limit: int | None = None, clock: Clock = time.perf_counter) -> float:
-    """Seconds (of ``clock``) of greedy decoding and one teacher-forced pass over the data,
-    no capture."""
-    start = clock()
-    with torch.no_grad():
-        for batch in target.iter_batches(limit):
-            target.teacher_forced(batch, target.greedy(batch))
-    return clock() - start
-
-
-def check_work(target, max_memory: int | None, limit: int | None = None,
-               clock: Clock = time.perf_counter) -> float:
-    """Seconds (of ``clock``) of what ``attnaudit check`` runs on the target."""
-    start = clock()
-    attnaudit.audit(target, limit=limit, progress=False, checks_only=True,
-                    max_memory=max_memory)
-    return clock() - start
-
-
 def child(args: argparse.Namespace) -> None:
     attnaudit.audit  # noqa: B018 -- its imports (captum, scipy...) load outside the timing
     target = build(args, args.length)
     tokens = next(target.iter_batches()).source_mask.sum(1).tolist()
     assert tokens == [args.length] * args.batch, tokens
     seconds = (own_work(target) if args.child == "own"
-               else check_work(target, parse_memory(args.max_memory)))
+               else check_work(target, max_memory=parse_memory(args.max_memory)))
     print(f"{seconds:.3f}")
 
 
@@ -132,7 +113,6 @@ def causal_lengths(args: argparse.Namespace) -> None:
 def seq2seq(args: argparse.Namespace) -> None:
     """The date BART and the opus-mt-sized Marian through the same check."""
     from attnaudit_examples.date_transformer.target import make_target
-    from benchmarks import real_size
 
     max_memory = parse_memory(args.max_memory)
     clock = time.process_time if args.cpu_time else time.perf_counter
@@ -140,7 +120,8 @@ def seq2seq(args: argparse.Namespace) -> None:
     date = make_target()
     own_work(date)  # warm-up
     own, gate = alternating(lambda: own_work(date, clock=clock),
-                            lambda: check_work(date, max_memory, clock=clock), args.rounds)
+                            lambda: check_work(date, max_memory=max_memory, clock=clock),
+                            args.rounds)
     print(f"date BART ({date.name}): own {own:.2f} {unit}, check {gate:.2f} {unit}, ratio "
           f"{gate / own:.2f} (target <= 1.2)", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,7 +132,7 @@ def seq2seq(args: argparse.Namespace) -> None:
         marian = real_size.load_marian(directory, data, options)
         own_work(marian, 8)  # warm-up
         own, gate = alternating(lambda: own_work(marian, 16, clock),
-                                lambda: check_work(marian, max_memory, 16, clock),
+                                lambda: check_work(marian, 16, max_memory, clock),
                                 args.rounds)
         print(f"Marian (opus-mt-en-de size, 16 sources, 16 steps): own {own:.2f} {unit}, "
               f"check {gate:.2f} {unit}, ratio {gate / own:.2f} (target <= 1.2)")
