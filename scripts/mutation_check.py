@@ -585,7 +585,7 @@ MUTATIONS = (
     Mutation("waiting_codes_counted_twice",
              "row statistics: codes counted into a histogram kept waiting, counted again on "
              "the next read", "attnaudit/analysis/stats.py",
-             "            self.pending, self.waiting = [], 0\n", "",
+             "            self.pending = []\n", "",
              ("tests/analysis/test_row_stats_parts.py",)),
     Mutation("waiting_codes_head_for_step",
              "row statistics: a waiting code's head and step swapped when counted in",

@@ -46,8 +46,7 @@ class Cells:
     """Accumulators for one (site, metric): ``n``, ``total``, ``minimum``, ``maximum`` are
     (heads, steps) float64; the histogram (heads, steps, HIST_BINS) of counts is ``counted``
     (float64, C-contiguous; None while nothing is counted into it) plus ``pending``: bin
-    codes ``(step * heads + head) * HIST_BINS + bin`` not yet counted, one per value
-    (``waiting`` of them).
+    codes ``(step * heads + head) * HIST_BINS + bin`` not yet counted, one per value.
 
     Codes wait until the histogram is read (:meth:`histogram`) or until they would take a
     quarter of its size: a batch's own state (a few values per cell) then never allocates
@@ -60,7 +59,6 @@ class Cells:
     maximum: np.ndarray
     counted: np.ndarray | None = None
     pending: list[np.ndarray] = field(default_factory=list)
-    waiting: int = 0
 
     @classmethod
     def empty(cls, heads: int, steps: int) -> Cells:
@@ -71,7 +69,7 @@ class Cells:
     def copy(self) -> Cells:
         return Cells(self.n.copy(), self.total.copy(), self.minimum.copy(),
                      self.maximum.copy(), None if self.counted is None else self.counted.copy(),
-                     list(self.pending), self.waiting)
+                     list(self.pending))
 
     def grown(self, steps: int) -> Cells:
         """These cells with the step axis extended to ``steps``."""
@@ -84,14 +82,13 @@ class Cells:
             (pad.n, pad.total, pad.minimum, pad.maximum), strict=True))
         counted = None if self.counted is None else np.concatenate(
             [self.counted, np.zeros((heads, extra, HIST_BINS))], axis=1)
-        return Cells(n, total, minimum, maximum, counted, list(self.pending), self.waiting)
+        return Cells(n, total, minimum, maximum, counted, list(self.pending))
 
     def add_codes(self, codes: np.ndarray) -> None:
         """Count one value per bin code (see the class docstring)."""
         if codes.size:
             self.pending.append(codes)
-            self.waiting += codes.size
-        if self.waiting * 4 > self.n.size * HIST_BINS:
+        if sum(c.size for c in self.pending) * 4 > self.n.size * HIST_BINS:
             self.histogram()
 
     def add_counted(self, other: Cells) -> None:
@@ -111,7 +108,7 @@ class Cells:
             self.counted = np.zeros((heads, steps, HIST_BINS))
         if self.pending:
             codes = np.concatenate(self.pending)
-            self.pending, self.waiting = [], 0
+            self.pending = []
             step, rest = np.divmod(codes, heads * HIST_BINS)
             np.add.at(self.counted.reshape(-1), (rest // HIST_BINS * steps + step) * HIST_BINS
                       + rest % HIST_BINS, 1.0)

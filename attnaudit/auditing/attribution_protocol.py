@@ -157,9 +157,10 @@ class Attribution(InterventionProtocol):
             notes.append(f"integrated gradients: {points} of {INTEGRATION_POINTS} points")
         if not ctx.settings.quick and edits < int(keys.sum()):
             notes.append(f"leave-one-out: {edits} edits for {int(keys.sum())} keys")
-        zeroing = 0 if zeroing_left_out(ctx) else zeroing_reruns(ctx)
-        if not ctx.settings.quick and not zeroing:
-            notes.append(f"value zeroing: not run ({zeroing_reruns(ctx)} re-runs per example)")
+        reruns, left_out = zeroing_reruns(ctx), zeroing_left_out(ctx)
+        zeroing = 0 if left_out else reruns
+        if not ctx.settings.quick and left_out:
+            notes.append(f"value zeroing: not run ({reruns} re-runs per example)")
         steps = int(ref.emitted.shape[1])
         edited = edit_sequences(ctx.target, ctx.batch, ref.states, window,
                                 vocab=int(ref.probs.shape[-1]), steps=steps,

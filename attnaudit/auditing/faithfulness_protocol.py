@@ -156,9 +156,8 @@ class Faithfulness(InterventionProtocol):
         (no more than the k-subsets of the row's keys), for every row (identical edited
         sources of one example run once, so fewer run); under the quick budget or the work
         budget, per example, the rows whose bounds fit in it, taken in turn until one does
-        not; in chunks the
-        memory budget holds, each a whole teacher-forced sequence; the measures' traced pass
-        besides."""
+        not; in chunks the memory budget holds, each a whole teacher-forced sequence; the
+        measures' traced pass besides."""
         # per-layer weights and value zeroing: full mode's alone
         full_only = 0 if ctx.settings.quick else (len(ctx.ref.sites)
                                                   + (zeroing_left_out(ctx) is None))
